@@ -1,0 +1,6 @@
+"""Checkpoint loading and saving (Hugging Face T5 directories, Orbax, embedded models)."""
+
+from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.checkpoint.io import embedded_names, load, save, to_hf_state_dict
+
+__all__ = ["CheckpointError", "embedded_names", "load", "save", "to_hf_state_dict"]

@@ -1,0 +1,99 @@
+"""A small safetensors reader and writer that needs neither torch nor the `safetensors` package.
+
+Reading memory-maps the file, so a 45 GB checkpoint is read tensor by tensor, and checks the file against its
+header so that a truncated or corrupt file fails with an error naming the file and the tensor. Writing handles
+bfloat16 (via ml_dtypes), which numpy alone cannot.
+
+Format: 8-byte little-endian header length, a JSON header {name: {"dtype", "shape", "data_offsets": [begin,
+end]}, "__metadata__": {...}}, then the raw little-endian tensor bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+import ml_dtypes
+import numpy as np
+
+from jaxspec.checkpoint.errors import CheckpointError
+
+_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
+}
+_NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+
+
+class SafetensorsFile:
+  """Lazy access to the tensors of one .safetensors file: `keys()`, `shape(name)`, `get(name)`."""
+
+  def __init__(self, path: str):
+    self.path = path
+    try:
+      size = os.path.getsize(path)
+      with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+          raise CheckpointError(f"{path}: not a safetensors file (only {size} bytes).")
+        (header_len,) = struct.unpack("<Q", raw)
+        if header_len > size - 8:
+          raise CheckpointError(f"{path}: truncated or corrupt safetensors header (says {header_len} bytes, "
+                                f"the file has {size}).")
+        header = json.loads(f.read(header_len))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+      if isinstance(e, CheckpointError):
+        raise
+      raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
+    header.pop("__metadata__", None)
+    self._header = header
+    self._data_start = 8 + header_len
+    self._size = size
+
+  def keys(self) -> list[str]:
+    return list(self._header)
+
+  def shape(self, name: str) -> tuple[int, ...]:
+    return tuple(self._header[name]["shape"])
+
+  def get(self, name: str) -> np.ndarray:
+    """The tensor `name` as a numpy array (memory-mapped, read-only)."""
+    info = self._header[name]
+    if info["dtype"] not in _DTYPES:
+      raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}.")
+    dtype = np.dtype(_DTYPES[info["dtype"]])
+    begin, end = info["data_offsets"]
+    expected = int(np.prod(info["shape"], dtype=np.int64)) * dtype.itemsize
+    if end - begin != expected:
+      raise CheckpointError(f"{self.path}: tensor {name!r} has {end - begin} bytes for shape {info['shape']} "
+                            f"{info['dtype']} (expected {expected}): corrupt file.")
+    if self._data_start + end > self._size:
+      raise CheckpointError(f"{self.path}: truncated file: tensor {name!r} needs bytes up to "
+                            f"{self._data_start + end}, the file has {self._size}.")
+    if expected == 0:
+      return np.zeros(info["shape"], dtype)
+    arr = np.memmap(self.path, dtype=dtype, mode="r", offset=self._data_start + begin, shape=tuple(info["shape"]))
+    return arr
+
+
+def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None) -> None:
+  """Writes numpy arrays (float32, float16, bfloat16, ints) to a .safetensors file."""
+  header, offset, arrays = {}, 0, []
+  for name, value in tensors.items():
+    arr = np.ascontiguousarray(value)
+    if arr.dtype not in _NAMES:
+      raise ValueError(f"Cannot write tensor {name!r} of dtype {arr.dtype} to safetensors.")
+    header[name] = {"dtype": _NAMES[arr.dtype], "shape": list(arr.shape),
+                    "data_offsets": [offset, offset + arr.nbytes]}
+    offset += arr.nbytes
+    arrays.append(arr)
+  if metadata:
+    header["__metadata__"] = metadata
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)  # Align the data section to 8 bytes.
+  with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)))
+    f.write(blob)
+    for arr in arrays:
+      f.write(arr.tobytes())
