@@ -46,3 +46,17 @@ def load_tokenizer(directory: str) -> Tokenizer | None:
     return None
   from transformers import AutoTokenizer  # Imported lazily: transformers is slow to import.
   return Tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+
+
+def write_sentencepiece_tokenizer(spiece_model: str, directory: str, extra_ids: int = 0) -> None:
+  """Installs a sentencepiece model in `directory` as an HF T5 tokenizer (spiece.model + tokenizer_config.json).
+
+  The model must follow T5's special ids (pad 0, eos 1, unk 2); `load_tokenizer(directory)` then reads it.
+  """
+  import json
+  import shutil
+  os.makedirs(directory, exist_ok=True)
+  shutil.copy(spiece_model, os.path.join(directory, "spiece.model"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"tokenizer_class": "T5Tokenizer", "extra_ids": extra_ids, "eos_token": "</s>",
+               "unk_token": "<unk>", "pad_token": "<pad>"}, f, indent=2)

@@ -14,6 +14,8 @@ H head width (d_kv), D d_model, F d_ff, V vocabulary.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import struct
@@ -213,3 +215,21 @@ def forward(params: dict, cfg: T5Config, input_ids: jax.Array, decoder_input_ids
   cache = init_cache(params, cfg, input_ids, decoder_input_ids.shape[1])
   logits, _ = decode(params, cfg, cache, decoder_input_ids)
   return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Decoder:
+  """The two calls a decoding loop needs, bound to a config (hashable, so usable as a static jit argument).
+
+  `init(params, input_ids, cache_len) -> cache` runs the encoder; `step(params, cache, tokens) -> (logits,
+  cache)` feeds [B, T] tokens at the per-row offsets `cache.lengths`. Decoding loops see only these two, so
+  other architectures can plug in behind the same interface.
+  """
+
+  config: T5Config
+
+  def init(self, params: dict, input_ids: jax.Array, cache_len: int) -> T5Cache:
+    return init_cache(params, self.config, input_ids, cache_len)
+
+  def step(self, params: dict, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
+    return decode(params, self.config, cache, tokens)

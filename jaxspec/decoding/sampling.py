@@ -1,0 +1,73 @@
+"""Sampling transforms: one function turns logits into the probabilities that are actually sampled from.
+
+Both the target's p and the draft's q go through `warp_probs` with the same knobs, so the acceptance rule
+min(1, p/q) compares the distributions the tokens were really drawn from (REFERENCE.md pitfall 3).
+The order is transformers' order: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class SamplingKnobs:
+  """Per-call sampling values: arrays, so changing them never recompiles."""
+
+  temperature: jax.Array  # [] float32, > 0 (temperature 0 is the separate greedy branch).
+  top_k: jax.Array  # [] int32, 0 = off.
+  top_p: jax.Array  # [] float32 in (0, 1], 1 = off.
+
+  @classmethod
+  def create(cls, temperature: float, top_k: int, top_p: float) -> "SamplingKnobs":
+    return cls(temperature=jnp.float32(temperature if temperature > 0 else 1.0), top_k=jnp.int32(top_k),
+               top_p=jnp.float32(top_p))
+
+
+def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.Array:
+  """Probabilities after temperature, top-k and top-p.
+
+  Args:
+    logits: [..., V] float32.
+    knobs: temperature (> 0), top_k (0 = off), top_p (1 = off).
+    filtering: static; False skips the sort when top_k == 0 and top_p == 1.
+  Returns:
+    [..., V] float32 probabilities summing to 1, exactly 0 outside the kept set.
+  """
+  x = logits.astype(jnp.float32) / knobs.temperature
+  if filtering:
+    vocab = x.shape[-1]
+    sorted_desc = -jnp.sort(-x, axis=-1)  # [..., V]
+    # top-k: keep logits >= the k-th largest (ties with it are kept, as in transformers).
+    kth = jnp.take(sorted_desc, jnp.clip(knobs.top_k - 1, 0, vocab - 1), axis=-1)[..., None]
+    kth = jnp.where(knobs.top_k > 0, kth, -jnp.inf)
+    x = jnp.where(x < kth, -jnp.inf, x)
+    sorted_desc = jnp.where(sorted_desc < kth, -jnp.inf, sorted_desc)
+    # top-p: keep the smallest prefix of the sorted tokens whose mass reaches top_p, i.e. every token whose
+    # higher-ranked tokens hold less than top_p (the first token is always kept).
+    sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
+    mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+    keep = (mass_before < knobs.top_p) | (knobs.top_p >= 1.0)
+    num_kept = jnp.sum(keep, axis=-1, keepdims=True)
+    cutoff = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
+    x = jnp.where(x < cutoff, -jnp.inf, x)
+  return jax.nn.softmax(x, axis=-1)
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+  """One key per row, the row index folded in: [batch] keys."""
+  return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
+
+
+def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
+  """Draws one token per row. key: a single key; probs: [B, V] -> [B] int32."""
+  keys = row_keys(key, probs.shape[0])
+  return jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys, probs).astype(jnp.int32)
+
+
+def uniform(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+  """Uniform [0, 1) draws, shape [B, ...], with the row index folded into each row's key."""
+  keys = row_keys(key, shape[0])
+  return jax.vmap(lambda k: jax.random.uniform(k, shape[1:]))(keys)

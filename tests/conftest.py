@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random T5 checkpoints written by transformers, one per T5 family."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Tiny shapes of each public T5 family. "odd": heads * d_kv != d_model and more encoder than decoder layers.
+FAMILIES = {
+    "t5_v1_0": dict(feed_forward_proj="relu"),  # tied embeddings, decoder output scaled by d_model**-0.5
+    "t5_v1_1": dict(feed_forward_proj="gated-gelu", untie=True),  # also Flan-T5
+    "mt5": dict(feed_forward_proj="gated-gelu", untie=True, mt5=True),
+    "odd": dict(feed_forward_proj="relu", d_kv=6, num_heads=3, num_layers=3, num_decoder_layers=2),
+}
+
+
+def write_hf_t5(directory: str, family: str, vocab_size: int = 96, d_model: int = 16, seed: int = 0,
+                **overrides) -> str:
+  """Writes a random-weight T5ForConditionalGeneration of `family` with save_pretrained; returns the dir."""
+  import torch
+  from transformers import MT5Config, MT5ForConditionalGeneration, T5Config, T5ForConditionalGeneration
+  spec = dict(FAMILIES[family])
+  untie, mt5 = spec.pop("untie", False), spec.pop("mt5", False)
+  kwargs = dict(vocab_size=vocab_size, d_model=d_model, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
+                dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=20)
+  kwargs.update(spec)
+  kwargs.update(overrides)
+  torch.manual_seed(seed)
+  model = (MT5ForConditionalGeneration(MT5Config(**kwargs)) if mt5 else
+           T5ForConditionalGeneration(T5Config(**kwargs))).eval()
+  model.save_pretrained(directory)
+  if untie:
+    # transformers 5 always writes T5 with a tied lm_head; real T5 1.1 / Flan-T5 / mT5 files carry their own
+    # lm_head.weight and tie_word_embeddings=false. Write that, as the hub files are.
+    from safetensors.numpy import load_file, save_file
+    path = os.path.join(directory, "model.safetensors")
+    tensors = load_file(path)
+    rng = np.random.RandomState(seed + 1)
+    tensors["lm_head.weight"] = rng.randn(*tensors["shared.weight"].shape).astype(np.float32)
+    save_file(tensors, path, metadata={"format": "pt"})
+    cfg_path = os.path.join(directory, "config.json")
+    with open(cfg_path) as f:
+      cfg = json.load(f)
+    cfg["tie_word_embeddings"] = False
+    cfg.pop("scale_decoder_outputs", None)
+    with open(cfg_path, "w") as f:
+      json.dump(cfg, f)
+  return directory
+
+
+def load_hf_reference(directory: str):
+  """transformers' own model from the directory (torch, CPU, eval mode)."""
+  from transformers import AutoModelForSeq2SeqLM
+  return AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_dirs(tmp_path_factory):
+  """{family: directory} of tiny random HF T5 checkpoints."""
+  root = tmp_path_factory.mktemp("hf")
+  return {name: write_hf_t5(str(root / name), name) for name in FAMILIES}
