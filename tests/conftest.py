@@ -27,7 +27,7 @@ def write_hf_t5(directory: str, family: str, vocab_size: int = 96, d_model: int 
   spec = dict(FAMILIES[family])
   untie, mt5 = spec.pop("untie", False), spec.pop("mt5", False)
   kwargs = dict(vocab_size=vocab_size, d_model=d_model, d_kv=4, d_ff=32, num_layers=2, num_heads=2,
-                dropout_rate=0.0, relative_attention_num_buckets=8, relative_attention_max_distance=20)
+                dropout_rate=0.0, decoder_start_token_id=0, relative_attention_num_buckets=8, relative_attention_max_distance=20)
   kwargs.update(spec)
   kwargs.update(overrides)
   torch.manual_seed(seed)

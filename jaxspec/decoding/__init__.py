@@ -1,6 +1,6 @@
 """Plain and speculative decoding."""
 
-from jaxspec.decoding.generate import DecodeStats, GenerateOutput, generate
+from jaxspec.decoding.engine import DecodeStats, GenerateOutput, generate
 from jaxspec.decoding.theory import best_gamma, expected_speedup, expected_tokens_per_iteration
 
 __all__ = ["DecodeStats", "GenerateOutput", "best_gamma", "expected_speedup", "expected_tokens_per_iteration",

@@ -1,0 +1,109 @@
+"""Stub decoders whose next-token distributions are known exactly, for testing decoding loops.
+
+A stub's logits at decoder position t are `table[token_t] + position_bias[t]`: a position-dependent Markov
+chain, so the exact probability of every output sequence can be enumerated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+
+@struct.dataclass
+class StubCache:
+  lengths: jax.Array  # [B] int32
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovDecoder:
+  """The decoder interface of jaxspec.decoding.loop over params {"table": [V, V], "position_bias": [P, V]}."""
+
+  def init(self, params, input_ids, cache_len):
+    return StubCache(lengths=jnp.zeros((input_ids.shape[0],), jnp.int32))
+
+  def step(self, params, cache, tokens):
+    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+    logits = params["table"][tokens] + params["position_bias"][positions]
+    return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + tokens.shape[1])
+
+
+def np_warp(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+  """Reference temperature -> top-k -> top-p in numpy (written independently of jaxspec.decoding.sampling)."""
+  x = np.asarray(logits, np.float64) / temperature
+  if top_k > 0:
+    kth = np.sort(x)[-top_k]
+    x = np.where(x < kth, -np.inf, x)
+  probs = np.exp(x - x.max())
+  probs /= probs.sum()
+  if top_p < 1:
+    order = np.argsort(-probs, kind="stable")
+    cum = np.cumsum(probs[order])
+    keep = order[:int(np.searchsorted(cum, top_p)) + 1]
+    mask = np.zeros_like(probs, bool)
+    mask[keep] = True
+    probs = np.where(mask, probs, 0.0)
+    probs /= probs.sum()
+  return probs
+
+
+def exact_sequence_probs(next_probs, vocab: int, length: int, eos: int, start: int) -> dict:
+  """{tuple(sequence): probability} for sequences of up to `length` tokens that stop at EOS.
+
+  next_probs(prefix) -> [V] probabilities of the next token after the decoder prefix (start token first).
+  """
+  out = {}
+  frontier = [((start,), 1.0)]
+  for _ in range(length):
+    nxt = []
+    for prefix, prob in frontier:
+      p = next_probs(prefix)
+      for tok in range(vocab):
+        if p[tok] == 0:
+          continue
+        seq = prefix + (tok,)
+        if tok == eos:
+          out[seq[1:]] = out.get(seq[1:], 0.0) + prob * p[tok]
+        else:
+          nxt.append((seq, prob * p[tok]))
+    frontier = nxt
+  for prefix, prob in frontier:
+    out[prefix[1:]] = out.get(prefix[1:], 0.0) + prob
+  return out
+
+
+def chi_square(samples: list[tuple], exact: dict, min_expected: float = 5.0) -> tuple[float, int]:
+  """Pearson statistic of sample counts against exact probabilities, pooling rare outcomes; (stat, dof).
+
+  A sample never seen in `exact` (probability 0) makes the statistic infinite.
+  """
+  counts = {}
+  for s in samples:
+    counts[s] = counts.get(s, 0) + 1
+  if any(s not in exact for s in counts):
+    return float("inf"), 1
+  n = len(samples)
+  stat, dof, pooled_obs, pooled_exp = 0.0, -1, 0, 0.0
+  for seq, prob in exact.items():
+    e = n * prob
+    o = counts.get(seq, 0)
+    if e >= min_expected:
+      stat += (o - e) ** 2 / e
+      dof += 1
+    else:
+      pooled_obs += o
+      pooled_exp += e
+  if pooled_exp > 0:
+    stat += (pooled_obs - pooled_exp) ** 2 / max(pooled_exp, 1e-12)
+    dof += 1
+  return stat, max(dof, 1)
+
+
+def chi_square_limit(dof: int, z: float = 4.5) -> float:
+  """Wilson-Hilferty upper quantile of chi-square(dof) at a normal z (z = 4.5: p ~ 3e-6)."""
+  return dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3

@@ -1,0 +1,180 @@
+"""jaxspec.generate: greedy exactness against plain decoding and transformers, stats, compilation, bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import jaxspec
+from jaxspec.decoding import engine
+
+from conftest import load_hf_reference, write_hf_t5
+
+MAX_NEW = 13  # deliberately not a multiple of gamma + 1 for any gamma tested
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  """A tiny HF T5 1.1 target, and two drafts: a noisy copy of it (high acceptance) and an unrelated model."""
+  root = tmp_path_factory.mktemp("pair")
+  target_dir = write_hf_t5(str(root / "target"), "t5_v1_1", d_model=32, num_layers=3, num_decoder_layers=2,
+                           num_heads=4, d_ff=64)
+  target = jaxspec.load(target_dir, dtype=jnp.float32)
+  noise = jax.tree.map(lambda x, k: x + 0.15 * jnp.std(x) * jax.random.normal(k, x.shape),
+                       target.params, _keys_like(target.params))
+  noisy = jaxspec.Model(target.config, noise, name="noisy")
+  other = jaxspec.load(write_hf_t5(str(root / "other"), "t5_v1_0", seed=3), dtype=jnp.float32)
+  return target_dir, target, noisy, other
+
+
+def _keys_like(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return jax.tree.unflatten(treedef, list(jax.random.split(jax.random.key(7), len(leaves))))
+
+
+def _prompts(vocab, seed=0):
+  rng = np.random.RandomState(seed)
+  return [list(rng.randint(2, vocab, size=n)) + [1] for n in (4, 11, 1, 7)]
+
+
+def _with_eos(model, eos):
+  return dataclasses.replace(model, config=dataclasses.replace(model.config, eos_token_id=eos))
+
+
+def _hf_greedy(target_dir, prompts, eos, max_new):
+  ref = load_hf_reference(target_dir)
+  width = max(map(len, prompts))
+  ids = torch.tensor([p + [0] * (width - len(p)) for p in prompts])
+  with torch.no_grad():
+    out = ref.generate(input_ids=ids, attention_mask=ids != 0, do_sample=False, num_beams=1,
+                       max_new_tokens=max_new, eos_token_id=eos, pad_token_id=0).numpy()
+  return out[:, 1:]  # drop the decoder start token
+
+
+def _ragged_eos(tokens):
+  """A token whose first occurrence differs between rows (and is not at the start): used as EOS, it ends the
+  rows at different, mid-sequence positions."""
+  best, best_spread = None, -1
+  for tok in range(2, tokens.max() + 1):
+    first = [int(np.argmax(row == tok)) if (row == tok).any() else len(row) for row in tokens]
+    if min(first) < 2:
+      continue
+    spread = len(set(first))
+    if spread > best_spread:
+      best, best_spread = tok, spread
+  return best
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3, 5, 8])
+def test_greedy_speculative_equals_plain_and_transformers(pair, gamma):
+  target_dir, target, noisy, other = pair
+  prompts = _prompts(target.config.vocab_size)
+  plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
+  eos = _ragged_eos(plain.tokens)
+  target_e, noisy_e, other_e = (_with_eos(m, eos) for m in (target, noisy, other))
+  plain_e = jaxspec.generate(target_e, prompts, max_new_tokens=MAX_NEW)
+  hf = _hf_greedy(target_dir, prompts, eos, MAX_NEW)
+  assert len(set(plain_e.lengths.tolist())) > 1 and plain_e.lengths.min() < MAX_NEW  # EOS ends rows raggedly
+  for n, row, hf_row in zip(plain_e.lengths, plain_e.tokens, hf):
+    np.testing.assert_array_equal(row[:n], hf_row[:n])
+    assert (row[n:] == 0).all()
+    assert n == MAX_NEW or row[n - 1] == eos
+  for draft in (noisy_e, other_e):
+    spec = jaxspec.generate(target_e, prompts, draft=draft, gamma=gamma, max_new_tokens=MAX_NEW)
+    np.testing.assert_array_equal(spec.tokens, plain_e.tokens)
+    np.testing.assert_array_equal(spec.lengths, plain_e.lengths)
+  # With the noisy draft, blocks of several tokens are accepted, so EOS lands inside accepted blocks.
+  spec = jaxspec.generate(target_e, prompts, draft=noisy_e, gamma=gamma, max_new_tokens=MAX_NEW)
+  assert spec.stats.accepted.sum() > 0
+  # Without an EOS cut, plain decoding also equals transformers.
+  np.testing.assert_array_equal(plain.tokens, _hf_greedy(target_dir, prompts, 1, MAX_NEW)[:, :MAX_NEW])
+
+
+def test_self_draft_accepts_everything(pair):
+  _, target, _, _ = pair
+  prompts = _prompts(target.config.vocab_size)
+  out = jaxspec.generate(target, prompts, draft=target, gamma=3, max_new_tokens=12)
+  s = out.stats
+  assert s.alpha == 1.0 and s.acceptance_rate == 1.0
+  full_rows = out.lengths == 12
+  assert np.all(s.iterations[full_rows] == 3)  # 12 tokens in blocks of gamma + 1 = 4
+  assert np.all(s.accepted_per_position[full_rows] == 3)
+
+
+def test_stats_are_consistent(pair):
+  _, target, noisy, _ = pair
+  out = jaxspec.generate(target, _prompts(target.config.vocab_size), draft=noisy, gamma=4, max_new_tokens=MAX_NEW)
+  s = out.stats
+  assert np.all(s.generated == out.lengths)
+  assert np.all(s.drafted == 4 * s.iterations)
+  assert np.all(s.accepted_per_position.sum(1) == s.accepted)
+  assert np.all(np.diff(s.accepted_per_position, axis=1) <= 0)  # position j+1 accepted only if j was
+  assert np.all(s.generated <= s.accepted + s.iterations)  # each iteration: accepted drafts + 1 token at most
+  assert 0 < s.alpha < 1 and s.tokens_per_iteration == pytest.approx(s.generated.sum() / s.iterations.sum())
+
+
+def test_sampling_is_reproducible_and_seed_dependent(pair):
+  _, target, noisy, _ = pair
+  prompts = _prompts(target.config.vocab_size)
+  kw = dict(draft=noisy, gamma=3, max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, top_p=0.9)
+  a = jaxspec.generate(target, prompts, seed=1, **kw)
+  b = jaxspec.generate(target, prompts, seed=1, **kw)
+  c = jaxspec.generate(target, prompts, seed=2, **kw)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+  assert not np.array_equal(a.tokens, c.tokens)
+
+
+def test_same_bucket_does_not_recompile(pair):
+  _, target, noisy, _ = pair
+  jaxspec.generate(target, [[5, 6, 7, 1]], draft=noisy, gamma=2, max_new_tokens=6, temperature=0.5)
+  size = engine._run._cache_size()
+  prefill_size = engine._prefill._cache_size()
+  # Another prompt of another length in the same bucket, other sampling values and seed: no new compilation.
+  jaxspec.generate(target, [[9, 8, 7, 6, 5, 4, 3, 1]], draft=noisy, gamma=2, max_new_tokens=6, temperature=0.9,
+                   top_k=0, top_p=1.0, seed=5)
+  assert engine._run._cache_size() == size
+  assert engine._prefill._cache_size() == prefill_size
+  assert engine.bucket_length(8, 512) == 16 and engine.bucket_length(17, 512) == 32
+
+
+def test_padded_array_inputs_equal_lists(pair):
+  _, target, _, _ = pair
+  prompts = _prompts(target.config.vocab_size)
+  array = np.zeros((len(prompts), 20), np.int32)
+  for i, p in enumerate(prompts):
+    array[i, :len(p)] = p
+  a = jaxspec.generate(target, prompts, max_new_tokens=5)
+  b = jaxspec.generate(target, array, max_new_tokens=5)
+  np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_bad_input_is_a_clear_error(pair):
+  _, target, noisy, other = pair
+  prompts = [[5, 6, 1]]
+  small_vocab = dataclasses.replace(other, config=dataclasses.replace(other.config, vocab_size=50))
+  cases = [
+      (dict(draft=small_vocab), "vocabularies differ"),
+      (dict(draft=_with_eos(noisy, 7)), "special ids differ: eos_token_id"),
+      (dict(draft=noisy, gamma=0), "gamma must be an integer >= 1"),
+      (dict(temperature=-0.5), "temperature must be finite and >= 0"),
+      (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
+      (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
+      (dict(top_k=-1), "top_k must be an integer >= 0"),
+      (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+  ]
+  for kwargs, message in cases:
+    with pytest.raises(ValueError, match=message):
+      jaxspec.generate(target, prompts, **kwargs)
+  with pytest.raises(ValueError, match="more than max_input_length=8"):
+    jaxspec.generate(target, [list(range(2, 12))], max_input_length=8)
+  with pytest.raises(ValueError, match="empty batch"):
+    jaxspec.generate(target, [])
+  with pytest.raises(ValueError, match="row 1 is empty"):
+    jaxspec.generate(target, [[5, 1], []])
+  with pytest.raises(ValueError, match="outside"):
+    jaxspec.generate(target, [[5, 10_000]])
+  with pytest.raises(ValueError, match="no tokenizer"):
+    jaxspec.generate(target, ["a text"])
