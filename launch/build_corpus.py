@@ -14,7 +14,7 @@ import os
 import re
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
 from jaxspec.data.ende import Pair, write_pairs
 
@@ -38,7 +38,8 @@ def catalog_pairs(root: str) -> list[Pair]:
     try:
       with open(path, "rb") as f:
         catalog = gettext.GNUTranslations(f)
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+      logging.warning("skipping unreadable catalog %s: %s", path, e)
       continue
     for msgid, msgstr in catalog._catalog.items():  # pylint: disable=protected-access
       if not isinstance(msgid, str) or not msgid or not msgstr or "\x00" in msgid:

@@ -222,15 +222,18 @@ def to_hf_state_dict(model: Model, dtype=None) -> dict[str, np.ndarray]:
   return out
 
 
-def save(model: Model, directory: str, format: str = "orbax") -> None:  # pylint: disable=redefined-builtin
+def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> None:  # pylint: disable=redefined-builtin
   """Writes `model` to `directory`.
 
   format="orbax": config.json + jaxspec.json + params/ (Orbax), restored by `jaxspec.load(directory)`.
   format="hf": config.json + model.safetensors that `T5ForConditionalGeneration.from_pretrained` loads.
+  dtype: store the parameters in this dtype (e.g. jnp.bfloat16 to halve the size); None keeps theirs.
   The tokenizer, when the model has one, is saved beside the weights in both formats.
   """
   if format not in ("orbax", "hf"):
     raise ValueError(f"format must be 'orbax' or 'hf', got {format!r}.")
+  if dtype is not None:
+    model = dataclasses.replace(model, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
   os.makedirs(directory, exist_ok=True)
   hf_config = model.config.to_hf_dict()
   hf_config["dtype"] = str(jnp.dtype(model.dtype))

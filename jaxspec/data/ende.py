@@ -83,11 +83,13 @@ def bucketed_batches(sources: list[list[int]], targets: list[list[int]], tokens_
     batches += [(length, idx[k:k + size]) for k in range(0, len(idx), size)]
   for j in rng.permutation(len(batches)):
     length, idx = batches[j]
-    yield _pad([sources[i] for i in idx], length, pad_id), _pad([targets[i] for i in idx], length, pad_id)
+    rows = max(1, tokens_per_batch // length)  # A short last batch is padded with all-pad rows (zero loss),
+    yield (_pad([sources[i] for i in idx], length, pad_id, rows),  # so each bucket has one shape and
+           _pad([targets[i] for i in idx], length, pad_id, rows))  # compiles once.
 
 
-def _pad(rows: list[list[int]], length: int, pad_id: int) -> np.ndarray:
-  out = np.full((len(rows), length), pad_id, np.int32)
+def _pad(rows: list[list[int]], length: int, pad_id: int, num_rows: int) -> np.ndarray:
+  out = np.full((num_rows, length), pad_id, np.int32)
   for i, r in enumerate(rows):
     r = r if len(r) <= length else r[:length - 1] + r[-1:]
     out[i, :len(r)] = r

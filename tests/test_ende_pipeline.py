@@ -1,0 +1,192 @@
+"""The EN-DE pipeline: data files, corpus rebuilding, batching, training (resumable), translate.py."""
+
+import os
+import struct
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec import training
+from jaxspec.data.ende import Pair, bucketed_batches, read_pairs, write_pairs
+from jaxspec.models import t5
+from jaxspec.tokenizer import load_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
+             ("Open the file.", "Öffnen Sie die Datei."), ("The cat sleeps.", "Die Katze schläft."),
+             ("Save the document now.", "Speichern Sie das Dokument jetzt."),
+             ("I like green tea.", "Ich mag grünen Tee.")]
+
+
+def _run(args, **kw):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
+                        **kw)
+
+
+def test_tsv_round_trip_and_bad_header(tmp_path):
+  pairs = [Pair(en, de, "test") for en, de in SENTENCES]
+  write_pairs(str(tmp_path / "a.tsv.gz"), pairs)
+  assert read_pairs(str(tmp_path / "a.tsv.gz")) == pairs
+  (tmp_path / "bad.tsv").write_text("english\tgerman\nx\ty\n")
+  with pytest.raises(ValueError, match="expected a header"):
+    read_pairs(str(tmp_path / "bad.tsv"))
+
+
+def test_bucketed_batches_cover_each_pair_once_with_fixed_shapes():
+  rng = np.random.RandomState(0)
+  src = [list(rng.randint(3, 50, size=rng.randint(1, 30))) + [1] for _ in range(300)]
+  tgt = [list(rng.randint(3, 50, size=rng.randint(1, 90))) + [1] for _ in range(300)]
+  seen, shapes = [], {}
+  for inputs, labels in bucketed_batches(src, tgt, 256, 64, np.random.RandomState(1)):
+    assert inputs.shape == labels.shape
+    assert shapes.setdefault(inputs.shape[1], inputs.shape) == inputs.shape  # one shape per bucket
+    for row in labels:
+      if row.any():
+        seen.append(row)
+        assert row[row != 0][-1] == 1  # EOS kept, even when truncated to 64
+  assert len(seen) == 300
+
+
+def _write_mo(path, messages):
+  """A minimal GNU .mo file (the format gettext.GNUTranslations reads), UTF-8."""
+  messages = {"": "Content-Type: text/plain; charset=UTF-8\n", **messages}
+  keys = sorted(messages)
+  ids, strs = b"", b""
+  offsets = []
+  for k in keys:
+    offsets.append((len(ids), len(k.encode()), len(strs), len(messages[k].encode())))
+    ids += k.encode() + b"\0"
+    strs += messages[k].encode() + b"\0"
+  n = len(keys)
+  start = 7 * 4 + 16 * n
+  table_ids = b"".join(struct.pack("<II", l, start + o) for o, l, _, _ in offsets)
+  table_strs = b"".join(struct.pack("<II", l, start + len(ids) + o) for _, _, o, l in offsets)
+  header = struct.pack("<7I", 0x950412de, 0, n, 7 * 4, 7 * 4 + 8 * n, 0, 0)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_bytes(header + table_ids + table_strs + ids + strs)
+
+
+def test_build_corpus_from_gettext_catalogs(tmp_path):
+  msgs = {f"Open the _file number {i}": f"Öffnen Sie die _Datei Nummer {i}" for i in range(40)}
+  msgs["%s files"] = "%s Dateien"  # format strings are skipped
+  _write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "demo.mo", msgs)
+  out = tmp_path / "corpus"
+  res = _run(["launch/build_corpus.py", f"--locale_roots={tmp_path / 'locale'}", f"--output_dir={out}",
+              "--dev_size=5", "--ding=/nonexistent"])
+  assert res.returncode == 0, res.stderr[-2000:]
+  train = read_pairs(str(out / "train.tsv.gz"))
+  dev, test = read_pairs(str(out / "dev.tsv")), read_pairs(str(out / "test.tsv"))
+  assert len(train) + len(dev) + len(test) == 40 and len(dev) == len(test) == 5
+  assert not {p.en for p in dev} & {p.en for p in train}
+  assert all("_" not in p.en and "_" not in p.de for p in train)  # mnemonics removed
+
+
+def test_distillation_loss_is_zero_for_identical_models_and_training_learns():
+  cfg = t5.T5Config(vocab_size=20, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)
+  params = t5.init_params(cfg, jax.random.key(0))
+  inputs = jnp.asarray(np.random.RandomState(0).randint(2, 20, size=(4, 6)), jnp.int32)
+  labels = jnp.asarray(np.random.RandomState(1).randint(2, 20, size=(4, 5)), jnp.int32)
+  teacher_logits = t5.forward(params, cfg, inputs, training.shift_right(labels, 0))
+  _, m = training.loss_fn(params, cfg, inputs, labels, teacher_logits, 0.5)
+  assert float(m["kl"]) == pytest.approx(0.0, abs=1e-5)
+  opt = training.make_optimizer(1e-2, 2, 50)
+  state = opt.init(params)
+  settings = training.StepConfig(model=cfg)
+  first = None
+  for _ in range(30):
+    params, state, metrics = training.train_step(settings, opt, params, state, inputs, labels)
+    first = first if first is not None else float(metrics["ce"])
+  assert float(metrics["ce"]) < 0.5 * first
+
+
+@pytest.fixture(scope="module")
+def tiny_setup(tmp_path_factory):
+  """A tiny corpus, tokenizer, and a tiny trained target with a draft distilled from it."""
+  import sentencepiece as spm
+  from jaxspec.tokenizer import write_sentencepiece_tokenizer
+  root = tmp_path_factory.mktemp("ende")
+  pairs = [Pair(en, de, "deb trans-de-en (ding)") for en, de in SENTENCES] * 8
+  write_pairs(str(root / "train.tsv.gz"), pairs)
+  write_pairs(str(root / "dev.tsv"), pairs[:6])
+  with open(root / "text.txt", "w") as f:
+    for p in pairs:
+      f.write(p.en + "\n" + p.de + "\n")
+  spm.SentencePieceTrainer.train(input=str(root / "text.txt"), model_prefix=str(root / "sp"), vocab_size=60,
+                                 pad_id=0, eos_id=1, unk_id=2, bos_id=-1, hard_vocab_limit=False, minloglevel=2)
+  write_sentencepiece_tokenizer(str(root / "sp.model"), str(root / "tok"))
+  common = [f"--config.tokenizer={root / 'tok'}", f"--config.train={root / 'train.tsv.gz'}",
+            f"--config.dev={root / 'dev.tsv'}", "--config.log_every=5", "--config.eval_every=1000",
+            "--config.checkpoint_every=5", "--config.dev_bleu_sentences=4", "--config.dev_loss_pairs=6",
+            "--config.tokens_per_batch=64", "--config.warmup_steps=2"]
+  tiny = ["--config.model.d_model=16", "--config.model.d_kv=4", "--config.model.d_ff=32",
+          "--config.model.num_layers=1", "--config.model.num_decoder_layers=1", "--config.model.num_heads=2"]
+  return root, common, tiny
+
+
+def test_training_resumes_and_distils(tiny_setup):
+  root, common, tiny = tiny_setup
+  workdir = root / "target"
+  first = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+                "--config.train_steps=10"] + common + tiny)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "step 10/10" in first.stdout and "eval step 10: dev loss" in first.stdout
+  # A second run with a longer schedule continues from the saved step instead of starting over.
+  second = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+                 "--config.train_steps=15"] + common + tiny)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "resumed from step 10" in second.stdout and "step 15/15" in second.stdout
+  assert "step 5/" not in second.stdout
+  target = jaxspec.load(str(workdir / "export"))
+  assert target.tokenizer is not None and target.config.d_model == 16
+  draft = _run(["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
+                f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
+  assert draft.returncode == 0, draft.stderr[-3000:]
+  assert " kl " in draft.stdout
+
+
+def test_translate_script(tiny_setup, tmp_path):
+  root, _, _ = tiny_setup
+  tok = load_tokenizer(str(root / "tok"))
+  cfg = t5.T5Config(vocab_size=tok.vocab_size, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
+                    num_heads=2)
+  for name, seed in (("t", 0), ("d", 1)):
+    jaxspec.save(jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), tok), str(tmp_path / name))
+  models = [f"--target={tmp_path / 't'}", f"--draft={tmp_path / 'd'}", "--max_new_tokens=8"]
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\n")
+  out = tmp_path / "out.txt"
+  res = _run(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models)
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = out.read_text().split("\n")
+  assert len(lines) == 5 and lines[1] == ""  # one output line per input line, the empty one kept empty
+  for key in ("alpha", "tokens per iteration", "acceptance per draft position", "speedup",
+              "expected", "identical to plain greedy output: True"):
+    assert key in res.stdout
+  # Resuming: a run over a longer input appends only the new lines.
+  inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\nThe cat sleeps.\n")
+  res = _run(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
+  assert res.returncode == 0 and "resuming: 4 of 5" in res.stderr
+  assert out.read_text().split("\n")[:4] == lines[:4] and len(out.read_text().split("\n")) == 6
+  # Bad input: a too-long line refused, an unknown model, a draft whose tokenizer differs.
+  inputs.write_text("word " * 200 + "\n")
+  res = _run(["launch/translate.py", f"--input={inputs}", "--long_inputs=refuse", "--max_input_length=16"] + models)
+  assert res.returncode != 0 and "more than --max_input_length=16" in res.stderr
+  res = _run(["launch/translate.py", f"--input={inputs}", "--max_input_length=16", "--nocompare"] + models)
+  assert res.returncode == 0 and "truncated to 16" in res.stderr
+  res = _run(["launch/translate.py", "--target=no-such-model"])
+  assert res.returncode != 0 and "Unknown model 'no-such-model'" in res.stderr
+  other = tmp_path / "other_tok"
+  from transformers import AutoTokenizer
+  import shutil
+  shutil.copytree(tmp_path / "d", other)
+  hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
+  hf_tok.add_tokens(["<extra_word>"])
+  hf_tok.save_pretrained(str(other))
+  res = _run(["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"])
+  assert res.returncode != 0 and "tokenizer" in res.stderr and "differs" in res.stderr
