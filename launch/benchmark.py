@@ -1,0 +1,273 @@
+r"""Benchmarks plain vs speculative decoding the way the paper reports it, next to transformers.
+
+    python launch/benchmark.py                                   # embedded pair, full sweep, writes docs/bench/
+    python launch/benchmark.py --gammas=1,2,3 --temperatures=0 --batch_sizes=1 --sentences=8 --repeats=1
+    python launch/benchmark.py --target=/ckpt/t5-11b --draft=/ckpt/t5-small \
+        --input=newstest2014.en --prefix="translate English to German: " --gammas=7 --peer=false
+    python launch/benchmark.py --paper=configs/paper_t5.py:ende_small_t0 --paper.checkpoint_dir=/mnt/disks/t5
+
+For every (temperature, batch size, gamma) it measures alpha, tokens per iteration, acceptance per draft
+position, wall time per generated token of plain and speculative decoding (medians over --repeats passes after
+a warm-up pass that includes compilation, timed separately), latency percentiles per sequence, the speedup, and
+the speedup Theorem 3.8 predicts with and without the measured verify-cost ratio r; c and r are timed in
+isolation per batch size. With --peer, the same weights exported to Hugging Face format run through
+transformers' `generate(assistant_model=...)` (constant schedule, same gamma, batch 1, greedy) and its plain
+greedy `generate`, on the same inputs in the same run. Output: JSON, a markdown table (the paper's Table 2 form)
+and a PNG of speedup against gamma.
+"""
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+
+import numpy as np
+from absl import app, flags
+from ml_collections import config_flags
+
+import jaxspec
+from jaxspec import benchmarking
+from jaxspec.data.ende import read_pairs
+
+_TARGET = flags.DEFINE_string("target", "ende-target", "Target model (embedded name or directory).")
+_DRAFT = flags.DEFINE_string("draft", "ende-draft", "Draft model (embedded name or directory).")
+_INPUT = flags.DEFINE_string("input", "../shared/data/ende/dev.tsv",
+                             "Text file (one input a line) or EN-DE TSV (its 'en' column).")
+_TOKEN_IDS = flags.DEFINE_boolean("input_is_token_ids", False, "The input file holds space-separated token ids "
+                                  "(for models without a tokenizer).")
+_NATURAL = flags.DEFINE_boolean("natural_only", True, "From a corpus TSV, keep the natural sentences only.")
+_PREFIX = flags.DEFINE_string("prefix", "", "Text put before each input (T5's task prefix).")
+_SENTENCES = flags.DEFINE_integer("sentences", 32, "Inputs used (the first N).")
+_GAMMAS = flags.DEFINE_list("gammas", [str(g) for g in range(1, 9)], "Gammas to sweep.")
+_TEMPERATURES = flags.DEFINE_list("temperatures", ["0", "1"], "Temperatures to sweep.")
+_BATCH_SIZES = flags.DEFINE_list("batch_sizes", ["1", "4", "16"], "Batch sizes to sweep.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes per point (the median is reported).")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per input at most.")
+_PEER = flags.DEFINE_boolean("peer", True, "Also run transformers' assisted generation on the same weights.")
+_PAPER = config_flags.DEFINE_config_file("paper", None, "A row of configs/paper_t5.py: sets the target, draft, "
+                                          "input, prefix, gamma, temperature and batch size of the paper's setup.")
+_OUT = flags.DEFINE_string("output_dir", "docs/bench", "Where results.json, results.md and speedup.png go.")
+
+
+def _inputs(model):
+  if _INPUT.value.endswith((".tsv", ".tsv.gz")):
+    pairs = read_pairs(_INPUT.value)
+    if _NATURAL.value and any("ding" in p.source for p in pairs):
+      pairs = [p for p in pairs if "ding" in p.source]
+    texts = [p.en for p in pairs]
+  else:
+    with open(_INPUT.value, encoding="utf-8") as f:
+      texts = [line.strip() for line in f if line.strip()]
+  texts = texts[:_SENTENCES.value]
+  if _TOKEN_IDS.value:
+    return [[int(t) for t in line.split()] + [model.config.eos_token_id] for line in texts]
+  if model.tokenizer is None:
+    raise SystemExit(f"{_TARGET.value} has no tokenizer: pass --input_is_token_ids with a file of token ids.")
+  return [model.tokenizer.encode(_PREFIX.value + t) for t in texts]
+
+
+def _passes(fn, batches, repeats):
+  """Runs fn over all batches once (warm-up + compile), then `repeats` timed passes.
+
+  Returns (compile_and_first_s, median pass seconds, per-call latencies of the median pass, last outputs).
+  """
+  t0 = time.perf_counter()
+  outs = [fn(b) for b in batches]
+  first = time.perf_counter() - t0
+  passes = []
+  for _ in range(repeats):
+    lat = []
+    for b in batches:
+      s = time.perf_counter()
+      fn(b)
+      lat.append(time.perf_counter() - s)
+    passes.append((sum(lat), lat))
+  passes.sort(key=lambda p: p[0])
+  total, lat = passes[len(passes) // 2]
+  return first, total, lat, outs
+
+
+def _batches(ids, batch):
+  out = []
+  for k in range(0, len(ids), batch):
+    chunk = ids[k:k + batch]
+    out.append(chunk + [chunk[-1]] * (batch - len(chunk)))
+  return out
+
+
+def _pct(lat):
+  return {f"p{q}": float(np.percentile(lat, q)) for q in (50, 90, 99)}
+
+
+def run_jaxspec(target, draft, ids, gammas, temperatures, batch_sizes, repeats, max_new):
+  rows = []
+  for batch in batch_sizes:
+    batches = _batches(ids, batch)
+    costs = {g: benchmarking.cost_ratios(target, draft, g, batch=batch) for g in gammas}
+    for temp in temperatures:
+      kw = dict(max_new_tokens=max_new, temperature=temp, seed=0)
+      first, plain_s, plain_lat, plain_out = _passes(lambda b: jaxspec.generate(target, b, **kw), batches, repeats)
+      plain_tokens = sum(int(o.lengths.sum()) for o in plain_out)
+      for g in gammas:
+        sfirst, spec_s, spec_lat, spec_out = _passes(
+            lambda b: jaxspec.generate(target, b, draft=draft, gamma=g, **kw), batches, repeats)
+        tokens = sum(int(o.lengths.sum()) for o in spec_out)
+        bsum = sum(float(o.stats.beta_sum.sum()) for o in spec_out)
+        bcnt = sum(int(o.stats.beta_count.sum()) for o in spec_out)
+        iters = sum(int(o.stats.iterations.sum()) for o in spec_out)
+        alpha = bsum / max(bcnt, 1)
+        c, r = costs[g]["c"], costs[g]["r"]
+        plain_ms, spec_ms = 1e3 * plain_s / plain_tokens, 1e3 * spec_s / tokens
+        speedup = plain_ms / spec_ms
+        exp_r = jaxspec.expected_speedup(min(alpha, 1.0), g, c, r)
+        row = {"temperature": temp, "batch": batch, "gamma": g, "alpha": alpha, "tokens_per_iteration": tokens / iters,
+               "acceptance_per_position": (sum(o.stats.accepted_per_position.sum(0) for o in spec_out) / iters).tolist(),
+               "c": c, "r": r, "target_step_ms": 1e3 * costs[g]["target_step_s"],
+               "draft_step_ms": 1e3 * costs[g]["draft_step_s"], "plain_ms_per_token": plain_ms,
+               "spec_ms_per_token": spec_ms, "speedup": speedup,
+               "expected_speedup": jaxspec.expected_speedup(min(alpha, 1.0), g, c),
+               "expected_speedup_with_r": exp_r, "measured_over_expected": speedup / exp_r,
+               "plain_compile_and_first_pass_s": first, "spec_compile_and_first_pass_s": sfirst,
+               "plain_latency_s": _pct(plain_lat), "spec_latency_s": _pct(spec_lat),
+               "identical_to_plain": bool(all(np.array_equal(a.tokens, b.tokens)
+                                              for a, b in zip(plain_out, spec_out))) if temp == 0 else None}
+        rows.append(row)
+        print(f"T={temp} batch={batch} gamma={g}: alpha {alpha:.3f} tok/it {row['tokens_per_iteration']:.2f} "
+              f"plain {plain_ms:.2f} spec {spec_ms:.2f} ms/token speedup {speedup:.2f}x "
+              f"(expected {exp_r:.2f}x with r={r:.2f}, c={c:.3f})", flush=True)
+  return rows
+
+
+def run_peer(target, draft, ids, gammas, repeats, max_new):
+  """transformers on the same weights (float32, CPU): plain greedy and assisted generation, batch 1."""
+  import torch
+  from transformers import T5ForConditionalGeneration
+  with tempfile.TemporaryDirectory() as tmp:
+    jaxspec.save(target, os.path.join(tmp, "t"), format="hf")
+    jaxspec.save(draft, os.path.join(tmp, "d"), format="hf")
+    t_hf = T5ForConditionalGeneration.from_pretrained(os.path.join(tmp, "t")).eval()
+    d_hf = T5ForConditionalGeneration.from_pretrained(os.path.join(tmp, "d")).eval()
+  common = dict(do_sample=False, num_beams=1, max_new_tokens=max_new, eos_token_id=target.config.eos_token_id,
+                pad_token_id=target.config.pad_token_id, decoder_start_token_id=target.config.decoder_start_token_id)
+  batches = [torch.tensor([i]) for i in ids]
+
+  def plain(b):
+    with torch.no_grad():
+      return t_hf.generate(input_ids=b, **common)
+
+  rows = []
+  _, plain_s, plain_lat, plain_out = _passes(plain, batches, repeats)
+  plain_tokens = sum(int(o.shape[1] - 1) for o in plain_out)
+  for g in gammas:
+    d_hf.generation_config.num_assistant_tokens = g
+    d_hf.generation_config.num_assistant_tokens_schedule = "constant"
+    d_hf.generation_config.assistant_confidence_threshold = 0.0
+
+    def assisted(b):
+      with torch.no_grad():
+        return t_hf.generate(input_ids=b, assistant_model=d_hf, **common)
+
+    _, spec_s, spec_lat, spec_out = _passes(assisted, batches, repeats)
+    tokens = sum(int(o.shape[1] - 1) for o in spec_out)
+    rows.append({"gamma": g, "plain_ms_per_token": 1e3 * plain_s / plain_tokens,
+                 "assisted_ms_per_token": 1e3 * spec_s / tokens,
+                 "speedup": (plain_s / plain_tokens) / (spec_s / tokens),
+                 "plain_latency_s": _pct(plain_lat), "assisted_latency_s": _pct(spec_lat),
+                 "torch_threads": torch.get_num_threads()})
+    print(f"transformers gamma={g}: plain {rows[-1]['plain_ms_per_token']:.2f} assisted "
+          f"{rows[-1]['assisted_ms_per_token']:.2f} ms/token", flush=True)
+  return rows
+
+
+def write_markdown(path, rows, peer, meta):
+  lines = [f"Machine: {meta['machine']}; JAX {meta['jax']} on {meta['backend']}; target {meta['target']}; "
+           f"draft {meta['draft']}; {meta['sentences']} inputs; medians of {meta['repeats']} passes.", "",
+           "| Temp | Batch | gamma | alpha | tok/iter | c | r | plain ms/tok | spec ms/tok | Speedup | Exp | Exp (r) "
+           "| meas/exp | p50 / p90 / p99 s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lat = r["spec_latency_s"]
+    lines.append(f"| {r['temperature']:g} | {r['batch']} | {r['gamma']} | {r['alpha']:.2f} | "
+                 f"{r['tokens_per_iteration']:.2f} | {r['c']:.3f} | {r['r']:.2f} | {r['plain_ms_per_token']:.2f} | "
+                 f"{r['spec_ms_per_token']:.2f} | {r['speedup']:.2f}x | {r['expected_speedup']:.2f} | "
+                 f"{r['expected_speedup_with_r']:.2f} | {r['measured_over_expected']:.2f} | "
+                 f"{lat['p50']:.3f} / {lat['p90']:.3f} / {lat['p99']:.3f} |")
+  if peer:
+    jax_b1 = {r["gamma"]: r for r in rows if r["batch"] == 1 and r["temperature"] == 0}
+    lines += ["", "Side by side with transformers (batch 1, temperature 0, same weights, same inputs):", "",
+              "| gamma | transformers plain ms/tok | transformers assisted ms/tok | jaxspec plain ms/tok | "
+              "jaxspec speculative ms/tok | jaxspec spec / transformers assisted |", "|---|---|---|---|---|---|"]
+    for p in peer:
+      j = jax_b1.get(p["gamma"])
+      if j:
+        lines.append(f"| {p['gamma']} | {p['plain_ms_per_token']:.2f} | {p['assisted_ms_per_token']:.2f} | "
+                     f"{j['plain_ms_per_token']:.2f} | {j['spec_ms_per_token']:.2f} | "
+                     f"{j['spec_ms_per_token'] / p['assisted_ms_per_token']:.2f} |")
+  best = recommend(rows)
+  lines += [""] + [f"Recommended gamma at temperature {t:g}, batch {b}: {g} (measured {s:.2f}x)"
+                   for (t, b), (g, s) in sorted(best.items())]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n")
+
+
+def recommend(rows):
+  best = {}
+  for r in rows:
+    key = (r["temperature"], r["batch"])
+    if key not in best or r["speedup"] > best[key][1]:
+      best[key] = (r["gamma"], r["speedup"])
+  return best
+
+
+def plot(path, rows):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for (temp, batch) in sorted({(r["temperature"], r["batch"]) for r in rows}):
+    sel = sorted((r for r in rows if (r["temperature"], r["batch"]) == (temp, batch)), key=lambda r: r["gamma"])
+    g = [r["gamma"] for r in sel]
+    line, = ax.plot(g, [r["speedup"] for r in sel], "o-", label=f"measured, T={temp:g}, batch {batch}")
+    ax.plot(g, [r["expected_speedup_with_r"] for r in sel], "--", color=line.get_color(),
+            label=f"Theorem 3.8 with r, T={temp:g}, batch {batch}")
+  ax.axhline(1.0, color="gray", lw=0.8)
+  ax.set_xlabel("gamma")
+  ax.set_ylabel("speedup over plain decoding")
+  ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  del argv
+  import jax
+  if _PAPER.value is not None:
+    p = _PAPER.value
+    flags.FLAGS.target = os.path.join(p.checkpoint_dir, p.target)
+    flags.FLAGS.draft = os.path.join(p.checkpoint_dir, p.draft)
+    flags.FLAGS.input, flags.FLAGS.prefix = p.input, p.prefix
+    flags.FLAGS.gammas, flags.FLAGS.temperatures = [str(p.gamma)], [str(p.temperature)]
+    flags.FLAGS.batch_sizes, flags.FLAGS.max_new_tokens = [str(p.batch_size)], p.max_new_tokens
+  target, draft = jaxspec.load(_TARGET.value), jaxspec.load(_DRAFT.value)
+  ids = _inputs(target)
+  gammas = [int(g) for g in _GAMMAS.value]
+  rows = run_jaxspec(target, draft, ids, gammas, [float(t) for t in _TEMPERATURES.value],
+                     [int(b) for b in _BATCH_SIZES.value], _REPEATS.value, _MAX_NEW.value)
+  peer = run_peer(target, draft, ids, gammas, _REPEATS.value, _MAX_NEW.value) if _PEER.value else []
+  meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+          "backend": jax.default_backend(), "target": repr(target), "draft": repr(draft), "sentences": len(ids),
+          "repeats": _REPEATS.value, "date": time.strftime("%Y-%m-%d")}
+  os.makedirs(_OUT.value, exist_ok=True)
+  with open(os.path.join(_OUT.value, "results.json"), "w") as f:
+    json.dump({"meta": meta, "jaxspec": rows, "transformers": peer,
+               "recommended_gamma": {f"T={t:g},batch={b}": g for (t, b), (g, _) in recommend(rows).items()}},
+              f, indent=2)
+  write_markdown(os.path.join(_OUT.value, "results.md"), rows, peer, meta)
+  plot(os.path.join(_OUT.value, "speedup.png"), rows)
+  print(open(os.path.join(_OUT.value, "results.md")).read())
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,41 @@
+"""A cheap regression guard for launch/benchmark.py: tiny models, one point per axis, valid JSON and plot.
+
+No timing is asserted: timings belong to the benchmark's reports, not to tests.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import write_hf_t5
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_benchmark_smoke_run(tmp_path):
+  write_hf_t5(str(tmp_path / "target"), "t5_v1_1", d_model=32)
+  write_hf_t5(str(tmp_path / "draft"), "t5_v1_0", seed=1)
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("\n".join(" ".join(str(5 + (i * j) % 80) for j in range(6)) for i in range(3)))
+  # The tiny checkpoints have no tokenizer: the input file holds token ids.
+  out = tmp_path / "bench"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  res = subprocess.run([sys.executable, "launch/benchmark.py", f"--target={tmp_path / 'target'}",
+                        f"--draft={tmp_path / 'draft'}", f"--input={inputs}", "--input_is_token_ids",
+                        "--gammas=2", "--temperatures=0,1", "--batch_sizes=1", "--sentences=3",
+                        "--repeats=1", "--max_new_tokens=6", f"--output_dir={out}"],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  results = json.loads((out / "results.json").read_text())
+  assert len(results["jaxspec"]) == 2
+  for row in results["jaxspec"]:
+    for key in ("alpha", "tokens_per_iteration", "c", "r", "plain_ms_per_token", "spec_ms_per_token", "speedup",
+                "expected_speedup", "expected_speedup_with_r", "measured_over_expected"):
+      assert isinstance(row[key], float) and row[key] == row[key], key  # a real number, not NaN
+    assert len(row["acceptance_per_position"]) == row["gamma"]
+    if row["temperature"] == 0:
+      assert row["identical_to_plain"] is True
+  assert [r["gamma"] for r in results["transformers"]] == [2]
+  assert (out / "speedup.png").stat().st_size > 0
+  assert "| Temp | Batch | gamma |" in (out / "results.md").read_text()
