@@ -23,8 +23,9 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
   c.tokens_per_batch = 2048  # Padded tokens per side per batch; batches are grouped by length bucket.
   c.learning_rate = 1e-3  # AdamW peak, after linear warm-up, then cosine decay to 5%.
   c.warmup_steps = 100
-  c.train_steps = 900
+  c.train_steps = 1300
   c.weight_decay = 0.01
+  c.init_from = ""  # Model directory or embedded name to start from instead of a random init ("" = random).
   c.teacher = ""  # Directory of a trained model to distil from ("" = plain cross-entropy).
   c.distill_weight = 0.0  # Weight of KL(teacher || student) versus cross-entropy.
   c.log_every = 25  # Steps between progress lines (steps/s, tokens/s, loss, ETA).

@@ -89,6 +89,11 @@ def main(argv):
 
   optimizer = training.make_optimizer(c.learning_rate, c.warmup_steps, c.train_steps, c.weight_decay)
   params = t5.init_params(cfg, jax.random.key(c.seed))
+  if c.init_from:  # Continue from a saved model (e.g. an embedded one), with a fresh optimizer state.
+    start = jaxspec.load(c.init_from, dtype=jnp.float32)
+    if start.config != cfg:
+      raise SystemExit(f"--config.init_from={c.init_from} has config {start.config}, not {cfg}.")
+    params = start.params
   opt_state = optimizer.init(params)
   n_params = sum(x.size for x in jax.tree.leaves(params))
   logging.info("model: %s, %.2fM params", cfg, n_params / 1e6)

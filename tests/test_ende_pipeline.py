@@ -144,6 +144,13 @@ def test_training_resumes_and_distils(tiny_setup):
   assert "step 5/" not in second.stdout
   target = jaxspec.load(str(workdir / "export"))
   assert target.tokenizer is not None and target.config.d_model == 16
+  # Continuing from a saved model in a new workdir starts from its weights, not from a random init.
+  cont = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={root / 'continued'}",
+               f"--config.init_from={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
+  assert cont.returncode == 0, cont.stderr[-3000:]
+  first_ce = float(first.stdout.split("step 5/10")[1].split("| ce ")[1].split()[0])
+  cont_ce = float(cont.stdout.split("step 5/5")[1].split("| ce ")[1].split()[0])
+  assert cont_ce < first_ce
   draft = _run(["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
                 f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
   assert draft.returncode == 0, draft.stderr[-3000:]
