@@ -38,8 +38,9 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
     c.model = dict(d_model=128, d_kv=32, d_ff=512, num_layers=1, num_decoder_layers=2, num_heads=4,
                    activation="gelu_new", gated=True, tie_word_embeddings=True, scale_decoder_outputs=True)
     c.learning_rate = 2e-3
-    c.warmup_steps = 60
-    c.train_steps = 600
+    c.warmup_steps = 30
+    c.train_steps = 300
+    c.eval_every = 150
     c.teacher = "/tmp/work/target/export"  # The target trained with this file's "target" config.
     c.distill_weight = 0.9  # Mostly match the target's distributions: that is what raises acceptance.
   return c

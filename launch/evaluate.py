@@ -18,7 +18,7 @@ from jaxspec.data.ende import read_pairs
 _TARGET = flags.DEFINE_string("target", "ende-target", "Target model.")
 _DRAFT = flags.DEFINE_string("draft", "ende-draft", "Draft model.")
 _SPLIT = flags.DEFINE_string("split", "../shared/data/ende/test.tsv", "EN-DE TSV to evaluate on.")
-_LIMIT = flags.DEFINE_integer("limit", 0, "Evaluate the first N pairs only (0 = all).")
+_LIMIT = flags.DEFINE_integer("limit", 0, "Evaluate N evenly spaced pairs only (0 = all).")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration for the speculative run.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per generate call.")
 _OUTPUT = flags.DEFINE_string("output", "", "JSON file for the results.")
@@ -40,8 +40,8 @@ def main(argv):
   import sacrebleu
   target, draft = jaxspec.load(_TARGET.value), jaxspec.load(_DRAFT.value)
   pairs = read_pairs(_SPLIT.value)
-  if _LIMIT.value:
-    pairs = pairs[:_LIMIT.value]
+  if _LIMIT.value and _LIMIT.value < len(pairs):
+    pairs = [pairs[i] for i in np.linspace(0, len(pairs) - 1, _LIMIT.value).astype(int)]
   texts, refs = [p.en for p in pairs], [p.de for p in pairs]
   natural = np.array(["ding" in p.source for p in pairs])
   results = {"split": _SPLIT.value, "pairs": len(pairs), "machine": platform.processor() or platform.machine()}
@@ -51,12 +51,11 @@ def main(argv):
     start = time.time()
     hyps, stats = translate(model, texts, _BATCH.value, **kw)
     outputs[name] = hyps
-    entry = {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
-             "bleu_natural": sacrebleu.corpus_bleu([h for h, n in zip(hyps, natural) if n],
-                                                   [[r for r, n in zip(refs, natural) if n]]).score,
-             "bleu_software": sacrebleu.corpus_bleu([h for h, n in zip(hyps, natural) if not n],
-                                                    [[r for r, n in zip(refs, natural) if not n]]).score,
-             "seconds": time.time() - start}
+    entry = {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score, "seconds": time.time() - start}
+    for subset, keep in (("natural", natural), ("software", ~natural)):
+      if keep.any():
+        entry[f"bleu_{subset}"] = sacrebleu.corpus_bleu([h for h, k in zip(hyps, keep) if k],
+                                                        [[r for r, k in zip(refs, keep) if k]]).score
     if "draft" in kw:
       entry["alpha"] = float(sum(s.beta_sum.sum() for s in stats) / sum(s.beta_count.sum() for s in stats))
     results[name] = entry
