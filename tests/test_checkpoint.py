@@ -95,6 +95,15 @@ def _copy(src, dst):
   return str(dst)
 
 
+def _edit_config(directory, **updates):
+  path = os.path.join(directory, "config.json")
+  with open(path) as f:
+    cfg = json.load(f)
+  cfg.update(updates)
+  with open(path, "w") as f:
+    json.dump(cfg, f)
+
+
 def _edit_tensors(directory, fn):
   path = os.path.join(directory, "model.safetensors")
   f = SafetensorsFile(path)
@@ -113,22 +122,14 @@ def test_missing_weight_names_file_and_tensor(hf_dirs, tmp_path):
 
 def test_shape_mismatch_names_file_and_tensor(hf_dirs, tmp_path):
   d = _copy(hf_dirs["t5_v1_0"], tmp_path / "s")
-  with open(os.path.join(d, "config.json")) as f:
-    cfg = json.load(f)
-  cfg["d_ff"] = 48
-  with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump(cfg, f)
+  _edit_config(d, d_ff=48)
   with pytest.raises(jaxspec.CheckpointError, match=r"model\.safetensors.*DenseReluDense\.wi\.weight.*shape"):
     jaxspec.load(d)
 
 
 def test_unknown_architecture(hf_dirs, tmp_path):
   d = _copy(hf_dirs["t5_v1_0"], tmp_path / "a")
-  with open(os.path.join(d, "config.json")) as f:
-    cfg = json.load(f)
-  cfg.update(model_type="bert", architectures=["BertModel"])
-  with open(os.path.join(d, "config.json"), "w") as f:
-    json.dump(cfg, f)
+  _edit_config(d, model_type="bert", architectures=["BertModel"])
   with pytest.raises(jaxspec.CheckpointError, match=r"config\.json.*unsupported architecture.*bert"):
     jaxspec.load(d)
 
