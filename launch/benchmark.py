@@ -19,7 +19,6 @@ and a PNG of speedup against gamma.
 import json
 import os
 import platform
-import statistics
 import tempfile
 import time
 

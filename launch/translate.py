@@ -168,7 +168,7 @@ def summarize(target, draft, all_stats, totals, compile_s):
   generated = sum(int(s.generated.sum()) for s in all_stats)
   iterations = sum(int(s.iterations.sum()) for s in all_stats)
   print(f"\n== summary: {generated} tokens, batch {_BATCH.value}, temperature {_TEMPERATURE.value} ==")
-  print(f"compile + first call: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
+  print("compile + first call: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
   if draft is None:
     print(f"plain decoding: {1e3 * totals['spec_s'] / max(totals['tokens'], 1):.2f} ms/token")
     return

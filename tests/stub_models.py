@@ -7,7 +7,6 @@ chain, so the exact probability of every output sequence can be enumerated.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import jax
 import jax.numpy as jnp

@@ -14,7 +14,7 @@ import jaxspec
 from jaxspec.checkpoint import hf_t5
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 
-from conftest import FAMILIES, load_hf_reference, write_hf_t5
+from conftest import FAMILIES, load_hf_reference
 
 
 def _leaves_equal(a, b):

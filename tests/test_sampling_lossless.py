@@ -6,7 +6,6 @@ p ~ 3e-6; seeds are fixed, so the tests are deterministic. `test_a_broken_rule_i
 statistic rejects an implementation that draws the correction token from p instead of the residual.
 """
 
-import functools
 
 import jax
 import jax.numpy as jnp

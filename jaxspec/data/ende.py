@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import gzip
-import io
 from typing import Iterator
 
 import numpy as np

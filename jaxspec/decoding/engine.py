@@ -11,7 +11,6 @@ static (one compilation each); temperature, top_k, top_p and seed values are arr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Sequence
 
