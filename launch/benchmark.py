@@ -113,16 +113,15 @@ def run_jaxspec(target, draft, ids, gammas, temperatures, batch_sizes, repeats, 
         sfirst, spec_s, spec_lat, spec_out = _passes(
             lambda b: jaxspec.generate(target, b, draft=draft, gamma=g, **kw), batches, repeats)
         tokens = sum(int(o.lengths.sum()) for o in spec_out)
-        bsum = sum(float(o.stats.beta_sum.sum()) for o in spec_out)
-        bcnt = sum(int(o.stats.beta_count.sum()) for o in spec_out)
-        iters = sum(int(o.stats.iterations.sum()) for o in spec_out)
-        alpha = bsum / max(bcnt, 1)
+        stats = jaxspec.DecodeStats.concatenate([o.stats for o in spec_out])
+        alpha = stats.alpha
         c, r = costs[g]["c"], costs[g]["r"]
         plain_ms, spec_ms = 1e3 * plain_s / plain_tokens, 1e3 * spec_s / tokens
         speedup = plain_ms / spec_ms
         exp_r = jaxspec.expected_speedup(min(alpha, 1.0), g, c, r)
-        row = {"temperature": temp, "batch": batch, "gamma": g, "alpha": alpha, "tokens_per_iteration": tokens / iters,
-               "acceptance_per_position": (sum(o.stats.accepted_per_position.sum(0) for o in spec_out) / iters).tolist(),
+        row = {"temperature": temp, "batch": batch, "gamma": g, "alpha": alpha,
+               "tokens_per_iteration": stats.tokens_per_iteration,
+               "acceptance_per_position": stats.acceptance_per_position.tolist(),
                "c": c, "r": r, "target_step_ms": 1e3 * costs[g]["target_step_s"],
                "draft_step_ms": 1e3 * costs[g]["draft_step_s"], "plain_ms_per_token": plain_ms,
                "spec_ms_per_token": spec_ms, "speedup": speedup,

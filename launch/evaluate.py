@@ -57,7 +57,7 @@ def main(argv):
         entry[f"bleu_{subset}"] = sacrebleu.corpus_bleu([h for h, k in zip(hyps, keep) if k],
                                                         [[r for r, k in zip(refs, keep) if k]]).score
     if "draft" in kw:
-      entry["alpha"] = float(sum(s.beta_sum.sum() for s in stats) / sum(s.beta_count.sum() for s in stats))
+      entry["alpha"] = jaxspec.DecodeStats.concatenate(stats).alpha
     results[name] = entry
     print(name, json.dumps(entry), flush=True)
   same = sum(a == b for a, b in zip(outputs["target"], outputs["speculative"]))

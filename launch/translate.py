@@ -165,20 +165,16 @@ def main(argv):
 
 
 def summarize(target, draft, all_stats, totals, compile_s):
-  generated = sum(int(s.generated.sum()) for s in all_stats)
-  iterations = sum(int(s.iterations.sum()) for s in all_stats)
+  stats = jaxspec.DecodeStats.concatenate(all_stats)
+  generated, alpha = int(stats.generated.sum()), stats.alpha
   print(f"\n== summary: {generated} tokens, batch {_BATCH.value}, temperature {_TEMPERATURE.value} ==")
   print("compile + first call: " + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
   if draft is None:
     print(f"plain decoding: {1e3 * totals['spec_s'] / max(totals['tokens'], 1):.2f} ms/token")
     return
-  beta_sum = sum(float(s.beta_sum.sum()) for s in all_stats)
-  beta_count = sum(int(s.beta_count.sum()) for s in all_stats)
-  alpha = beta_sum / max(beta_count, 1)
-  per_pos = sum(s.accepted_per_position.sum(0) for s in all_stats) / max(iterations, 1)
-  print(f"gamma {_GAMMA.value} | alpha {alpha:.3f} | tokens per iteration {generated / max(iterations, 1):.2f} "
+  print(f"gamma {_GAMMA.value} | alpha {alpha:.3f} | tokens per iteration {stats.tokens_per_iteration:.2f} "
         f"(bonus token included)")
-  print("acceptance per draft position: " + " ".join(f"{a:.2f}" for a in per_pos))
+  print("acceptance per draft position: " + " ".join(f"{a:.2f}" for a in stats.acceptance_per_position))
   spec_ms = 1e3 * totals["spec_s"] / max(totals["tokens"], 1)
   print(f"speculative: {spec_ms:.2f} ms/token")
   if _COMPARE.value:

@@ -114,6 +114,10 @@ def test_stats_are_consistent(pair):
   assert np.all(np.diff(s.accepted_per_position, axis=1) <= 0)  # position j+1 accepted only if j was
   assert np.all(s.generated <= s.accepted + s.iterations)  # each iteration: accepted drafts + 1 token at most
   assert 0 < s.alpha < 1 and s.tokens_per_iteration == pytest.approx(s.generated.sum() / s.iterations.sum())
+  # Stats of several calls combine into batch means over all their rows.
+  both = jaxspec.DecodeStats.concatenate([s, s])
+  assert both.alpha == pytest.approx(s.alpha) and both.iterations.shape == (2 * len(s.iterations),)
+  np.testing.assert_allclose(both.acceptance_per_position, s.acceptance_per_position)
 
 
 def test_sampling_is_reproducible_and_seed_dependent(pair):

@@ -73,6 +73,12 @@ class DecodeStats:
     """[gamma]: fraction of iterations in which draft position j was accepted (batch total)."""
     return self.accepted_per_position.sum(0) / max(self.iterations.sum(), 1)
 
+  @classmethod
+  def concatenate(cls, stats: Sequence["DecodeStats"]) -> "DecodeStats":
+    """The stats of several generate calls (same gamma) as one, rows stacked: batch means then cover them all."""
+    return cls(**{f.name: np.concatenate([getattr(s, f.name) for s in stats])
+                  for f in dataclasses.fields(cls)})
+
   def summary(self) -> dict:
     return {"iterations": int(self.iterations.sum()), "generated": int(self.generated.sum()),
             "drafted": int(self.drafted.sum()), "accepted": int(self.accepted.sum()), "alpha": self.alpha,
