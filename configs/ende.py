@@ -1,18 +1,21 @@
-"""The embedded EN-DE pair: `--config=configs/ende.py:target` or `--config=configs/ende.py:draft`.
+"""The embedded EN-DE pair: `--config=configs/ende.py:target`, then `:draft`, then `:draft_seqkd`.
 
 target: gated-GELU T5 (as T5 1.1) with a tied, scaled embedding (as T5 1.0), ~18M parameters; its decoder
   weights (~50 MB in float32) do not fit the 32 MB L3 cache. Sized to train about one epoch in an hour on the
   project's 2-core CPU (~0.3 steps/s); docs/ende_pair.md has the measured costs behind that choice.
 draft: ~2M parameters, distilled token by token from the trained target; its decoder step costs a few percent
   of the target's (c ~ 0.03 on the project's CPUs).
+draft_seqkd: the draft continued on the target's own greedy translations of training sources (sequence-level
+  distillation; corpus from launch/distill_corpus.py), still with token-level KL: it learns what the target
+  says, not what the references say, which is what acceptance measures.
 """
 
 import ml_collections
 
 
 def get_config(which: str = "target") -> ml_collections.ConfigDict:
-  if which not in ("target", "draft"):
-    raise ValueError(f"configs/ende.py takes 'target' or 'draft', got {which!r}.")
+  if which not in ("target", "draft", "draft_seqkd"):
+    raise ValueError(f"configs/ende.py takes 'target', 'draft' or 'draft_seqkd', got {which!r}.")
   c = ml_collections.ConfigDict()
   c.model = dict(d_model=384, d_kv=64, d_ff=1024, num_layers=3, num_decoder_layers=4, num_heads=6,
                  activation="gelu_new", gated=True, tie_word_embeddings=True, scale_decoder_outputs=True)
@@ -34,7 +37,7 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
   c.dev_loss_pairs = 1000  # Dev pairs for the dev loss.
   c.dev_bleu_sentences = 200  # Dev natural sentences translated greedily for BLEU.
   c.seed = 0
-  if which == "draft":
+  if which in ("draft", "draft_seqkd"):
     c.model = dict(d_model=128, d_kv=32, d_ff=512, num_layers=1, num_decoder_layers=2, num_heads=4,
                    activation="gelu_new", gated=True, tie_word_embeddings=True, scale_decoder_outputs=True)
     c.learning_rate = 2e-3
@@ -43,4 +46,13 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
     c.eval_every = 150
     c.teacher = "/tmp/work/target/export"  # The target trained with this file's "target" config.
     c.distill_weight = 0.9  # Mostly match the target's distributions: that is what raises acceptance.
+  if which == "draft_seqkd":
+    # Starts from the shipped models (bfloat16 storage, loaded as float32): the draft learns the target users run.
+    c.init_from = "ende-draft"  # Before this step: the token-level distilled draft.
+    c.train = "/tmp/work/distill/train.tsv.gz"  # From launch/distill_corpus.py --target=ende-target.
+    c.teacher = "ende-target"
+    c.distill_weight = 0.5
+    c.learning_rate = 1e-3
+    c.train_steps = 800
+    c.eval_every = 400
   return c

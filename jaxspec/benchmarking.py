@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -42,21 +42,36 @@ def _steps(cfg: t5.T5Config, params, cache, tokens, n_calls: int = 8):
 
 
 def decoder_step_time(model: Model, batch: int, tokens_per_call: int, prompt_len: int = 16, context: int = 16,
-                      repeats: int = 5) -> float:
+                      repeats: int = 5, n_calls: int = 16) -> float:
   """Seconds per decoder call feeding `tokens_per_call` tokens per row at position `context` (median)."""
   cfg = model.config
   ids = jnp.full((batch, prompt_len), 5, jnp.int32)
   cache = t5.init_cache(model.params, cfg, ids, context + tokens_per_call + 8)
   cache = cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
   tokens = jnp.full((batch, tokens_per_call), 5, jnp.int32)
-  n_calls = 8
   return median_time(lambda: _steps(cfg, model.params, cache, tokens, n_calls).block_until_ready(),
                      repeats) / n_calls
 
 
-def cost_ratios(target: Model, draft: Model, gamma: int, batch: int = 1, repeats: int = 5) -> dict:
-  """Measures the target's 1-token and (gamma+1)-token step, the draft's 1-token step, and c and r."""
-  t1 = decoder_step_time(target, batch, 1, repeats=repeats)
-  tg = decoder_step_time(target, batch, gamma + 1, repeats=repeats)
-  d1 = decoder_step_time(draft, batch, 1, repeats=repeats)
-  return {"target_step_s": t1, "target_verify_s": tg, "draft_step_s": d1, "c": d1 / t1, "r": tg / t1}
+def cost_ratios(target: Model, draft: Model, gamma: int, batch: int = 1, repeats: int = 5, rounds: int = 5) -> dict:
+  """c and r for one gamma: see `cost_table`."""
+  return cost_table(target, draft, [gamma], batch, repeats, rounds)[gamma]
+
+
+def cost_table(target: Model, draft: Model, gammas: Sequence[int], batch: int = 1, repeats: int = 5,
+               rounds: int = 5) -> dict:
+  """{gamma: {target_step_s, target_verify_s, draft_step_s, c, r}} at one batch size.
+
+  The target's 1-token step, its (gamma+1)-token step per gamma and the draft's 1-token step are timed in
+  `rounds` interleaved rounds; each is the median over its rounds, so a slow spell of the machine does not land
+  on one of them only.
+  """
+  runs: dict = {"t1": [], "d1": [], **{g: [] for g in gammas}}
+  for _ in range(rounds):
+    runs["t1"].append(decoder_step_time(target, batch, 1, repeats=repeats))
+    runs["d1"].append(decoder_step_time(draft, batch, 1, repeats=repeats))
+    for g in gammas:
+      runs[g].append(decoder_step_time(target, batch, g + 1, repeats=repeats))
+  t1, d1 = statistics.median(runs["t1"]), statistics.median(runs["d1"])
+  return {g: {"target_step_s": t1, "target_verify_s": statistics.median(runs[g]), "draft_step_s": d1,
+              "c": d1 / t1, "r": statistics.median(runs[g]) / t1} for g in gammas}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
@@ -31,10 +33,16 @@ class Tokenizer:
   def eos_id(self) -> int:
     return self.hf_tokenizer.eos_token_id
 
+  @functools.cached_property
+  def fingerprint(self) -> str:
+    """A digest of the special ids and the whole token -> id map (computed once: the map has V entries)."""
+    items = sorted(self.hf_tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    text = repr((self.pad_id, self.eos_id, items))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
   def same_as(self, other: "Tokenizer") -> bool:
     """True when both map every token string to the same id (what draft and target must share)."""
-    return (self.pad_id, self.eos_id) == (other.pad_id, other.eos_id) and (
-        self.hf_tokenizer.get_vocab() == other.hf_tokenizer.get_vocab())
+    return self is other or self.fingerprint == other.fingerprint
 
   def save(self, directory: str) -> None:
     self.hf_tokenizer.save_pretrained(directory)

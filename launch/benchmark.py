@@ -67,25 +67,32 @@ def _inputs(model):
   return [model.tokenizer.encode(_PREFIX.value + t) for t in texts]
 
 
-def _passes(fn, batches, repeats):
-  """Runs fn over all batches once (warm-up + compile), then `repeats` timed passes.
+def _interleaved_passes(fns: dict, batches, repeats):
+  """Times several decoders side by side: one warm-up pass each (compilation included, timed apart), then
+  `repeats` rounds in which every decoder runs one pass over all batches, in turn. Interleaving keeps slow drifts
+  of the machine (frequency, neighbours) out of the ratios.
 
-  Returns (compile_and_first_s, median pass seconds, per-call latencies of the median pass, last outputs).
+  Returns {name: (warmup_s, median pass seconds, per-call latencies of that pass, outputs of the warm-up pass)}.
   """
-  t0 = time.perf_counter()
-  outs = [fn(b) for b in batches]
-  first = time.perf_counter() - t0
-  passes = []
+  first, outs, passes = {}, {}, {name: [] for name in fns}
+  for name, fn in fns.items():
+    t0 = time.perf_counter()
+    outs[name] = [fn(b) for b in batches]
+    first[name] = time.perf_counter() - t0
   for _ in range(repeats):
-    lat = []
-    for b in batches:
-      s = time.perf_counter()
-      fn(b)
-      lat.append(time.perf_counter() - s)
-    passes.append((sum(lat), lat))
-  passes.sort(key=lambda p: p[0])
-  total, lat = passes[len(passes) // 2]
-  return first, total, lat, outs
+    for name, fn in fns.items():
+      lat = []
+      for b in batches:
+        s = time.perf_counter()
+        fn(b)
+        lat.append(time.perf_counter() - s)
+      passes[name].append((sum(lat), lat))
+  result = {}
+  for name, runs in passes.items():
+    runs.sort(key=lambda p: p[0])
+    total, lat = runs[len(runs) // 2]
+    result[name] = (first[name], total, lat, outs[name])
+  return result
 
 
 def _batches(ids, batch):
@@ -104,14 +111,16 @@ def run_jaxspec(target, draft, ids, gammas, temperatures, batch_sizes, repeats, 
   rows = []
   for batch in batch_sizes:
     batches = _batches(ids, batch)
-    costs = {g: benchmarking.cost_ratios(target, draft, g, batch=batch) for g in gammas}
+    costs = benchmarking.cost_table(target, draft, gammas, batch=batch)
     for temp in temperatures:
       kw = dict(max_new_tokens=max_new, temperature=temp, seed=0)
-      first, plain_s, plain_lat, plain_out = _passes(lambda b: jaxspec.generate(target, b, **kw), batches, repeats)
+      fns = {"plain": lambda b: jaxspec.generate(target, b, **kw)}
+      fns.update({g: (lambda b, g=g: jaxspec.generate(target, b, draft=draft, gamma=g, **kw)) for g in gammas})
+      timed = _interleaved_passes(fns, batches, repeats)
+      first, plain_s, plain_lat, plain_out = timed["plain"]
       plain_tokens = sum(int(o.lengths.sum()) for o in plain_out)
       for g in gammas:
-        sfirst, spec_s, spec_lat, spec_out = _passes(
-            lambda b: jaxspec.generate(target, b, draft=draft, gamma=g, **kw), batches, repeats)
+        sfirst, spec_s, spec_lat, spec_out = timed[g]
         tokens = sum(int(o.lengths.sum()) for o in spec_out)
         stats = jaxspec.DecodeStats.concatenate([o.stats for o in spec_out])
         alpha = stats.alpha
@@ -159,19 +168,21 @@ def run_peer(target, draft, ids, gammas, repeats, max_new):
     with torch.no_grad():
       return t_hf.generate(input_ids=b, **common)
 
-  rows = []
-  _, plain_s, plain_lat, plain_out = _passes(plain, batches, repeats)
-  plain_tokens = sum(int(o.shape[1] - 1) for o in plain_out)
-  for g in gammas:
-    d_hf.generation_config.num_assistant_tokens = g
-    d_hf.generation_config.num_assistant_tokens_schedule = "constant"
-    d_hf.generation_config.assistant_confidence_threshold = 0.0
-
-    def assisted(b):
+  def assisted(g):
+    def fn(b):
+      d_hf.generation_config.num_assistant_tokens = g
+      d_hf.generation_config.num_assistant_tokens_schedule = "constant"
+      d_hf.generation_config.assistant_confidence_threshold = 0.0
       with torch.no_grad():
         return t_hf.generate(input_ids=b, assistant_model=d_hf, **common)
+    return fn
 
-    _, spec_s, spec_lat, spec_out = _passes(assisted, batches, repeats)
+  rows = []
+  timed = _interleaved_passes({"plain": plain, **{g: assisted(g) for g in gammas}}, batches, repeats)
+  _, plain_s, plain_lat, plain_out = timed["plain"]
+  plain_tokens = sum(int(o.shape[1] - 1) for o in plain_out)
+  for g in gammas:
+    _, spec_s, spec_lat, spec_out = timed[g]
     tokens = sum(int(o.shape[1] - 1) for o in spec_out)
     rows.append({"gamma": g, "plain_ms_per_token": 1e3 * plain_s / plain_tokens,
                  "assisted_ms_per_token": 1e3 * spec_s / tokens,

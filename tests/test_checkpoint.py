@@ -184,4 +184,15 @@ def test_tokenizer_loads_from_the_model_directory(hf_dirs, tmp_path):
   ids = model.tokenizer.encode("the house is small")
   assert ids[-1] == 1 and model.tokenizer.decode(ids) == "the house is small"
   jaxspec.save(model, str(tmp_path / "orbax"))
-  assert jaxspec.load(str(tmp_path / "orbax")).tokenizer.encode("the house is small") == ids
+  reloaded = jaxspec.load(str(tmp_path / "orbax")).tokenizer
+  assert reloaded.encode("the house is small") == ids
+  assert reloaded.same_as(model.tokenizer)  # distinct objects, same token -> id map
+  # Another sentencepiece model maps pieces to other ids: not the same tokenizer.
+  corpus.write_text("\n".join(["zebra quartz jumps", "kleine zebras springen", "quiet wizards"] * 20))
+  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "sp2"), vocab_size=40,
+                                 pad_id=0, eos_id=1, unk_id=2, bos_id=-1, model_type="unigram",
+                                 hard_vocab_limit=False, minloglevel=2)
+  d2 = _copy(hf_dirs["t5_v1_0"], tmp_path / "tok2")
+  write_sentencepiece_tokenizer(str(tmp_path / "sp2.model"), d2)
+  other = jaxspec.load(d2).tokenizer
+  assert not other.same_as(model.tokenizer) and not model.tokenizer.same_as(other)

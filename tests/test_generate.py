@@ -93,6 +93,19 @@ def test_greedy_speculative_equals_plain_and_transformers(pair, gamma):
   np.testing.assert_array_equal(plain.tokens, _hf_greedy(target_dir, prompts, 1, MAX_NEW)[:, :MAX_NEW])
 
 
+def test_batch_of_one_equals_plain(pair):
+  """At batch 1 the draft's first call is 1 token, or 2 after a fully accepted block: both paths are taken."""
+  _, target, noisy, _ = pair
+  full = rejected = 0
+  for prompt in _prompts(target.config.vocab_size):
+    plain = jaxspec.generate(target, [prompt], max_new_tokens=MAX_NEW)
+    spec = jaxspec.generate(target, [prompt], draft=noisy, gamma=2, max_new_tokens=MAX_NEW)
+    np.testing.assert_array_equal(spec.tokens, plain.tokens)
+    full += int(spec.stats.accepted_per_position[0, -1])  # iterations that accepted all gamma drafts
+    rejected += int(spec.stats.iterations[0] - spec.stats.accepted_per_position[0, -1])
+  assert full > 0 and rejected > 0
+
+
 def test_self_draft_accepts_everything(pair):
   _, target, _, _ = pair
   prompts = _prompts(target.config.vocab_size)

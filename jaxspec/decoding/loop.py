@@ -1,8 +1,8 @@
 """The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance.
 
 Each iteration, for every unfinished row:
-  1. the draft proposes gamma tokens (one 2-token call that catches it up with the accepted sequence, then a
-     `lax.scan` of gamma - 1 single-token calls over its own cache);
+  1. the draft proposes gamma tokens (a first call that catches it up with the accepted sequence: 2 tokens when
+     a row accepted all gamma drafts last time, else 1; then a `lax.scan` of gamma - 1 single-token calls);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions;
   3. `verify` keeps the longest acceptable prefix and picks the correction or bonus token;
   4. up to gamma + 1 tokens are written (cut at the first EOS and at max_new_tokens), and both caches are rolled
@@ -12,7 +12,8 @@ With gamma == 0 and no draft this is plain autoregressive decoding through the s
 Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences[b], start token included):
   - the last token sequences[b, L-1] has not been fed to the target: target_cache.lengths[b] == L - 1;
   - the draft has fed positions < draft_cache.lengths[b], which is L - 1 or L - 2 (L - 2 after it accepted all
-    gamma drafts: it never saw x_gamma, REFERENCE.md pitfall 1), so its first call feeds the 2 tokens from there.
+    gamma drafts: it never saw x_gamma, REFERENCE.md pitfall 1), so its first call feeds the 2 tokens from there
+    when any unfinished row is behind, and only the last token otherwise.
 Buffers have gamma + 1 slots of slack, so no per-row write runs past the end (pitfall 6).
 """
 
@@ -101,11 +102,21 @@ def _propose(settings: LoopSettings, key, logits, knobs):
 def _draft(settings: LoopSettings, params, cache, state: LoopState, knobs, key):
   """Proposes gamma tokens per row. Returns (tokens [B, G], q [B, G, V] or None, cache)."""
   dlen = cache.lengths
-  catch_up = jnp.take_along_axis(state.sequences, dlen[:, None] + jnp.arange(2), axis=1)  # [B, 2]
-  logits, cache = settings.draft.step(params, cache, catch_up)
-  # Rows with dlen == L - 1 fed [last, junk]: their prediction is at index 0 and the junk key at position L is
-  # overwritten by the next call. Rows with dlen == L - 2 fed [x_gamma, last]: prediction at index 1.
-  first = jnp.take_along_axis(logits, (state.lengths - dlen - 1)[:, None, None], axis=1)[:, 0]
+
+  def catch_up(cache):
+    # Rows with dlen == L - 2 feed [x_gamma, last]: prediction at index 1. Rows with dlen == L - 1 feed
+    # [last, junk]: prediction at index 0; the junk key at position L is overwritten by the next call.
+    tokens = jnp.take_along_axis(state.sequences, dlen[:, None] + jnp.arange(2), axis=1)  # [B, 2]
+    logits, cache = settings.draft.step(params, cache, tokens)
+    return jnp.take_along_axis(logits, (state.lengths - dlen - 1)[:, None, None], axis=1)[:, 0], cache
+
+  def caught_up(cache):
+    # Every unfinished row has dlen == L - 1: feed just the last token (a cheaper 1-token call).
+    logits, cache = settings.draft.step(params, cache, jnp.take_along_axis(state.sequences, dlen[:, None], axis=1))
+    return logits[:, 0], cache
+
+  behind = (dlen < state.lengths - 1) & ~state.done  # Rows that accepted all gamma drafts last iteration.
+  first, cache = jax.lax.cond(jnp.any(behind), catch_up, caught_up, cache)
   cache = cache.replace(lengths=state.lengths)
   x1, q1 = _propose(settings, jax.random.fold_in(key, 0), first, knobs)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 
@@ -22,8 +23,9 @@ class SamplingKnobs:
 
   @classmethod
   def create(cls, temperature: float, top_k: int, top_p: float) -> "SamplingKnobs":
-    return cls(temperature=jnp.float32(temperature if temperature > 0 else 1.0), top_k=jnp.int32(top_k),
-               top_p=jnp.float32(top_p))
+    # Host numpy scalars: jit transfers them with the call (creating three device scalars costs ~1 ms here).
+    return cls(temperature=np.float32(temperature if temperature > 0 else 1.0), top_k=np.int32(top_k),
+               top_p=np.float32(top_p))
 
 
 def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.Array:
