@@ -92,11 +92,12 @@ def test_incremental_decoding_matches_full_pass(hf_dirs, family):
 def test_axis_names_cover_every_array(hf_dirs):
   model = jaxspec.load(hf_dirs["t5_v1_1"])
   axes = t5.param_axes(model.config)
-  is_axes = lambda x: isinstance(x, tuple)
+  is_axes = lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)
   assert jax.tree.structure(axes, is_leaf=is_axes) == jax.tree.structure(model.params)
   for ax, arr in zip(jax.tree.leaves(axes, is_leaf=is_axes), jax.tree.leaves(model.params)):
     assert len(ax) == arr.ndim
   cache = t5.init_cache(model.params, model.config, jnp.ones((2, 5), jnp.int32), 7)
-  cache_axes = jax.tree.leaves(t5.CACHE_AXES, is_leaf=is_axes)
+  cache_axes = jax.tree.leaves(t5.cache_axes(model.config), is_leaf=is_axes)
+  assert len(cache_axes) == len(jax.tree.leaves(cache))
   for ax, arr in zip(cache_axes, jax.tree.leaves(cache)):
     assert len(ax) == arr.ndim

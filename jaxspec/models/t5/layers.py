@@ -106,4 +106,7 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, all
   scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   out = jnp.einsum("bnts,bsnh->btnh", weights, v)
-  return jnp.einsum("btnh,nhd->btd", out, w_o)
+  # Flattening the heads first makes the activation (T rows) take the layout the matmul wants; contracting
+  # over (n, h) directly lets XLA transpose the [N, H, D] weight instead, on every call.
+  n, h, d = w_o.shape
+  return out.reshape(out.shape[:2] + (n * h,)) @ w_o.reshape(n * h, d)

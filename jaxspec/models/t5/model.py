@@ -28,8 +28,10 @@ from jaxspec.models.t5.config import T5Config
 class T5Cache:
   """Decoder state for one batch of encoder inputs."""
 
-  self_k: jax.Array  # [L, B, C, N, H] decoder self-attention keys, written at per-row offsets.
-  self_v: jax.Array  # [L, B, C, N, H]
+  # Decoder self-attention keys and values: one [B, C, N, H] array per layer, written in place at per-row
+  # offsets. Separate arrays (not one stacked [L, ...] array) let XLA update each without copying the others.
+  self_k: tuple[jax.Array, ...]
+  self_v: tuple[jax.Array, ...]
   cross_k: jax.Array  # [L, B, S, N, H] cross-attention keys: computed once from the encoder, never rolled back.
   cross_v: jax.Array  # [L, B, S, N, H]
   encoder_mask: jax.Array  # [B, S] bool, True at real (non-pad) encoder tokens.
@@ -37,17 +39,19 @@ class T5Cache:
 
   @property
   def max_length(self) -> int:
-    return self.self_k.shape[2]
+    return self.self_k[0].shape[1]
 
 
-CACHE_AXES = T5Cache(
-    self_k=("layers", "batch", "cache_seq", "heads", "kv"),
-    self_v=("layers", "batch", "cache_seq", "heads", "kv"),
-    cross_k=("layers", "batch", "encoder_seq", "heads", "kv"),
-    cross_v=("layers", "batch", "encoder_seq", "heads", "kv"),
-    encoder_mask=("batch", "encoder_seq"),
-    lengths=("batch",),
-)
+def cache_axes(cfg: T5Config) -> T5Cache:
+  """Logical axis names of every cache array: a T5Cache of name tuples matching `init_cache`'s output.
+
+  Leaves are tuples of strings (use `is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)`).
+  """
+  per_layer = tuple(("batch", "cache_seq", "heads", "kv") for _ in range(cfg.num_decoder_layers))
+  return T5Cache(self_k=per_layer, self_v=per_layer,
+                 cross_k=("layers", "batch", "encoder_seq", "heads", "kv"),
+                 cross_v=("layers", "batch", "encoder_seq", "heads", "kv"),
+                 encoder_mask=("batch", "encoder_seq"), lengths=("batch",))
 
 
 def _mlp_axes(cfg: T5Config) -> dict:
@@ -152,10 +156,11 @@ def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len
   cross_k = jnp.stack([layers.project_heads(hidden, lp["cross_attention"]["k"]) for lp in dec_layers])
   cross_v = jnp.stack([layers.project_heads(hidden, lp["cross_attention"]["v"]) for lp in dec_layers])
   batch = input_ids.shape[0]
-  shape = (cfg.num_decoder_layers, batch, max_decode_len, cfg.num_heads, cfg.d_kv)
+  shape = (batch, max_decode_len, cfg.num_heads, cfg.d_kv)
   dtype = params["shared"]["embedding"].dtype
-  return T5Cache(self_k=jnp.zeros(shape, dtype), self_v=jnp.zeros(shape, dtype), cross_k=cross_k,
-                 cross_v=cross_v, encoder_mask=mask, lengths=jnp.zeros((batch,), jnp.int32))
+  empty = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_decoder_layers))
+  return T5Cache(self_k=empty, self_v=empty, cross_k=cross_k, cross_v=cross_v, encoder_mask=mask,
+                 lengths=jnp.zeros((batch,), jnp.int32))
 
 
 def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.Array:
@@ -186,13 +191,13 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array) -> tu
   causal = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, T, C]
   cross_allowed = cache.encoder_mask[:, None, None, :]  # [B, 1, 1, S]
   x = _embed(params, tokens)
-  self_k, self_v = cache.self_k, cache.self_v
+  self_k, self_v = list(cache.self_k), list(cache.self_v)
   for i, lp in enumerate(dec["layers"]):
     h = layers.rms_norm(x, lp["self_attention_norm"], cfg.layer_norm_epsilon)
     a = lp["self_attention"]
     q, k, v = (layers.project_heads(h, a[n]) for n in "qkv")
-    self_k = self_k.at[i].set(_write_rows(self_k[i], k, offsets))
-    self_v = self_v.at[i].set(_write_rows(self_v[i], v, offsets))
+    self_k[i] = _write_rows(self_k[i], k, offsets)
+    self_v[i] = _write_rows(self_v[i], v, offsets)
     x = x + layers.attend(q, self_k[i], self_v[i], bias, causal, a["o"])
     h = layers.rms_norm(x, lp["cross_attention_norm"], cfg.layer_norm_epsilon)
     q = layers.project_heads(h, lp["cross_attention"]["q"])
@@ -206,7 +211,7 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array) -> tu
     logits = jnp.einsum("btd,vd->btv", x, params["shared"]["embedding"])
   else:
     logits = jnp.einsum("btd,dv->btv", x, params["lm_head"])
-  new_cache = cache.replace(self_k=self_k, self_v=self_v, lengths=offsets + tokens.shape[1])
+  new_cache = cache.replace(self_k=tuple(self_k), self_v=tuple(self_v), lengths=offsets + tokens.shape[1])
   return logits.astype(jnp.float32), new_cache
 
 
