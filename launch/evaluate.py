@@ -31,7 +31,7 @@ def translate(model, texts, batch, **kw):
     padded = chunk + [chunk[-1]] * (batch - len(chunk))
     res = jaxspec.generate(model, padded, max_new_tokens=64, max_input_length=128, **kw)
     out += res.texts[:len(chunk)]
-    stats.append(res.stats)
+    stats.append(res.stats.select(slice(0, len(chunk))))  # not the rows that only pad the last batch
   return out, stats
 
 
@@ -57,7 +57,12 @@ def main(argv):
         entry[f"bleu_{subset}"] = sacrebleu.corpus_bleu([h for h, k in zip(hyps, keep) if k],
                                                         [[r for r, k in zip(refs, keep) if k]]).score
     if "draft" in kw:
-      entry["alpha"] = jaxspec.DecodeStats.concatenate(stats).alpha
+      all_stats = jaxspec.DecodeStats.concatenate(stats)
+      entry["alpha"] = all_stats.alpha
+      entry["tokens_per_iteration"] = all_stats.tokens_per_iteration
+      for subset, keep in (("natural", natural), ("software", ~natural)):
+        if keep.any():
+          entry[f"alpha_{subset}"] = all_stats.select(keep).alpha
     results[name] = entry
     print(name, json.dumps(entry), flush=True)
   same = sum(a == b for a, b in zip(outputs["target"], outputs["speculative"]))

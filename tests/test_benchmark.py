@@ -32,7 +32,7 @@ def test_benchmark_smoke_run(tmp_path):
   for row in results["jaxspec"]:
     for key in ("alpha", "tokens_per_iteration", "c", "r", "plain_ms_per_token", "spec_ms_per_token", "speedup",
                 "expected_speedup", "expected_speedup_with_r", "measured_over_expected",
-                "measured_over_cost_model"):
+                "measured_over_cost_model", "c_alternating", "measured_over_expected_alternating"):
       assert isinstance(row[key], float) and row[key] == row[key], key  # a real number, not NaN
     assert len(row["acceptance_per_position"]) == row["gamma"]
     if row["temperature"] == 0:

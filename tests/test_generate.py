@@ -131,6 +131,10 @@ def test_stats_are_consistent(pair):
   both = jaxspec.DecodeStats.concatenate([s, s])
   assert both.alpha == pytest.approx(s.alpha) and both.iterations.shape == (2 * len(s.iterations),)
   np.testing.assert_allclose(both.acceptance_per_position, s.acceptance_per_position)
+  # Selecting rows gives those rows' means; selecting every row changes nothing.
+  first = s.select(slice(0, 1))
+  assert first.alpha == pytest.approx(s.beta_sum[0] / s.beta_count[0]) and first.iterations.shape == (1,)
+  assert s.select(np.ones(len(s.iterations), bool)).alpha == pytest.approx(s.alpha)
 
 
 def test_sampling_is_reproducible_and_seed_dependent(pair):

@@ -37,7 +37,7 @@ def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0
   tc, dc = jax.jit(loop.prefill, static_argnums=0)(settings, target_params, draft_params, ids)
   state = jax.jit(loop.run, static_argnums=0)(settings, target_params, draft_params, tc, dc,
                                                sampling.SamplingKnobs.create(temperature, top_k, top_p),
-                                               jax.random.key(seed))
+                                               np.uint32(seed))
   seqs, lengths = jax.device_get((state.sequences, state.lengths))
   return [tuple(s[1:n]) for s, n in zip(seqs, lengths)], state
 

@@ -5,7 +5,7 @@
 
 Prompts are padded to a few length buckets (powers of two from 16), so a new prompt of a bucket already seen
 does not recompile; batch size, max_new_tokens, gamma, greedy-vs-sampling and whether top-k/top-p are on are
-static (one compilation each); temperature, top_k, top_p and seed values are arrays and never recompile.
+static (one compilation each); temperature, top_k, top_p and seed values are runtime values and never recompile.
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ class DecodeStats:
     """The stats of several generate calls (same gamma) as one, rows stacked: batch means then cover them all."""
     return cls(**{f.name: np.concatenate([getattr(s, f.name) for s in stats])
                   for f in dataclasses.fields(cls)})
+
+  def select(self, rows) -> "DecodeStats":
+    """The stats of some rows only (an index, slice or boolean mask over the batch): e.g. drop padding rows."""
+    return DecodeStats(**{f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self)})
 
   def summary(self) -> dict:
     return {"iterations": int(self.iterations.sum()), "generated": int(self.generated.sum()),
@@ -203,7 +207,7 @@ def generate(target: Model, inputs, *, draft: Model | None = None, gamma: int = 
   draft_params = draft.params if speculative else None
   target_cache, draft_cache = _prefill(settings, target.params, draft_params, ids)
   state = _run(settings, target.params, draft_params, target_cache, draft_cache,
-               sampling.SamplingKnobs.create(temperature, top_k, top_p), jax.random.key(seed))
+               sampling.SamplingKnobs.create(temperature, top_k, top_p), np.uint32(seed % 2**32))
   sequences, lengths, st = jax.device_get((state.sequences, state.lengths, state.stats))
   generated = lengths - 1
   tokens = sequences[:, 1:1 + max_new_tokens]

@@ -188,8 +188,9 @@ def _iteration(settings: LoopSettings, target_params, draft_params, knobs, base_
 
 
 def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_cache,
-        knobs: sampling.SamplingKnobs, key: jax.Array) -> LoopState:
-  """Decodes until every row is done. Caches come from `prefill`. Returns the final state."""
+        knobs: sampling.SamplingKnobs, seed: jax.Array) -> LoopState:
+  """Decodes until every row is done. Caches come from `prefill`; seed: [] uint32. Returns the final state."""
+  key = jax.random.key(seed)  # Made inside the program: a host-side key costs ~1 ms per call on CPU.
   batch = target_cache.lengths.shape[0]
   gamma = settings.gamma
   sequences = jnp.full((batch, settings.seq_len), settings.pad_id, jnp.int32).at[:, 0].set(settings.start_id)
