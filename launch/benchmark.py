@@ -22,6 +22,7 @@ import platform
 import tempfile
 import time
 
+import jax
 import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
@@ -112,6 +113,7 @@ def run_jaxspec(target, draft, ids, gammas, temperatures, batch_sizes, repeats, 
   for batch in batch_sizes:
     batches = _batches(ids, batch)
     costs = benchmarking.cost_table(target, draft, gammas, batch=batch)
+    jax.clear_caches()
     for temp in temperatures:
       kw = dict(max_new_tokens=max_new, temperature=temp, seed=0)
       fns = {"plain": lambda b: jaxspec.generate(target, b, **kw)}
@@ -155,6 +157,9 @@ def run_jaxspec(target, draft, ids, gammas, temperatures, batch_sizes, repeats, 
               f"plain {plain_ms:.2f} spec {spec_ms:.2f} ms/token speedup {speedup:.2f}x "
               f"(expected {exp_r:.2f}x with r={r:.2f}, c={c:.3f}; {exp_alt:.2f}x with c alternating={c_alt:.3f})",
               flush=True)
+      # Every (gamma, bucket) is its own executable; a full sweep compiles hundreds. Dropping them per group keeps
+      # the process under the kernel's memory-map limit (the full default sweep died in LLVM with ENOMEM).
+      jax.clear_caches()
   return rows
 
 
@@ -271,7 +276,6 @@ def plot(path, rows):
 
 def main(argv):
   del argv
-  import jax
   if _PAPER.value is not None:
     p = _PAPER.value
     flags.FLAGS.target = os.path.join(p.checkpoint_dir, p.target)

@@ -7,6 +7,7 @@ At temperature 0 the speculative output must equal the target's exactly; the scr
 
 import json
 import platform
+import re
 import time
 
 import numpy as np
@@ -35,6 +36,15 @@ def translate(model, texts, batch, **kw):
   return out, stats
 
 
+def is_repetition_loop(text: str) -> bool:
+  """A degenerate output: one character repeated 10+ times, or 8+ words of which at most a third are distinct.
+
+  Weak models fall into such loops; a draft predicts them easily, so alpha is reported with and without them.
+  """
+  words = text.split()
+  return bool(re.search(r"(.)\1{9,}", text)) or (len(words) >= 8 and len(set(words)) <= len(words) / 3)
+
+
 def main(argv):
   del argv
   import sacrebleu
@@ -60,7 +70,10 @@ def main(argv):
       all_stats = jaxspec.DecodeStats.concatenate(stats)
       entry["alpha"] = all_stats.alpha
       entry["tokens_per_iteration"] = all_stats.tokens_per_iteration
-      for subset, keep in (("natural", natural), ("software", ~natural)):
+      loops = np.array([is_repetition_loop(h) for h in outputs["target"]])
+      entry["target_repetition_loops"] = int(loops.sum())
+      for subset, keep in (("natural", natural), ("software", ~natural), ("without_target_loops", ~loops),
+                           ("natural_without_target_loops", natural & ~loops)):
         if keep.any():
           entry[f"alpha_{subset}"] = all_stats.select(keep).alpha
     results[name] = entry
