@@ -45,7 +45,8 @@ class T5Cache:
 def cache_axes(cfg: T5Config) -> T5Cache:
   """Logical axis names of every cache array: a T5Cache of name tuples matching `init_cache`'s output.
 
-  Leaves are tuples of strings (use `is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)`).
+  Leaves are tuples of strings; with jax.tree functions use
+  `is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)`.
   """
   per_layer = tuple(("batch", "cache_seq", "heads", "kv") for _ in range(cfg.num_decoder_layers))
   return T5Cache(self_k=per_layer, self_v=per_layer,
@@ -158,8 +159,9 @@ def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len
   batch = input_ids.shape[0]
   shape = (batch, max_decode_len, cfg.num_heads, cfg.d_kv)
   dtype = params["shared"]["embedding"].dtype
-  empty = tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_decoder_layers))
-  return T5Cache(self_k=empty, self_v=empty, cross_k=cross_k, cross_v=cross_v, encoder_mask=mask,
+  def empty():  # Distinct arrays for K and V: a donated cache must not hold one buffer twice.
+    return tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_decoder_layers))
+  return T5Cache(self_k=empty(), self_v=empty(), cross_k=cross_k, cross_v=cross_v, encoder_mask=mask,
                  lengths=jnp.zeros((batch,), jnp.int32))
 
 
