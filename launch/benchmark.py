@@ -10,9 +10,10 @@ For every (temperature, batch size, gamma) it measures alpha, tokens per iterati
 position, wall time per generated token of plain and speculative decoding (medians over --repeats passes after
 a warm-up pass that includes compilation, timed separately), latency percentiles per sequence, the speedup, and
 the speedup Theorem 3.8 predicts with and without the measured verify-cost ratio r; c and r are timed in
-isolation per batch size. With --peer, the same weights exported to Hugging Face format run through
-transformers' `generate(assistant_model=...)` (constant schedule, same gamma, batch 1, greedy) and its plain
-greedy `generate`, on the same inputs in the same run. Output: JSON, a markdown table (the paper's Table 2 form)
+isolation per batch size, and c also with the draft's steps between target calls (`c alt`). With --peer, the
+same weights exported to Hugging Face format run through transformers' `generate(assistant_model=...)`
+(constant schedule, same gamma, batch 1, greedy) and its plain greedy `generate`, on the same inputs in the
+same run. Output: JSON, a markdown table (the paper's Table 2 form)
 and a PNG of speedup against gamma.
 """
 

@@ -13,7 +13,6 @@ import gzip
 import os
 import time
 
-import numpy as np
 from absl import app, flags
 
 import jaxspec

@@ -137,7 +137,7 @@ def main(argv):
       spec = jaxspec.generate(target, padded, **spec_kw, **knobs)
       totals["spec_s"] += time.perf_counter() - t0
       totals["tokens"] += int(spec.lengths[:len(rows)].sum())
-      all_stats.append(spec.stats)
+      all_stats.append(spec.stats.select(slice(0, len(rows))))  # not the rows that only pad the batch
       if _COMPARE.value and draft is not None:
         t0 = time.perf_counter()
         plain = jaxspec.generate(target, padded, **knobs)
@@ -171,7 +171,7 @@ def summarize(target, draft, all_stats, totals, compile_s):
   stats = jaxspec.DecodeStats.concatenate(all_stats)
   generated, alpha = int(stats.generated.sum()), stats.alpha
   print(f"\n== summary: {generated} tokens, batch {_BATCH.value}, temperature {_TEMPERATURE.value} ==")
-  print("compile + first call, per prompt-length bucket seen: "
+  print("compile + first call, summed over the prompt-length buckets seen: "
         + ", ".join(f"{k} {v:.1f} s" for k, v in compile_s.items()))
   if draft is None:
     print(f"plain decoding: {1e3 * totals['spec_s'] / max(totals['tokens'], 1):.2f} ms/token")
