@@ -95,13 +95,14 @@ def cost_ratios(target: Model, draft: Model, gamma: int, batch: int = 1, repeats
 
 
 def cost_table(target: Model, draft: Model, gammas: Sequence[int], batch: int = 1, repeats: int = 5,
-               rounds: int = 5) -> dict:
+               rounds: int = 5, alternating: bool = True) -> dict:
   """{gamma: {target_step_s, target_verify_s, draft_step_s, c, r, draft_step_alternating_s, c_alternating}}.
 
   The target's 1-token step, its (gamma+1)-token step per gamma, the draft's 1-token step, and the alternating
   pattern per gamma are timed in `rounds` interleaved rounds; each is the median over its rounds, so a slow spell
   of the machine does not land on one of them only. c and r are the paper's ratios of isolated step times;
-  c_alternating is the draft's step cost when it runs between target calls, as in the decoding loop.
+  c_alternating is the draft's step cost when it runs between target calls, as in the decoding loop
+  (alternating=False skips that pattern and reports c_alternating = c).
   """
   runs: dict = {"t1": [], "d1": [], **{("tg", g): [] for g in gammas}, **{("alt", g): [] for g in gammas}}
   for _ in range(rounds):
@@ -109,13 +110,14 @@ def cost_table(target: Model, draft: Model, gammas: Sequence[int], batch: int = 
     runs["d1"].append(decoder_step_time(draft, batch, 1, repeats=repeats))
     for g in gammas:
       runs[("tg", g)].append(decoder_step_time(target, batch, g + 1, repeats=repeats))
-      runs[("alt", g)].append(alternating_round_time(target, draft, g, batch, repeats=repeats))
-  med = {k: statistics.median(v) for k, v in runs.items()}
+      if alternating:
+        runs[("alt", g)].append(alternating_round_time(target, draft, g, batch, repeats=repeats))
+  med = {k: statistics.median(v) for k, v in runs.items() if v}
   t1, d1 = med["t1"], med["d1"]
   table = {}
   for g in gammas:
     tg = med[("tg", g)]
-    d_alt = max(med[("alt", g)] - tg, 0.0) / g
+    d_alt = max(med[("alt", g)] - tg, 0.0) / g if alternating else d1
     table[g] = {"target_step_s": t1, "target_verify_s": tg, "draft_step_s": d1, "c": d1 / t1, "r": tg / t1,
                 "draft_step_alternating_s": d_alt, "c_alternating": d_alt / t1}
   return table

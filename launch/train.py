@@ -150,9 +150,28 @@ def main(argv):
       bleu, hyps = _dev_bleu(model, dev_natural)
       print(f"eval step {step}: dev loss {loss:.3f} | dev BLEU {bleu:.2f} (greedy, {len(dev_natural)} natural "
             f"sentences) | e.g. {dev_natural[0].en!r} -> {hyps[0]!r}", flush=True)
+      if c.export_best and loss < _best_dev_loss(workdir):
+        _export(model, workdir, {"step": step, "dev_loss": loss, "dev_bleu": bleu})
   manager.wait_until_finished()
-  jaxspec.save(jaxspec.Model(cfg, params, tokenizer), os.path.join(workdir, "export"), format="orbax")
-  print(f"exported to {os.path.join(workdir, 'export')}", flush=True)
+  if not c.export_best:
+    _export(jaxspec.Model(cfg, params, tokenizer), workdir, {"step": step})
+
+
+def _best_dev_loss(workdir: str) -> float:
+  """Dev loss of the model in WORKDIR/export (inf if none): with export_best, a better evaluation replaces it."""
+  path = os.path.join(workdir, "export_meta.json")
+  if not os.path.exists(path):
+    return float("inf")
+  with open(path) as f:
+    return json.load(f).get("dev_loss", float("inf"))
+
+
+def _export(model, workdir: str, meta: dict) -> None:
+  path = os.path.join(workdir, "export")
+  jaxspec.save(model, path, format="orbax")
+  with open(os.path.join(workdir, "export_meta.json"), "w") as f:
+    json.dump(meta, f)
+  print(f"exported to {path} ({meta})", flush=True)
 
 
 if __name__ == "__main__":

@@ -40,3 +40,23 @@ def test_benchmark_smoke_run(tmp_path):
   assert [r["gamma"] for r in results["transformers"]] == [2]
   assert (out / "speedup.png").stat().st_size > 0
   assert "| Temp | Batch | gamma |" in (out / "results.md").read_text()
+
+
+def test_hardware_costs_smoke_run(tmp_path):
+  """launch/hardware_costs.py on the smallest public shape (random weights): valid ratios and loop timings."""
+  out = tmp_path / "costs"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  res = subprocess.run([sys.executable, "launch/hardware_costs.py", "--target=t5-small", "--drafts=t5-small",
+                        "--gammas=2", "--batch_sizes=1", "--dtype=float32", "--repeats=1", f"--output={out}"],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  results = json.loads((tmp_path / "costs.json").read_text())
+  (row,) = results["rows"]
+  assert row["gamma"] == 2 and row["paper_alpha"] == 0.75
+  for key in ("c", "r", "expected", "expected_r1", "target_step_s", "draft_step_s"):
+    assert row[key] > 0, key
+  (loop,) = results["loop"]
+  assert 1 <= loop["plain"]["tokens"] == loop["plain"]["iterations"] <= 64  # plain: one token per step
+  assert loop["speculative"]["iterations"] <= loop["speculative"]["tokens"] <= 64
+  assert loop["speculative"]["ms_per_iteration"] > 0 and loop["model_ms_speculative"] > 0
+  assert "| batch | draft | gamma |" in (tmp_path / "costs.md").read_text()
