@@ -1,5 +1,6 @@
 """The EN-DE pipeline: data files, corpus rebuilding, batching, training (resumable), translate.py."""
 
+import json
 import os
 import struct
 import subprocess
@@ -155,6 +156,22 @@ def test_training_resumes_and_distils(tiny_setup):
                 f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
   assert draft.returncode == 0, draft.stderr[-3000:]
   assert " kl " in draft.stdout
+
+
+def test_training_exports_the_best_dev_loss(tiny_setup):
+  root, common, tiny = tiny_setup
+  workdir = root / "best"
+  res = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+              "--config.train_steps=12", "--config.export_best=true", "--config.learning_rate=0.05"]
+             + common + tiny + ["--config.eval_every=3"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  evals = {int(line.split()[2].rstrip(":")): float(line.split("dev loss ")[1].split()[0])
+           for line in res.stdout.splitlines() if line.startswith("eval step")}
+  assert sorted(evals) == [3, 6, 9, 12]
+  meta = json.loads((workdir / "export_meta.json").read_text())
+  assert meta["step"] == min(evals, key=evals.get)  # the first evaluation with the lowest dev loss
+  assert abs(meta["dev_loss"] - min(evals.values())) < 1e-3
+  assert jaxspec.load(str(workdir / "export")).config.d_model == 16
 
 
 def test_translate_script(tiny_setup, tmp_path):
