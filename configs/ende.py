@@ -1,7 +1,7 @@
 """The embedded EN-DE pair.
 
-Shipped pair: `target_gpu` (trained on a lent H100 by launch/train_pair_gpu.sh), then on the CPU
-launch/distill_corpus.py with that target and `draft_seqkd` (docs/ende_pair.md has the exact commands).
+Shipped pair: `target`, then `draft`, then `draft_seqkd` (on the CPU). `target_gpu` / `draft_gpu` made a better
+translator on a lent H100 that is measured but not shipped (docs/ende_pair.md has the commands and why).
 
 target: gated-GELU T5 (as T5 1.1) with a tied, scaled embedding (as T5 1.0), ~18M parameters; its decoder
   weights (~50 MB in float32) do not fit the 32 MB L3 cache. Sized to train about one epoch in an hour on the

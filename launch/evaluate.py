@@ -1,6 +1,7 @@
 r"""BLEU of the target, the draft and speculative decoding on an EN-DE split (sacrebleu, greedy by default).
 
     python launch/evaluate.py --split=../shared/data/ende/test.tsv --output=docs/ende_pair_eval.json
+    python launch/evaluate.py --split=../shared/data/ende/dev.tsv --natural_only --limit=256   # the alpha bar
 
 At temperature 0 the speculative output must equal the target's exactly; the script checks it line by line.
 """
@@ -19,6 +20,7 @@ from jaxspec.data.ende import read_pairs
 _TARGET = flags.DEFINE_string("target", "ende-target", "Target model.")
 _DRAFT = flags.DEFINE_string("draft", "ende-draft", "Draft model.")
 _SPLIT = flags.DEFINE_string("split", "../shared/data/ende/test.tsv", "EN-DE TSV to evaluate on.")
+_NATURAL = flags.DEFINE_boolean("natural_only", False, "Only the natural sentences (Ding examples) of the split.")
 _LIMIT = flags.DEFINE_integer("limit", 0, "Evaluate N evenly spaced pairs only (0 = all).")
 _GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration for the speculative run.")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences per generate call.")
@@ -50,6 +52,8 @@ def main(argv):
   import sacrebleu
   target, draft = jaxspec.load(_TARGET.value), jaxspec.load(_DRAFT.value)
   pairs = read_pairs(_SPLIT.value)
+  if _NATURAL.value:
+    pairs = [p for p in pairs if "ding" in p.source]
   if _LIMIT.value and _LIMIT.value < len(pairs):
     pairs = [pairs[i] for i in np.linspace(0, len(pairs) - 1, _LIMIT.value).astype(int)]
   texts, refs = [p.en for p in pairs], [p.de for p in pairs]
@@ -70,6 +74,7 @@ def main(argv):
       all_stats = jaxspec.DecodeStats.concatenate(stats)
       entry["alpha"] = all_stats.alpha
       entry["tokens_per_iteration"] = all_stats.tokens_per_iteration
+      entry["acceptance_per_position"] = all_stats.acceptance_per_position.round(3).tolist()
       loops = np.array([is_repetition_loop(h) for h in outputs["target"]])
       entry["target_repetition_loops"] = int(loops.sum())
       for subset, keep in (("natural", natural), ("software", ~natural), ("without_target_loops", ~loops),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trains the embedded EN-DE pair on one GPU and embeds it (how the shipped ende-target / ende-draft were made):
+# Trains an EN-DE pair on one GPU and embeds it as ende-target / ende-draft (docs/ende_pair.md, the 29M target):
 #   1. the target (configs/ende.py:target_gpu, ~29M params, the shipped tokenizer), keeping the best dev loss;
 #   2. its greedy translations of 50k training sources (sequence-level distillation data);
 #   3. the draft from scratch on them, with token-level KL to the target (configs/ende.py:draft_gpu);
