@@ -5,7 +5,9 @@ r"""Trains a T5 on EN-DE pairs with optax; resumable from Orbax checkpoints.
 
 A killed run started again with the same --workdir continues from its latest checkpoint, at the same place in
 the data. Progress lines give steps/s, tokens/s, loss and ETA; evaluations give dev loss and BLEU. The final
-model (with its tokenizer) is written to WORKDIR/export in Orbax format, loadable with `jaxspec.load`.
+model (with its tokenizer) is written to WORKDIR/export in Orbax format, loadable with `jaxspec.load`; with
+`--config.export_best=true`, the model of the evaluation with the lowest dev loss instead (WORKDIR/export_meta.json
+says which step).
 """
 
 import json
