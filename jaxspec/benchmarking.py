@@ -3,7 +3,8 @@
 c = draft decoder step / target decoder step (1 token each); r = target step on gamma + 1 tokens / on 1 token.
 Both are measured in isolation, on caches filled to a typical length, with compilation excluded. c_alternating
 times the draft's steps between target calls, as the decoding loop runs them (on a CPU the target's pass evicts
-the draft's weights from the caches, which a tight loop of draft steps never sees).
+the draft's weights from the caches, which a tight loop of draft steps never sees). encoder_time is the work a
+decoding call does once, outside the loop.
 """
 
 from __future__ import annotations
@@ -87,6 +88,18 @@ def decoder_step_time(model: Model, batch: int, tokens_per_call: int, prompt_len
   tokens = jnp.full((batch, tokens_per_call), 5, jnp.int32)
   return median_time(lambda: _steps(model.config, model.params, cache, tokens, n_calls).block_until_ready(),
                      repeats) / n_calls
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _encode(cfg: t5.T5Config, params, ids, cache_len: int):
+  return t5.init_cache(params, cfg, ids, cache_len)
+
+
+def encoder_time(model: Model, batch: int, prompt_len: int, cache_len: int = 72, repeats: int = 5) -> float:
+  """Seconds per call of the work done once per decoding call: the encoder on [batch, prompt_len] tokens, the
+  cross-attention keys and values, and the decoder cache's allocation (median)."""
+  ids = jnp.full((batch, prompt_len), 5, jnp.int32)
+  return median_time(lambda: jax.block_until_ready(_encode(model.config, model.params, ids, cache_len)), repeats)
 
 
 def cost_ratios(target: Model, draft: Model, gamma: int, batch: int = 1, repeats: int = 5, rounds: int = 5) -> dict:

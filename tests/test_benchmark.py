@@ -1,4 +1,4 @@
-"""A cheap regression guard for launch/benchmark.py: tiny models, one point per axis, valid JSON and plot.
+"""Cheap regression guards for launch/benchmark.py and launch/loop_profile.py: tiny runs, valid JSON and plot.
 
 No timing is asserted: timings belong to the benchmark's reports, not to tests.
 """
@@ -7,6 +7,8 @@ import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import write_hf_t5
 
@@ -32,7 +34,8 @@ def test_benchmark_smoke_run(tmp_path):
   for row in results["jaxspec"]:
     for key in ("alpha", "tokens_per_iteration", "c", "r", "plain_ms_per_token", "spec_ms_per_token", "speedup",
                 "expected_speedup", "expected_speedup_with_r", "measured_over_expected",
-                "measured_over_cost_model", "c_alternating", "measured_over_expected_alternating"):
+                "measured_over_cost_model", "c_alternating", "measured_over_expected_alternating",
+                "expected_speedup_workload", "measured_over_expected_workload"):
       assert isinstance(row[key], float) and row[key] == row[key], key  # a real number, not NaN
     assert len(row["acceptance_per_position"]) == row["gamma"]
     if row["temperature"] == 0:
@@ -60,3 +63,20 @@ def test_hardware_costs_smoke_run(tmp_path):
   assert loop["speculative"]["iterations"] <= loop["speculative"]["tokens"] <= 64
   assert loop["speculative"]["ms_per_iteration"] > 0 and loop["model_ms_speculative"] > 0
   assert "| batch | draft | gamma |" in (tmp_path / "costs.md").read_text()
+
+
+def test_loop_profile_smoke_run(tmp_path):
+  out = tmp_path / "profile"
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  res = subprocess.run([sys.executable, "launch/loop_profile.py", "--gammas=2", "--sentences=2", "--rounds=1",
+                        "--max_new_tokens=8", f"--output={out}"],
+                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+  assert res.returncode == 0, res.stderr[-3000:]
+  rows = json.loads((tmp_path / "profile.json").read_text())["rows"]
+  assert [r["gamma"] for r in rows] == [0, 2]
+  for row in rows:
+    assert row["unmapped_instructions"] == []
+    parts = row["ms_per_iteration"]
+    assert sum(parts[c] for c in ("target", "draft", "loop", "idle")) == pytest.approx(parts["wall"], rel=1e-6)
+  assert rows[1]["c_in_loop"] > 0 and rows[1]["r_in_loop"] > 0
+  assert (tmp_path / "profile.md").read_text().count("\n| ") >= 2

@@ -1,5 +1,6 @@
 """Theorem 3.8 against the paper's Table 2 "Exp" column, and the gamma helper."""
 
+import numpy as np
 import pytest
 
 import jaxspec
@@ -42,3 +43,50 @@ def test_best_gamma():
   g_cpu, _ = jaxspec.best_gamma(0.75, 0.02, r_of_gamma=lambda g: 1 + 0.15 * g)
   assert g_cpu < gamma
   assert jaxspec.best_gamma(0.1, 0.5)[0] == 1
+
+
+def _simulated_iterations(lengths, alpha, gamma, trials, rng):
+  """Monte Carlo of the loop's iteration count under i.i.d. acceptance: rows decoded together, cut at their end."""
+  counts = []
+  for _ in range(trials):
+    worst = 0
+    for n in lengths:
+      emitted, iterations = 0, 0
+      while emitted < n:
+        accepted = 0
+        while accepted < gamma and rng.random() < alpha:
+          accepted += 1
+        emitted += accepted + 1
+        iterations += 1
+      worst = max(worst, iterations)
+    counts.append(worst)
+  return float(np.mean(counts)), float(np.std(counts) / np.sqrt(trials))
+
+
+@pytest.mark.parametrize("lengths,alpha,gamma", [([21], 0.85, 3), ([7], 0.5, 6), ([12, 30, 5, 18], 0.8, 4)])
+def test_expected_iterations_matches_simulation(lengths, alpha, gamma):
+  mean, sem = _simulated_iterations(lengths, alpha, gamma, 20_000, np.random.default_rng(0))
+  assert abs(jaxspec.expected_iterations(lengths, alpha, gamma) - mean) < 5 * sem + 1e-9
+
+
+def test_expected_iterations_limits():
+  assert jaxspec.expected_iterations([20], 1.0, 3) == 5  # every block of 4 accepted
+  assert jaxspec.expected_iterations([21], 1.0, 3) == 6  # the last block is cut after 1 token
+  assert jaxspec.expected_iterations([20], 0.0, 3) == 20
+  # Long sequences: tokens per iteration tends to Eq. 1; short ones lose part of their last iteration.
+  per_iter = 2000 / jaxspec.expected_iterations([2000], 0.8, 4)
+  assert per_iter == pytest.approx(jaxspec.expected_tokens_per_iteration(0.8, 4), rel=2e-3)
+  assert 20 / jaxspec.expected_iterations([20], 0.8, 4) < per_iter
+  # A batch waits for its slowest row.
+  assert jaxspec.expected_iterations([20, 20], 0.8, 4) > jaxspec.expected_iterations([20], 0.8, 4)
+
+
+def test_workload_speedup_reduces_to_theorem_for_long_sequences():
+  exact = jaxspec.expected_speedup(0.75, 7, 0.02, r=1.1)
+  assert jaxspec.expected_speedup_for_workload([[5000]], 0.75, 7, 0.02, r=1.1) == pytest.approx(exact, rel=2e-3)
+  short = jaxspec.expected_speedup_for_workload([[20]] * 3, 0.75, 7, 0.02, r=1.1)
+  with_encoder = jaxspec.expected_speedup_for_workload([[20]] * 3, 0.75, 7, 0.02, r=1.1, fixed_cost=3.0,
+                                                       fixed_cost_speculative=3.2)
+  assert with_encoder < short < exact  # fixed costs per call pull the speedup toward 1
+  with pytest.raises(ValueError):
+    jaxspec.expected_iterations([], 0.8, 3)

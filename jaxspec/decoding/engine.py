@@ -11,6 +11,7 @@ static (one compilation each); temperature, top_k, top_p and seed values are run
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Sequence
 
@@ -167,6 +168,22 @@ def prepare_inputs(target: Model, inputs, max_input_length: int) -> np.ndarray:
   return ids
 
 
+def _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p, max_input_length):
+  """Checks the arguments; returns the loop's static settings and the padded input ids [B, S_bucket]."""
+  speculative = draft is not None
+  _check_knobs(gamma, max_new_tokens, float(temperature), top_k, top_p, speculative)
+  if speculative:
+    _check_pair(target, draft)
+  ids = prepare_inputs(target, inputs, max_input_length)
+  cfg = target.config
+  settings = loop.LoopSettings(
+      target=T5Decoder(cfg), draft=T5Decoder(draft.config) if speculative else None,
+      gamma=int(gamma) if speculative else 0, max_new_tokens=int(max_new_tokens), greedy=temperature == 0,
+      filtering=temperature > 0 and (top_k > 0 or top_p < 1), eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id,
+      start_id=cfg.decoder_start_token_id)
+  return settings, ids
+
+
 _prefill = jax.jit(loop.prefill, static_argnums=0)
 _run = jax.jit(loop.run, static_argnums=0, donate_argnums=(3, 4))
 
@@ -193,18 +210,10 @@ def generate(target: Model, inputs, *, draft: Model | None = None, gamma: int = 
   Returns:
     GenerateOutput with tokens [B, max_new_tokens], lengths [B] and stats.
   """
-  speculative = draft is not None
-  _check_knobs(gamma, max_new_tokens, float(temperature), top_k, top_p, speculative)
-  if speculative:
-    _check_pair(target, draft)
-  ids = prepare_inputs(target, inputs, max_input_length)
+  settings, ids = _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p,
+                           max_input_length)
   cfg = target.config
-  settings = loop.LoopSettings(
-      target=T5Decoder(cfg), draft=T5Decoder(draft.config) if speculative else None,
-      gamma=int(gamma) if speculative else 0, max_new_tokens=int(max_new_tokens), greedy=temperature == 0,
-      filtering=temperature > 0 and (top_k > 0 or top_p < 1), eos_id=cfg.eos_token_id, pad_id=cfg.pad_token_id,
-      start_id=cfg.decoder_start_token_id)
-  draft_params = draft.params if speculative else None
+  draft_params = draft.params if draft is not None else None
   target_cache, draft_cache = _prefill(settings, target.params, draft_params, ids)
   state = _run(settings, target.params, draft_params, target_cache, draft_cache,
                sampling.SamplingKnobs.create(temperature, top_k, top_p), np.uint32(seed % 2**32))
@@ -220,3 +229,20 @@ def generate(target: Model, inputs, *, draft: Model | None = None, gamma: int = 
     texts = [target.tokenizer.decode(t[:n]) for t, n in zip(tokens, generated)]
   return GenerateOutput(tokens=tokens.astype(np.int32), lengths=generated.astype(np.int32), stats=stats,
                         texts=texts)
+
+
+def compiled_loop_hlo(target: Model, inputs, *, draft: Model | None = None, gamma: int = 4,
+                      max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                      max_input_length: int = 512) -> str:
+  """The optimised HLO text of the decoding-loop program that `generate` runs for these arguments.
+
+  For profiling (`jaxspec.profiling`): the same shapes and settings give the same compiled program, whose
+  instruction names the profiler's kernel events carry. Compiles (or reuses) the program; decodes nothing.
+  """
+  settings, ids = _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p,
+                           max_input_length)
+  draft_params = draft.params if draft is not None else None
+  target_cache, draft_cache = jax.eval_shape(functools.partial(_prefill, settings), target.params, draft_params,
+                                             ids)
+  return _run.lower(settings, target.params, draft_params, target_cache, draft_cache,
+                    sampling.SamplingKnobs.create(temperature, top_k, top_p), np.uint32(0)).compile().as_text()

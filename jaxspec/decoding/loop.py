@@ -107,12 +107,15 @@ def _draft(settings: LoopSettings, params, cache, state: LoopState, knobs, key):
     # Rows with dlen == L - 2 feed [x_gamma, last]: prediction at index 1. Rows with dlen == L - 1 feed
     # [last, junk]: prediction at index 0; the junk key at position L is overwritten by the next call.
     tokens = jnp.take_along_axis(state.sequences, dlen[:, None] + jnp.arange(2), axis=1)  # [B, 2]
-    logits, cache = settings.draft.step(params, cache, tokens)
+    with jax.named_scope("draft_step"):
+      logits, cache = settings.draft.step(params, cache, tokens)
     return jnp.take_along_axis(logits, (state.lengths - dlen - 1)[:, None, None], axis=1)[:, 0], cache
 
   def caught_up(cache):
     # Every unfinished row has dlen == L - 1: feed just the last token (a cheaper 1-token call).
-    logits, cache = settings.draft.step(params, cache, jnp.take_along_axis(state.sequences, dlen[:, None], axis=1))
+    with jax.named_scope("draft_step"):
+      logits, cache = settings.draft.step(params, cache,
+                                          jnp.take_along_axis(state.sequences, dlen[:, None], axis=1))
     return logits[:, 0], cache
 
   behind = (dlen < state.lengths - 1) & ~state.done  # Rows that accepted all gamma drafts last iteration.
@@ -122,7 +125,8 @@ def _draft(settings: LoopSettings, params, cache, state: LoopState, knobs, key):
 
   def one_step(carry, j):
     cache, token = carry
-    logits, cache = settings.draft.step(params, cache, token[:, None])
+    with jax.named_scope("draft_step"):
+      logits, cache = settings.draft.step(params, cache, token[:, None])
     x, q = _propose(settings, jax.random.fold_in(key, j), logits[:, 0], knobs)
     return (cache, x), (x, q)
 
@@ -143,8 +147,9 @@ def _iteration(settings: LoopSettings, target_params, draft_params, knobs, base_
     draft_tokens, q, draft_cache = jnp.zeros((batch, 0), jnp.int32), None, None
 
   last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-  logits, target_cache = settings.target.step(target_params, state.target_cache,
-                                              jnp.concatenate([last, draft_tokens], axis=1))  # [B, G+1, V]
+  with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
+    logits, target_cache = settings.target.step(target_params, state.target_cache,
+                                                jnp.concatenate([last, draft_tokens], axis=1))  # [B, G+1, V]
   if settings.greedy:
     verdict = verify.accept_greedy(draft_tokens, logits)
   else:

@@ -7,6 +7,8 @@ on CPUs and at large batch).
 
 from __future__ import annotations
 
+import numpy as np
+
 
 def _check(alpha: float, gamma: int, c: float) -> None:
   if not 0 <= alpha <= 1:
@@ -45,3 +47,62 @@ def best_gamma(alpha: float, c: float, r_of_gamma=None, max_gamma: int = 16) -> 
   best = max(range(1, max_gamma + 1),
              key=lambda g: expected_speedup(alpha, g, c, None if r_of_gamma is None else r_of_gamma(g)))
   return best, expected_speedup(alpha, best, c, None if r_of_gamma is None else r_of_gamma(best))
+
+
+def iterations_cdf(alpha: float, gamma: int, max_tokens: int) -> np.ndarray:
+  """P(iterations <= i) for emitting n tokens, under the theorem's i.i.d. acceptance: array [n + 1, n + 1].
+
+  An iteration emits K + 1 tokens, K = accepted drafts: P(K = k) = alpha^k (1 - alpha) for k < gamma and
+  alpha^gamma for k = gamma (Sec. 3.3). The last iteration of a sequence is cut at its end (EOS or the token
+  budget), so a sequence of n tokens needs I(n) iterations with I(n) = 1 + I(n - K - 1), I(m <= 0) = 0.
+  Entry [n, i] is P(I(n) <= i); each iteration emits at least one token, so I(n) <= n.
+  """
+  _check(alpha, gamma, 0.0)
+  p = np.array([alpha ** k * (1 - alpha) for k in range(gamma)] + [alpha ** gamma])
+  cdf = np.zeros((max_tokens + 1, max_tokens + 1))
+  cdf[0, :] = 1.0
+  for n in range(1, max_tokens + 1):
+    rest = np.maximum(n - 1 - np.arange(gamma + 1), 0)  # tokens left after an iteration emitting K + 1
+    cdf[n, 1:] = p @ cdf[rest, :-1]
+  return cdf
+
+
+def expected_iterations(lengths, alpha: float, gamma: int) -> float:
+  """Expected target calls to decode one batch whose rows emit `lengths` tokens (EOS included) together.
+
+  The loop runs until its slowest row is done, so this is E[max_b I(lengths[b])] (see `iterations_cdf`). For
+  one long sequence it tends to n / expected_tokens_per_iteration(alpha, gamma); short sequences need more per
+  token, because their last iteration is cut short.
+  """
+  lengths = [int(n) for n in lengths]
+  if not lengths or min(lengths) < 0:
+    raise ValueError(f"lengths must be a non-empty list of token counts >= 0, got {lengths}.")
+  cdf = iterations_cdf(alpha, gamma, max(lengths))
+  all_done = np.prod(cdf[lengths, :], axis=0)  # P(every row done within i iterations), i = 0..max
+  return float(np.sum(1.0 - all_done))
+
+
+def expected_speedup_for_workload(batch_lengths, alpha: float, gamma: int, c: float, r: float | None = None,
+                                  fixed_cost: float = 0.0, fixed_cost_speculative: float | None = None) -> float:
+  """Theorem 3.8's model applied to a finite workload: the batches actually decoded, one call each.
+
+  Plain decoding of a batch costs fixed_cost + max(lengths) target steps; speculative decoding costs
+  fixed_cost_speculative + expected_iterations(lengths) * (gamma c + r). Times are in units of one target step
+  (1 token per row). What this adds to `expected_speedup`: the last iteration of each sequence is cut at EOS
+  (short sequences waste part of it), a batch waits for its slowest row, and each call pays work outside the
+  loop (the encoders: fixed_cost for plain decoding, fixed_cost_speculative with the draft's encoder too).
+
+  Args:
+    batch_lengths: per decoder call, the tokens each row emits (EOS included), e.g. [[21], [17], ...] at batch 1.
+    fixed_cost, fixed_cost_speculative: one number for every call, or one per call (e.g. per prompt length).
+  """
+  _check(alpha, gamma, c)
+  verify_cost = 1.0 if r is None else r
+  calls = len(batch_lengths)
+  plain_fixed = np.broadcast_to(np.asarray(fixed_cost, np.float64), (calls,))
+  spec_fixed = plain_fixed if fixed_cost_speculative is None else np.broadcast_to(
+      np.asarray(fixed_cost_speculative, np.float64), (calls,))
+  plain = sum(f + max(int(n) for n in lengths) for f, lengths in zip(plain_fixed, batch_lengths))
+  spec = sum(f + expected_iterations(lengths, alpha, gamma) * (gamma * c + verify_cost)
+             for f, lengths in zip(spec_fixed, batch_lengths))
+  return float(plain / spec)
