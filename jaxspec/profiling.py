@@ -31,18 +31,32 @@ CATEGORIES = ("target", "draft", "loop", "idle")
 def instruction_categories(hlo_text: str) -> dict[str, str]:
   """{instruction name: 'target' | 'draft' | 'loop' | 'control'} from a compiled program's HLO text.
 
-  An instruction belongs to the model whose named scope its op_name metadata carries. Some passes drop the
-  metadata (the CPU backend's rewritten dots, for one); those take the category of their operands (a dot
-  fed by a target activation is the target's), and are the loop's when no operand says otherwise.
+  An instruction belongs to the model whose named scope its op_name metadata carries; a fusion, to the model
+  whose work it fuses (its root may be the loop's, e.g. a softmax's max fused with the output layer's dot).
+  Some passes drop the metadata (the CPU backend's rewritten dots, for one); those take the category of their
+  operands (a dot fed by a target activation is the target's), and are the loop's when no operand says
+  otherwise.
   """
-  own, operands = {}, {}
+  own, operands, calls = {}, {}, {}
+  inside: dict[str, set] = defaultdict(set)  # computation -> the models named inside it
+  computation = ""
   for line in hlo_text.splitlines():
+    head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) \(.*\{$", line)
+    if head:
+      computation = head.group(1)
+      continue
     m = re.match(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.*)$", line)
     if not m:
       continue
     name, rest = m.groups()
     op_name = re.search(r'op_name="([^"]*)"', rest)
     op_name = op_name.group(1) if op_name else ""
+    called = re.search(r"calls=%([\w.\-]+)", rest)
+    if called:
+      calls[name] = called.group(1)
+    for model in ("target", "draft"):
+      if f"{model}_step" in op_name:
+        inside[computation].add(model)
     if re.search(r"\b(while|conditional|call)\(", rest):
       own[name] = "control"  # Its events span its bodies' kernels, which are counted themselves.
     elif "target_step" in op_name:
@@ -53,6 +67,11 @@ def instruction_categories(hlo_text: str) -> dict[str, str]:
       own[name] = "loop" if op_name else None
     call = re.search(r"\b[a-z][\w\-]*\(([^()]*)\)", rest)  # opcode(%operand, ...) after the shape
     operands[name] = re.findall(r"%([\w.\-]+)", call.group(1)) if call else []
+  # A fusion is named after its root, which may be the loop's (a softmax's max fused with the output layer's
+  # dot): it is the model's when the fused computation holds that model's work.
+  for name, computation in calls.items():
+    if own.get(name) != "control" and inside.get(computation):
+      own[name] = "target" if "target" in inside[computation] else "draft"
 
   resolved: dict[str, str] = {}
 

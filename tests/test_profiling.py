@@ -61,3 +61,17 @@ def test_profile_of_real_decodes_maps_every_kernel():
     assert parts["target"] > 0 and parts["loop"] > 0
     assert (parts["draft"] > 0) == ("draft" in kw)
     assert sum(parts[c] for c in profiling.CATEGORIES) == pytest.approx(parts["wall"], rel=1e-6)
+
+
+def test_a_fusion_holding_a_models_work_is_that_models():
+  hlo = "\n".join([
+      "%fused_computation.7 (param_0: f32[4,384], param_1: f32[8000,384]) -> f32[4] {",
+      '  %dot.3 = f32[4,8000]{1,0} dot(%param_0, %param_1), metadata={op_name="jit(run)/while/body/target_step/dot"}',
+      '  ROOT %reduce.1 = f32[4]{0} reduce(%dot.3, %c), metadata={op_name="jit(run)/while/body/reduce_max"}',
+      "}",
+      "ENTRY %main (p: f32[4,384]) -> f32[4] {",
+      '  %p = f32[4,384]{1,0} parameter(0)',
+      '  ROOT %ynn_fusion.34 = f32[4]{0} fusion(%p, %p), kind=kCustom, calls=%fused_computation.7, '
+      'metadata={op_name="jit(run)/while/body/reduce_max"}',
+      "}"])
+  assert profiling.instruction_categories(hlo)["ynn_fusion.34"] == "target"
