@@ -33,7 +33,7 @@ from ml_collections import config_flags
 import jaxspec
 from jaxspec import benchmarking
 from jaxspec.data.ende import read_pairs
-from jaxspec.decoding.engine import bucket_length
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH, bucket_length
 
 _TARGET = flags.DEFINE_string("target", "ende-target", "Target model (embedded name or directory).")
 _DRAFT = flags.DEFINE_string("draft", "ende-draft", "Draft model (embedded name or directory).")
@@ -52,16 +52,14 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per inpu
 _PEER = flags.DEFINE_boolean("peer", True, "Also run transformers' assisted generation on the same weights.")
 _PAPER = config_flags.DEFINE_config_file("paper", None, "A row of configs/paper_t5.py: sets the target, draft, "
                                           "input, prefix, gamma, temperature and batch size of the paper's setup.")
-MAX_INPUT_LENGTH = 512  # jaxspec.generate's default, which the decoders below use
-
 _OUT = flags.DEFINE_string("output_dir", "docs/bench", "Where results.json, results.md and speedup.png go.")
 
 
 def _inputs(model):
   if _INPUT.value.endswith((".tsv", ".tsv.gz")):
     pairs = read_pairs(_INPUT.value)
-    if _NATURAL.value and any("ding" in p.source for p in pairs):
-      pairs = [p for p in pairs if "ding" in p.source]
+    if _NATURAL.value and any(p.is_natural for p in pairs):
+      pairs = [p for p in pairs if p.is_natural]
     texts = [p.en for p in pairs]
   else:
     with open(_INPUT.value, encoding="utf-8") as f:

@@ -53,11 +53,11 @@ def main(argv):
   target, draft = jaxspec.load(_TARGET.value), jaxspec.load(_DRAFT.value)
   pairs = read_pairs(_SPLIT.value)
   if _NATURAL.value:
-    pairs = [p for p in pairs if "ding" in p.source]
+    pairs = [p for p in pairs if p.is_natural]
   if _LIMIT.value and _LIMIT.value < len(pairs):
     pairs = [pairs[i] for i in np.linspace(0, len(pairs) - 1, _LIMIT.value).astype(int)]
   texts, refs = [p.en for p in pairs], [p.de for p in pairs]
-  natural = np.array(["ding" in p.source for p in pairs])
+  natural = np.array([p.is_natural for p in pairs])
   results = {"split": _SPLIT.value, "pairs": len(pairs), "machine": platform.processor() or platform.machine()}
   outputs = {}
   for name, model, kw in (("target", target, {}), ("draft", draft, {}),

@@ -27,7 +27,7 @@ from absl import app, flags
 import jaxspec
 from jaxspec import profiling
 from jaxspec.data.ende import read_pairs
-from jaxspec.decoding.engine import bucket_length, compiled_loop_hlo
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH, bucket_length, compiled_loop_hlo
 
 _TARGET = flags.DEFINE_string("target", "ende-target", "Target model (embedded name or directory).")
 _DRAFT = flags.DEFINE_string("draft", "ende-draft", "Draft model (embedded name or directory).")
@@ -40,13 +40,11 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per inpu
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Profiles per configuration, interleaved across configurations.")
 _OUT = flags.DEFINE_string("output", "docs/bench/loop_profile", "Writes OUTPUT.json and OUTPUT.md.")
 
-MAX_INPUT_LENGTH = 512  # jaxspec.generate's default
-
 
 def _texts():
   if _INPUT.value.endswith((".tsv", ".tsv.gz")):
     pairs = read_pairs(_INPUT.value)
-    natural = [p for p in pairs if "ding" in p.source]
+    natural = [p for p in pairs if p.is_natural]
     return [p.en for p in (natural or pairs)]
   with open(_INPUT.value, encoding="utf-8") as f:
     return [line.strip() for line in f if line.strip()]

@@ -86,7 +86,7 @@ def main(argv):
     raise SystemExit("the teacher's tokenizer differs from the student's.")
   src, tgt = _load_data(c, tokenizer, workdir)
   dev_all = read_pairs(c.dev)
-  dev_natural = [p for p in dev_all if "ding" in p.source][:c.dev_bleu_sentences]
+  dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
   dev_loss_pairs = dev_all[:c.dev_loss_pairs]
 
   optimizer = training.make_optimizer(c.learning_rate, c.warmup_steps, c.train_steps, c.weight_decay)

@@ -20,6 +20,11 @@ class Pair:
   de: str
   source: str = ""
 
+  @property
+  def is_natural(self) -> bool:
+    """A natural sentence (the Ding dictionary's examples), not a software string."""
+    return "ding" in self.source
+
 
 def read_pairs(path: str, limit: int | None = None) -> list[Pair]:
   """Reads an EN-DE TSV (optionally gzipped). Rows with an empty side are skipped."""

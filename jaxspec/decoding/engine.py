@@ -184,13 +184,15 @@ def _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, t
   return settings, ids
 
 
+MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
+
 _prefill = jax.jit(loop.prefill, static_argnums=0)
 _run = jax.jit(loop.run, static_argnums=0, donate_argnums=(3, 4))
 
 
 def generate(target: Model, inputs, *, draft: Model | None = None, gamma: int = 4, max_new_tokens: int = 64,
              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-             max_input_length: int = 512) -> GenerateOutput:
+             max_input_length: int = MAX_INPUT_LENGTH) -> GenerateOutput:
   """Decodes `inputs` with `target`, speculatively when `draft` is given.
 
   At temperature 0 the output equals the target's greedy decode token for token; when sampling it is
@@ -233,7 +235,7 @@ def generate(target: Model, inputs, *, draft: Model | None = None, gamma: int = 
 
 def compiled_loop_hlo(target: Model, inputs, *, draft: Model | None = None, gamma: int = 4,
                       max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                      max_input_length: int = 512) -> str:
+                      max_input_length: int = MAX_INPUT_LENGTH) -> str:
   """The optimised HLO text of the decoding-loop program that `generate` runs for these arguments.
 
   For profiling (`jaxspec.profiling`): the same shapes and settings give the same compiled program, whose
