@@ -1,4 +1,4 @@
-"""`jaxspec.Model`: a configuration, its parameters and (optionally) its tokenizer."""
+"""`jaxspec.Model`: a configuration, its parameters and (optionally) its tokenizer, for any registered family."""
 
 from __future__ import annotations
 
@@ -6,29 +6,39 @@ import dataclasses
 
 import jax
 
-from jaxspec.models.t5 import T5Config
+from jaxspec.models import registry
+from jaxspec.models.contract import Decoder, ModelConfig
+from jaxspec.models.hf_table import get_path
 from jaxspec.tokenizer import Tokenizer
 
 
 @dataclasses.dataclass
 class Model:
-  """A loaded model. `params` is a plain pytree of arrays laid out as `jaxspec.models.t5.param_axes(config)`."""
+  """A loaded model. `params` is a plain pytree of arrays laid out as `model.family.param_axes(model.config)`."""
 
-  config: T5Config
+  config: ModelConfig
   params: dict
   tokenizer: Tokenizer | None = None
   name: str | None = None
 
   @property
+  def family(self) -> registry.Family:
+    return registry.family_of(self.config)
+
+  def decoder(self) -> Decoder:
+    """The decoding loop's adapter for this model (hashable: equal configs give equal decoders)."""
+    return self.family.decoder(self.config)
+
+  @property
   def dtype(self):
-    return self.params["shared"]["embedding"].dtype
+    return get_path(self.params, self.family.embedding_path).dtype
 
   @property
   def num_params(self) -> int:
     return sum(x.size for x in jax.tree.leaves(self.params))
 
   def __repr__(self) -> str:
-    c = self.config
-    return (f"Model(name={self.name!r}, {self.num_params / 1e6:.1f}M params, {self.dtype}, d_model={c.d_model}, "
-            f"layers={c.num_layers}/{c.num_decoder_layers}, heads={c.num_heads}, vocab={c.vocab_size}, "
-            f"tokenizer={'yes' if self.tokenizer else 'no'})")
+    fields = ", ".join(f"{k}={v}" for k, v in self.config.summary().items()) if hasattr(
+        self.config, "summary") else f"vocab={self.config.vocab_size}"
+    return (f"Model(name={self.name!r}, {self.family.name}, {self.num_params / 1e6:.1f}M params, {self.dtype}, "
+            f"{fields}, tokenizer={'yes' if self.tokenizer else 'no'})")

@@ -1,4 +1,5 @@
-"""Tokenizers: one small interface over Hugging Face tokenizers (T5's sentencepiece tokenizer included)."""
+"""Tokenizers: one small interface over Hugging Face tokenizers (T5's sentencepiece tokenizer, Llama / Qwen / Gemma
+byte-level and sentencepiece BPE tokenizers) and their chat templates."""
 
 from __future__ import annotations
 
@@ -9,20 +10,54 @@ import os
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 
 
+class NoChatTemplateError(ValueError):
+  """`apply_chat_template` on a tokenizer that has none (T5, base models)."""
+
+
 class Tokenizer:
-  """Text <-> token ids. `encode` appends EOS, as T5 expects of encoder inputs; `decode` drops special tokens."""
+  """Text <-> token ids, as transformers' tokenizer of the same directory encodes them.
+
+  `encode` adds the special tokens the tokenizer adds (T5 appends EOS, Llama and Gemma prepend BOS, Qwen adds
+  none), except to a text that already starts with the BOS token (a rendered chat template): that text is encoded
+  as transformers' `apply_chat_template(..., tokenize=True)` encodes it, without a second BOS. `decode` drops
+  special tokens.
+  """
 
   def __init__(self, hf_tokenizer):
     self.hf_tokenizer = hf_tokenizer
 
   def encode(self, text: str) -> list[int]:
-    return list(self.hf_tokenizer(text, add_special_tokens=True)["input_ids"])
+    bos = self.hf_tokenizer.bos_token
+    add_special = not (bos and text.startswith(bos))
+    return list(self.hf_tokenizer(text, add_special_tokens=add_special)["input_ids"])
+
+  def apply_chat_template(self, text_or_messages) -> str:
+    """The prompt text for a chat model: one user message (a str) or a list of {"role", "content"} messages,
+    rendered by the tokenizer's chat template with the assistant's turn opened (add_generation_prompt).
+
+    `encode` of the result equals transformers' `apply_chat_template(messages, tokenize=True,
+    add_generation_prompt=True)`: no double BOS. Raises NoChatTemplateError when the tokenizer has no template,
+    and ValueError when the template renders a text that `encode` cannot reproduce (no BOS in the template while
+    the tokenizer adds special tokens).
+    """
+    if not getattr(self.hf_tokenizer, "chat_template", None):
+      raise NoChatTemplateError(f"the tokenizer {self.hf_tokenizer.name_or_path!r} has no chat template (not a chat "
+                                f"or instruct model): pass plain prompts.")
+    messages = [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else list(
+        text_or_messages)
+    text = self.hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    want = self.hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+    if self.encode(text) != list(want):
+      raise ValueError(f"the chat template of {self.hf_tokenizer.name_or_path!r} renders no BOS but the tokenizer "
+                       f"adds special tokens to every text: encode() would not reproduce transformers' ids.")
+    return text
 
   def decode(self, ids) -> str:
     return self.hf_tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
 
   @property
   def vocab_size(self) -> int:
+    """Tokens the tokenizer can produce (added tokens included); a model's embedding may have more rows."""
     return len(self.hf_tokenizer)
 
   @property
@@ -32,6 +67,11 @@ class Tokenizer:
   @property
   def eos_id(self) -> int:
     return self.hf_tokenizer.eos_token_id
+
+  @property
+  def bos_id(self) -> int | None:
+    """The BOS id, or None (T5 and Qwen tokenizers have none)."""
+    return self.hf_tokenizer.bos_token_id
 
   @functools.cached_property
   def fingerprint(self) -> str:

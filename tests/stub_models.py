@@ -13,21 +13,28 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxspec.models.contract import CachePositions
+
 
 @struct.dataclass
-class StubCache:
+class StubCache(CachePositions):
   lengths: jax.Array  # [B] int32
+  offsets: jax.Array  # [B] int32 zeros
 
 
 @dataclasses.dataclass(frozen=True)
 class MarkovDecoder:
-  """The decoder interface of jaxspec.decoding.loop over params {"table": [V, V], "position_bias": [P, V]}."""
+  """A `jaxspec.models.contract.Decoder` over params {"table": [V, V], "position_bias": [P, V]}; the loop's first
+  token is `start`."""
 
-  def init(self, params, input_ids, cache_len):
-    return StubCache(lengths=jnp.zeros((input_ids.shape[0],), jnp.int32))
+  start: int = 0
+
+  def prefill(self, params, input_ids, input_lengths, cache_len):
+    zeros = jnp.zeros((input_ids.shape[0],), jnp.int32)
+    return StubCache(lengths=zeros, offsets=zeros), zeros + self.start
 
   def step(self, params, cache, tokens):
-    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])
+    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])[None]
     logits = params["table"][tokens] + params["position_bias"][positions]
     return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + tokens.shape[1])
 

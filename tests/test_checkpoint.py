@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import jaxspec
-from jaxspec.checkpoint import hf_t5
+from jaxspec.models.t5 import weights as hf_t5
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 
 from conftest import FAMILIES, load_hf_reference

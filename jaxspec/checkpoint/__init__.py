@@ -1,4 +1,4 @@
-"""Checkpoint loading and saving (Hugging Face T5 directories, Orbax, embedded models)."""
+"""Checkpoint loading and saving (Hugging Face directories of every registered family, Orbax, embedded models)."""
 
 from jaxspec.checkpoint.errors import CheckpointError
 from jaxspec.checkpoint.io import embedded_names, load, save, to_hf_state_dict

@@ -1,9 +1,10 @@
-"""`jaxspec.load` and `jaxspec.save`: Hugging Face T5 directories, Orbax checkpoints and named embedded models.
+"""`jaxspec.load` and `jaxspec.save`: Hugging Face directories, Orbax checkpoints and embedded models, for every
+registered model family (jaxspec/models/registry.py picks the family from `config.json`'s `model_type`).
 
-Hugging Face directories: `config.json` plus `model.safetensors`, sharded safetensors with
-`model.safetensors.index.json`, or `pytorch_model.bin` (sharded or not; needs torch, read with
-weights_only=True). Safetensors are read without torch. Orbax directories are the ones `save(format="orbax")`
-writes: `config.json` (HF-style), `jaxspec.json`, `params/` (Orbax) and the tokenizer files.
+Orbax directories are the ones `save(format="orbax")` writes: `config.json` (HF-style), `jaxspec.json`,
+`params/` (Orbax) and the tokenizer files. Saves are atomic: everything is written to a temporary sibling
+directory that then replaces the target in one rename, so a failed or killed save leaves the previous checkpoint
+as it was, and a directory never mixes files of two saves.
 """
 
 from __future__ import annotations
@@ -11,22 +12,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from jaxspec.checkpoint import hf_t5
+from jaxspec import sharding
+from jaxspec.checkpoint import atomic, hf_dir, hub
 from jaxspec.checkpoint.errors import CheckpointError
-from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
+from jaxspec.checkpoint.safetensors_io import save_file
 from jaxspec.model import Model
-from jaxspec.models.t5 import T5Config, param_shapes
+from jaxspec.models import registry
 from jaxspec.tokenizer import load_tokenizer
 
-_T5_ARCHITECTURES = ("T5ForConditionalGeneration", "MT5ForConditionalGeneration", "T5Model", "MT5Model")
 _MARKER = "jaxspec.json"
-# Models the project ships, loadable by name (filled in as embedded checkpoints land).
+# Models the project ships, loadable by name.
 _EMBEDDED_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "embedded")
 
 
@@ -36,150 +35,83 @@ def default_dtype():
 
 
 def embedded_names() -> list[str]:
+  """Names of the embedded models (directories with a config.json under jaxspec/embedded/)."""
   if not os.path.isdir(_EMBEDDED_DIR):
     return []
-  return sorted(n for n in os.listdir(_EMBEDDED_DIR) if os.path.isdir(os.path.join(_EMBEDDED_DIR, n)))
+  return sorted(n for n in os.listdir(_EMBEDDED_DIR)
+                if os.path.isfile(os.path.join(_EMBEDDED_DIR, n, "config.json")))
 
 
-def _resolve(path_or_name: str) -> tuple[str, str | None]:
+def _resolve(path_or_name: str, revision: str | None = None,
+             token: str | bool | None = None) -> tuple[str, str | None]:
+  """(local directory, embedded or Hub name or None): a directory, an embedded name, then a Hub id."""
+  if not isinstance(path_or_name, (str, os.PathLike)):
+    raise CheckpointError(f"expected a model directory or name, got {type(path_or_name).__name__}.")
+  path_or_name = os.fspath(path_or_name)
   if os.path.isdir(path_or_name):
-    return path_or_name, None
-  if path_or_name in embedded_names():
-    return os.path.join(_EMBEDDED_DIR, path_or_name), path_or_name
-  if os.path.exists(path_or_name):
+    directory, name = path_or_name, None
+  elif path_or_name in embedded_names():
+    directory, name = os.path.join(_EMBEDDED_DIR, path_or_name), path_or_name
+  elif os.path.exists(path_or_name):
     raise CheckpointError(f"{path_or_name}: expected a model directory, got a file.")
-  known = ", ".join(embedded_names()) or "none"
-  raise CheckpointError(f"Unknown model {path_or_name!r}: not a directory and not an embedded model name "
-                        f"(embedded models: {known}). Hub names cannot be downloaded here: pass the path of a "
-                        f"downloaded Hugging Face directory.")
+  elif hub.is_hub_name(path_or_name):
+    try:
+      return hub.resolve_model_dir(path_or_name, revision=revision, token=token), path_or_name
+    except CheckpointError as e:
+      if "/" in path_or_name:
+        raise
+      known = ", ".join(embedded_names()) or "none"  # A bare name is as likely a mistyped embedded name.
+      raise CheckpointError(f"Unknown model {path_or_name!r}: not a directory, not an embedded model name "
+                            f"(embedded models: {known}), and not found as a Hugging Face Hub id: {e}") from None
+  else:
+    known = ", ".join(embedded_names()) or "none"
+    raise CheckpointError(f"Unknown model {path_or_name!r}: not a directory, an embedded model name (embedded "
+                          f"models: {known}) or a Hugging Face Hub id ('org/name').")
+  if revision is not None:
+    raise CheckpointError(f"{path_or_name}: revision= applies to Hugging Face Hub ids, not to local directories "
+                          f"or embedded models.")
+  return directory, name
 
 
-def _read_config(directory: str) -> T5Config:
+def _read_json(path: str):
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{path}: cannot parse: {e}") from e
+
+
+def read_config(directory: str) -> tuple[registry.Family, object]:
+  """The family and config of a model directory (config.json, with generation_config.json's EOS ids)."""
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
     raise CheckpointError(f"{directory}: no config.json: not a Hugging Face or jaxspec model directory.")
+  raw = _read_json(path)
+  if not isinstance(raw, dict):
+    raise CheckpointError(f"{path}: expected a JSON object, got {type(raw).__name__}.")
   try:
-    with open(path) as f:
-      raw = json.load(f)
-  except (OSError, ValueError) as e:
-    raise CheckpointError(f"{path}: cannot parse: {e}") from e
-  archs = raw.get("architectures") or []
-  model_type = raw.get("model_type")
-  if model_type not in ("t5", "mt5") or (archs and not any(a in _T5_ARCHITECTURES for a in archs)):
-    raise CheckpointError(f"{path}: unsupported architecture (model_type={model_type!r}, "
-                          f"architectures={archs}); jaxspec loads T5 and mT5 encoder-decoders.")
+    family = registry.family_for_model_type(raw.get("model_type"))
+  except registry.UnknownModelType as e:
+    raise CheckpointError(f"{path}: unsupported architecture (model_type={raw.get('model_type')!r}, "
+                          f"architectures={raw.get('architectures')}): {e}") from None
+  generation_path = os.path.join(directory, "generation_config.json")
+  if os.path.exists(generation_path):  # generation_config.json overrides config.json's EOS ids.
+    generation = _read_json(generation_path)
+    if isinstance(generation, dict) and generation.get("eos_token_id") is not None:
+      raw = {**raw, "eos_token_id": generation["eos_token_id"]}
   try:
-    return T5Config.from_hf_dict(raw)
-  except ValueError as e:
-    raise CheckpointError(f"{path}: {e}") from e
+    return family, family.from_hf_config(raw)
+  except (ValueError, TypeError, KeyError) as e:
+    raise CheckpointError(f"{path}: invalid {family.name} config: {e}") from e
 
 
-class _TensorSource:
-  """Name -> array over the weight files of one HF directory (single file or sharded with an index)."""
-
-  def __init__(self, directory: str):
-    self.directory = directory
-    self._where: dict[str, tuple[str, object]] = {}
-    for index_name, single in (("model.safetensors.index.json", "model.safetensors"),
-                               ("pytorch_model.bin.index.json", "pytorch_model.bin")):
-      index_path = os.path.join(directory, index_name)
-      if os.path.exists(index_path):
-        with open(index_path) as f:
-          files = sorted(set(json.load(f)["weight_map"].values()))
-        break
-      if os.path.exists(os.path.join(directory, single)):
-        files = [single]
-        break
-    else:
-      raise CheckpointError(f"{directory}: no weights (model.safetensors, model.safetensors.index.json, "
-                            f"pytorch_model.bin or pytorch_model.bin.index.json).")
-    for name in files:
-      path = os.path.join(directory, name)
-      if not os.path.exists(path):
-        raise CheckpointError(f"{path}: listed in the index but missing.")
-      reader = SafetensorsFile(path) if name.endswith(".safetensors") else _TorchFile(path)
-      for key in reader.keys():
-        self._where[key] = (path, reader)
-
-  def names(self) -> set[str]:
-    return set(self._where)
-
-  def file_of(self, name: str) -> str:
-    return self._where[name][0]
-
-  def shape(self, name: str) -> tuple[int, ...]:
-    return self._where[name][1].shape(name)
-
-  def get(self, name: str) -> np.ndarray:
-    return self._where[name][1].get(name)
-
-
-class _TorchFile:
-  """A pytorch_model.bin shard, read with torch.load(weights_only=True). Needs torch."""
-
-  def __init__(self, path: str):
-    try:
-      import torch
-    except ImportError as e:
-      raise CheckpointError(f"{path}: reading pytorch_model.bin needs torch (pip install torch); "
-                            f"safetensors checkpoints do not.") from e
-    try:
-      self._tensors = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as e:  # torch raises many types for corrupt archives.
-      raise CheckpointError(f"{path}: cannot read: {e}") from e
-
-  def keys(self):
-    return list(self._tensors)
-
-  def shape(self, name):
-    return tuple(self._tensors[name].shape)
-
-  def get(self, name):
-    import torch
-    t = self._tensors[name]
-    return t.to(torch.float32).numpy() if t.is_floating_point() else t.numpy()
-
-
-def _untied_lm_head(source: _TensorSource) -> bool:
-  """transformers unties lm_head exactly when the checkpoint holds an lm_head different from `shared`."""
-  if "lm_head.weight" not in source.names():
-    return False
-  return not np.array_equal(source.get("lm_head.weight"), source.get("shared.weight"))
-
-
-def _load_hf_params(directory: str, cfg: T5Config, dtype) -> tuple[T5Config, dict]:
-  source = _TensorSource(directory)
-  if "shared.weight" not in source.names():
-    raise CheckpointError(f"{directory}: missing tensor 'shared.weight' (the token embedding).")
-  cfg = dataclasses.replace(cfg, tie_word_embeddings=not _untied_lm_head(source))
-  table = hf_t5.weight_table(cfg)
-  shapes = param_shapes(cfg)
-  expected = {row.hf_name for row in table}
-  allowed_extra = set(hf_t5.TIED_COPIES) | set(hf_t5.IGNORED) | ({"lm_head.weight"} if cfg.tie_word_embeddings
-                                                                 else set())
-  unexpected = sorted(source.names() - expected - allowed_extra)
-  if unexpected:
-    raise CheckpointError(f"{directory}: tensors that this T5 config does not use (config.json and weights "
-                          f"disagree?): {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} in "
-                          f"{source.file_of(unexpected[0])}.")
-  params: dict = {}
-  for row in table:
-    if row.hf_name not in source.names():
-      raise CheckpointError(f"{directory}: missing tensor {row.hf_name!r} (needed for {'/'.join(map(str, row.path))}).")
-    want = hf_t5.get_path(shapes, row.path)
-    got = source.shape(row.hf_name)
-    hf_want = row.layout.to_hf(np.empty(want, np.uint8), cfg).shape
-    if tuple(got) != tuple(hf_want):
-      raise CheckpointError(f"{source.file_of(row.hf_name)}: tensor {row.hf_name!r} has shape {tuple(got)}, "
-                            f"config.json implies {tuple(hf_want)}.")
-    array = np.asarray(row.layout.to_ours(source.get(row.hf_name), cfg))
-    hf_t5.set_path(params, row.path, jnp.asarray(array, dtype=dtype))
-  return cfg, params
-
-
-def _load_orbax_params(directory: str, cfg: T5Config, dtype) -> dict:
+def _load_orbax_params(directory: str, family: registry.Family, cfg, dtype, mesh=None, rules=None) -> dict:
+  """Restores params/; with a mesh, straight into sharded targets (each process restores its own shards)."""
   import orbax.checkpoint as ocp
-  target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(cfg),
+  shapes = family.param_shapes(cfg)
+  shardings = (jax.tree.map(lambda s: None, shapes, is_leaf=lambda x: isinstance(x, tuple)) if mesh is None
+               else sharding.param_shardings(family, cfg, mesh, rules)[0])
+  target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, dtype, sharding=sh), shapes, shardings,
                         is_leaf=lambda x: isinstance(x, tuple))
   path = os.path.abspath(os.path.join(directory, "params"))
   if not os.path.isdir(path):
@@ -190,66 +122,95 @@ def _load_orbax_params(directory: str, cfg: T5Config, dtype) -> dict:
     raise CheckpointError(f"{path}: cannot restore the Orbax checkpoint: {e}") from e
 
 
-def load(path_or_name: str, dtype=None) -> Model:
-  """Loads a T5 model: an HF directory, a jaxspec Orbax directory, or an embedded model name.
+def _check_dtype(dtype) -> jnp.dtype:
+  try:
+    dtype = jnp.dtype(dtype or default_dtype())
+  except TypeError as e:
+    raise CheckpointError(f"dtype {dtype!r} is not a dtype: {e}") from None
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise CheckpointError(f"dtype must be a floating-point type (float32, bfloat16, float16), got {dtype}.")
+  return dtype
+
+
+def load(path_or_name: str, dtype=None, mesh=None, rules=None, *, revision: str | None = None,
+         token: str | bool | None = None, check_finite: bool = True) -> Model:
+  """Loads a model of any registered family: an HF directory, a jaxspec Orbax directory, an embedded name, or a
+  Hugging Face Hub id (downloaded into the Hugging Face cache: only the files jaxspec reads).
 
   Args:
-    path_or_name: a directory, or an embedded model name (see `jaxspec.checkpoint.io.embedded_names()`).
-    dtype: parameter dtype; None picks float32 on CPU and bfloat16 on accelerators.
+    path_or_name: a directory, an embedded model name (see `jaxspec.checkpoint.embedded_names()`), or a Hub id
+      such as "google/flan-t5-small" (HF_HOME / HF_HUB_CACHE choose the cache, HF_HUB_OFFLINE=1 never touches
+      the network).
+    revision: branch, tag or commit of a Hub model. token: for gated or private Hub models (default: HF_TOKEN or
+      the stored login).
+    dtype: parameter dtype (floating point); None picks float32 on CPU and bfloat16 on accelerators.
+    mesh: a `jax.sharding.Mesh` (`jaxspec.make_mesh`): every parameter is placed with its NamedSharding as it is
+      read, each process reading only its own devices' slices (safetensors) or shards (Orbax). None: one device.
+    rules: logical-axis rules overriding `jaxspec.sharding.DEFAULT_RULES` (a dict, e.g. {"vocab": None}).
+    check_finite: refuse HF tensors holding NaN or infinite values (one pass over the weights; False skips it
+      for huge checkpoints).
   Returns:
     `jaxspec.Model` with `.config`, `.params` and `.tokenizer` (None when the directory has no tokenizer).
   Raises:
     CheckpointError (a ValueError) naming the file and tensor for missing, corrupt or mismatched files.
   """
-  directory, name = _resolve(path_or_name)
-  dtype = jnp.dtype(dtype or default_dtype())
-  cfg = _read_config(directory)
+  directory, name = _resolve(path_or_name, revision, token)
+  dtype = _check_dtype(dtype)
+  family, cfg = read_config(directory)
   if os.path.exists(os.path.join(directory, _MARKER)):
-    params = _load_orbax_params(directory, cfg, dtype)
+    params = _load_orbax_params(directory, family, cfg, dtype, mesh, rules)
   else:
-    cfg, params = _load_hf_params(directory, cfg, dtype)
-  return Model(config=cfg, params=params, tokenizer=load_tokenizer(directory), name=name or path_or_name)
+    cfg, params = hf_dir.load_params(directory, family, cfg, dtype, check_finite=check_finite, mesh=mesh,
+                                     rules=rules)
+  try:
+    tokenizer = load_tokenizer(directory)
+  except Exception as e:  # transformers raises many types for corrupt tokenizer files.
+    raise CheckpointError(f"{directory}: cannot read the tokenizer files (tokenizer.json, tokenizer_config.json, "
+                          f"spiece.model, ...): {type(e).__name__}: {e}") from e
+  return Model(config=cfg, params=params, tokenizer=tokenizer, name=name or path_or_name)
 
 
-def to_hf_state_dict(model: Model, dtype=None) -> dict[str, np.ndarray]:
+def to_hf_state_dict(model: Model, dtype=None):
   """HF-named numpy arrays for `model` (dtype None keeps the parameters' dtype)."""
-  out = {}
-  for row in hf_t5.weight_table(model.config):
-    array = np.asarray(hf_t5.get_path(model.params, row.path))
-    if dtype is not None:
-      array = array.astype(dtype)
-    out[row.hf_name] = np.ascontiguousarray(row.layout.to_hf(array, model.config))
-  return out
+  return hf_dir.to_hf_state_dict(model.family, model.config, model.params, dtype)
 
 
-def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> None:  # pylint: disable=redefined-builtin
-  """Writes `model` to `directory`.
-
-  format="orbax": config.json + jaxspec.json + params/ (Orbax), restored by `jaxspec.load(directory)`.
-  format="hf": config.json + model.safetensors that `T5ForConditionalGeneration.from_pretrained` loads.
-  dtype: store the parameters in this dtype (e.g. jnp.bfloat16 to halve the size); None keeps theirs.
-  The tokenizer, when the model has one, is saved beside the weights in both formats.
-  """
-  if format not in ("orbax", "hf"):
-    raise ValueError(f"format must be 'orbax' or 'hf', got {format!r}.")
-  if dtype is not None:
-    model = dataclasses.replace(model, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
-  os.makedirs(directory, exist_ok=True)
+def _write(model: Model, directory: str, format: str) -> None:  # pylint: disable=redefined-builtin
   hf_config = model.config.to_hf_dict()
   hf_config["dtype"] = str(jnp.dtype(model.dtype))
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump(hf_config, f, indent=2)
+  eos = list(model.config.eos_token_ids)
+  with open(os.path.join(directory, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": eos[0] if len(eos) == 1 else eos, "pad_token_id": model.config.pad_token_id}, f,
+              indent=2)
   if format == "hf":
     save_file(to_hf_state_dict(model), os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
   else:
     import orbax.checkpoint as ocp
-    path = os.path.abspath(os.path.join(directory, "params"))
-    if os.path.exists(path):
-      shutil.rmtree(path)
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(path, model.params)
+    checkpointer.save(os.path.abspath(os.path.join(directory, "params")), model.params)
     checkpointer.wait_until_finished()
     with open(os.path.join(directory, _MARKER), "w") as f:
       json.dump({"format": "orbax", "version": 1}, f)
   if model.tokenizer is not None:
     model.tokenizer.save(directory)
+
+
+def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> None:  # pylint: disable=redefined-builtin
+  """Writes `model` to `directory`, atomically.
+
+  format="orbax": config.json + jaxspec.json + params/ (Orbax), restored by `jaxspec.load(directory)`.
+  format="hf": config.json + model.safetensors that transformers' `from_pretrained` loads.
+  dtype: store the parameters in this dtype (e.g. jnp.bfloat16 to halve the size); None keeps theirs.
+  The tokenizer, when the model has one, is saved beside the weights in both formats. An existing `directory`
+  is replaced whole (never merged) when it is a model directory; any other non-empty directory is refused.
+  """
+  if format not in ("orbax", "hf"):
+    raise ValueError(f"format must be 'orbax' or 'hf', got {format!r}.")
+  if dtype is not None:
+    dtype = _check_dtype(dtype)
+    model = dataclasses.replace(model, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
+  atomic.check_replaceable(directory, marker_files=("config.json",))
+  with atomic.staging_dir(directory) as staging:
+    _write(model, staging, format)

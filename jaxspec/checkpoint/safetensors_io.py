@@ -46,10 +46,40 @@ class SafetensorsFile:
       if isinstance(e, CheckpointError):
         raise
       raise CheckpointError(f"{path}: cannot read safetensors header: {e}") from e
+    if not isinstance(header, dict):
+      raise CheckpointError(f"{path}: corrupt safetensors header: expected a JSON object, got "
+                            f"{type(header).__name__}.")
     header.pop("__metadata__", None)
     self._header = header
     self._data_start = 8 + header_len
     self._size = size
+    self._check_header()
+
+  def _check_header(self) -> None:
+    """Every entry has a known dtype, a shape and data offsets that match it; no two tensors share bytes."""
+    spans = []
+    for name, info in self._header.items():
+      if not isinstance(info, dict) or not {"dtype", "shape", "data_offsets"} <= set(info):
+        raise CheckpointError(f"{self.path}: tensor {name!r}: corrupt header entry (needs dtype, shape and "
+                              f"data_offsets), got {info!r}.")
+      if info["dtype"] not in _DTYPES:
+        raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']!r}.")
+      shape, offsets = info["shape"], info["data_offsets"]
+      if (not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape)
+          or not isinstance(offsets, list) or len(offsets) != 2 or not all(isinstance(o, int) for o in offsets)
+          or not 0 <= offsets[0] <= offsets[1]):
+        raise CheckpointError(f"{self.path}: tensor {name!r}: corrupt shape {shape!r} or data_offsets "
+                              f"{offsets!r}.")
+      spans.append((offsets[0], offsets[1], name))
+    spans.sort()
+    for (b0, e0, n0), (b1, e1, n1) in zip(spans, spans[1:]):
+      if b1 < e0 and b1 < e1 and b0 < e0:
+        raise CheckpointError(f"{self.path}: tensors {n0!r} and {n1!r} overlap in the file (data offsets "
+                              f"[{b0}, {e0}) and [{b1}, {e1})): corrupt file.")
+
+  def dtype(self, name: str) -> np.dtype:
+    """The stored dtype of tensor `name`."""
+    return np.dtype(_DTYPES[self._header[name]["dtype"]])
 
   def keys(self) -> list[str]:
     return list(self._header)
@@ -60,9 +90,7 @@ class SafetensorsFile:
   def get(self, name: str) -> np.ndarray:
     """The tensor `name` as a numpy array (memory-mapped, read-only)."""
     info = self._header[name]
-    if info["dtype"] not in _DTYPES:
-      raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype {info['dtype']}.")
-    dtype = np.dtype(_DTYPES[info["dtype"]])
+    dtype = self.dtype(name)
     begin, end = info["data_offsets"]
     expected = int(np.prod(info["shape"], dtype=np.int64)) * dtype.itemsize
     if end - begin != expected:

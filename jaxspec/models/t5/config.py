@@ -40,9 +40,26 @@ class T5Config:
   def __post_init__(self):
     if self.activation not in _ACTIVATIONS:
       raise ValueError(f"Unknown T5 activation {self.activation!r}; expected one of {_ACTIVATIONS}.")
-    for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads"):
-      if getattr(self, name) < 1:
-        raise ValueError(f"T5Config.{name} must be >= 1, got {getattr(self, name)}.")
+    for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
+                 "relative_attention_num_buckets", "relative_attention_max_distance"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"T5Config.{name} must be an integer >= 1, got {value!r}.")
+    for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.vocab_size:
+        raise ValueError(f"T5Config.{name} must be a token id in [0, {self.vocab_size}), got {value!r}.")
+    if not isinstance(self.layer_norm_epsilon, (int, float)) or not self.layer_norm_epsilon > 0:
+      raise ValueError(f"T5Config.layer_norm_epsilon must be a number > 0, got {self.layer_norm_epsilon!r}.")
+
+  def summary(self) -> dict:
+    """The fields a model's repr shows."""
+    return {"d_model": self.d_model, "layers": f"{self.num_layers}/{self.num_decoder_layers}",
+            "heads": self.num_heads, "vocab": self.vocab_size}
+
+  @property
+  def eos_token_ids(self) -> tuple[int, ...]:
+    return (self.eos_token_id,)
 
   @property
   def feed_forward_proj(self) -> str:

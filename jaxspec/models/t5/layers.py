@@ -84,8 +84,16 @@ def relative_position_bias(table: jax.Array, relative_position: jax.Array, *, bi
 
 
 def project_heads(x: jax.Array, w: jax.Array) -> jax.Array:
-  """[B, T, D] x [D, N, H] -> [B, T, N, H]."""
+  """Queries: [B, T, D] x [D, N, H] -> [B, T, N, H]."""
   return jnp.einsum("btd,dnh->btnh", x, w)
+
+
+def project_kv(x: jax.Array, w: jax.Array) -> jax.Array:
+  """Keys and values, head-major as the caches hold them: [B, S, D] x [D, N, H] -> [B, N, S, H].
+
+  Projected position-major, then transposed: one einsum straight to the head-major order made XLA:CPU's decoder
+  step markedly slower (docs/bench/h100/gpu_profile.md)."""
+  return project_heads(x, w).transpose(0, 2, 1, 3)
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, allowed: jax.Array,
@@ -93,19 +101,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None, all
   """Unscaled dot-product attention (T5 folds 1/sqrt(H) into its initialisation), then the output projection.
 
   Args:
-    q: [B, T, N, H]; k, v: [B, S, N, H].
+    q: [B, T, N, H]; k, v: [B, N, S, H] (head-major, as the caches hold them).
     bias: [B, N, T, S] float32 position bias, or None (cross-attention has none).
     allowed: [B, 1, T, S] or [B, 1, 1, S] bool, True where a query may attend to a key.
     w_o: [N, H, D].
   Returns:
     [B, T, D].
   """
-  scores = jnp.einsum("btnh,bsnh->bnts", q, k).astype(jnp.float32)
+  scores = jnp.einsum("btnh,bnsh->bnts", q, k).astype(jnp.float32)
   if bias is not None:
     scores = scores + bias
   scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
   weights = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bnts,bsnh->btnh", weights, v)
+  out = jnp.einsum("bnts,bnsh->btnh", weights, v)
   # Flattening the heads first makes the activation (T rows) take the layout the matmul wants; contracting
   # over (n, h) directly lets XLA transpose the [N, H, D] weight instead, on every call.
   n, h, d = w_o.shape

@@ -4,9 +4,18 @@
     cache = init_cache(params, config, input_ids, max_decode_len)  # runs the encoder once
     logits, cache = decode(params, config, cache, tokens)          # tokens [B, T] at per-row offsets
 
+    logits = forward(params, config, input_ids, decoder_input_ids, dropout_rate=0.1, dropout_rng=key)  # training
+
 `decode` writes the T new positions of every row at that row's `cache.lengths` and advances it by T. Masks
 derive from the lengths (a query at position t sees keys at positions <= t), so setting `lengths` back is a
 complete rollback: stale keys beyond it are never attended to and are overwritten later.
+
+Keys and values are stored head-major, [B, N, C, H]: the attention dots' batch dimensions (b, n) lead, so XLA
+reads the caches as they are. Position-major caches ([B, C, N, H]) made XLA transpose them in every decoder
+step, a third more kernels in a small draft's step on a GPU (docs/bench/h100/gpu_profile.md).
+
+Dropout exists for training only: `forward` with a dropout rng, or `encode` / `init_cache` / `decode` with a
+`Dropout`; without one (the decoding paths) the computation is exactly the one without dropout.
 
 Shape letters: B batch, S encoder positions, T new decoder positions, C cache positions, L layers, N heads,
 H head width (d_kv), D d_model, F d_ff, V vocabulary.
@@ -20,26 +29,28 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxspec.models.contract import CachePositions
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
 
 @struct.dataclass
-class T5Cache:
-  """Decoder state for one batch of encoder inputs."""
+class T5Cache(CachePositions):
+  """Decoder state for one batch of encoder inputs (`jaxspec.models.contract.DecoderCache`)."""
 
-  # Decoder self-attention keys and values: one [B, C, N, H] array per layer, written in place at per-row
+  # Decoder self-attention keys and values: one [B, N, C, H] array per layer, written in place at per-row
   # offsets. Separate arrays (not one stacked [L, ...] array) let XLA update each without copying the others.
   self_k: tuple[jax.Array, ...]
   self_v: tuple[jax.Array, ...]
-  cross_k: jax.Array  # [L, B, S, N, H] cross-attention keys: computed once from the encoder, never rolled back.
-  cross_v: jax.Array  # [L, B, S, N, H]
+  cross_k: jax.Array  # [L, B, N, S, H] cross-attention keys: computed once from the encoder, never rolled back.
+  cross_v: jax.Array  # [L, B, N, S, H]
   encoder_mask: jax.Array  # [B, S] bool, True at real (non-pad) encoder tokens.
   lengths: jax.Array  # [B] int32, decoder positions already written per row.
+  offsets: jax.Array  # [B] int32 zeros: the decoder starts empty (its start token is the loop's first token).
 
   @property
   def max_length(self) -> int:
-    return self.self_k[0].shape[1]
+    return self.self_k[0].shape[2]
 
 
 def cache_axes(cfg: T5Config) -> T5Cache:
@@ -48,11 +59,11 @@ def cache_axes(cfg: T5Config) -> T5Cache:
   Leaves are tuples of strings; with jax.tree functions use
   `is_leaf=lambda x: isinstance(x, tuple) and all(isinstance(a, str) for a in x)`.
   """
-  per_layer = tuple(("batch", "cache_seq", "heads", "kv") for _ in range(cfg.num_decoder_layers))
+  per_layer = tuple(("batch", "heads", "cache_seq", "kv") for _ in range(cfg.num_decoder_layers))
   return T5Cache(self_k=per_layer, self_v=per_layer,
-                 cross_k=("layers", "batch", "encoder_seq", "heads", "kv"),
-                 cross_v=("layers", "batch", "encoder_seq", "heads", "kv"),
-                 encoder_mask=("batch", "encoder_seq"), lengths=("batch",))
+                 cross_k=("layers", "batch", "heads", "encoder_seq", "kv"),
+                 cross_v=("layers", "batch", "heads", "encoder_seq", "kv"),
+                 encoder_mask=("batch", "encoder_seq"), lengths=("batch",), offsets=("batch",))
 
 
 def _mlp_axes(cfg: T5Config) -> dict:
@@ -122,13 +133,34 @@ def init_params(cfg: T5Config, key: jax.Array, dtype=jnp.float32) -> dict:
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
+class Dropout:
+  """Training-time dropout: zeroes `rate` of the activations at each call site and scales the rest by
+  1 / (1 - rate); every call draws its mask from `rng` folded with a call counter, so sites never share a mask."""
+
+  def __init__(self, rate: float, rng: jax.Array):
+    if not 0.0 < rate < 1.0:
+      raise ValueError(f"dropout rate must be in (0, 1), got {rate}.")
+    self.rate, self.rng, self.calls = rate, rng, 0
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    self.calls += 1
+    keep = jax.random.bernoulli(jax.random.fold_in(self.rng, self.calls), 1.0 - self.rate, x.shape)
+    return jnp.where(keep, x / (1.0 - self.rate), 0.0).astype(x.dtype)
+
+
+def _drop(dropout: Dropout | None, x: jax.Array) -> jax.Array:
+  return x if dropout is None else dropout(x)
+
+
 def _embed(params: dict, ids: jax.Array) -> jax.Array:
   return jnp.take(params["shared"]["embedding"], ids, axis=0)
 
 
-def encode(params: dict, cfg: T5Config, input_ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+def encode(params: dict, cfg: T5Config, input_ids: jax.Array, *,
+           dropout: Dropout | None = None) -> tuple[jax.Array, jax.Array]:
   """Runs the encoder. input_ids: [B, S] int, padded with pad_token_id.
 
+  dropout (training only): applied to the embeddings, every sublayer's output and the final hidden states.
   Returns:
     hidden [B, S, D] and mask [B, S] (True at real tokens).
   """
@@ -139,39 +171,44 @@ def encode(params: dict, cfg: T5Config, input_ids: jax.Array) -> tuple[jax.Array
   bias = layers.relative_position_bias(enc["relpos_bias"], rel, bidirectional=True,
                                        max_distance=cfg.relative_attention_max_distance)  # [1, N, S, S]
   allowed = mask[:, None, None, :]  # [B, 1, 1, S]
-  x = _embed(params, input_ids)
+  x = _drop(dropout, _embed(params, input_ids))
   for lp in enc["layers"]:
     h = layers.rms_norm(x, lp["attention_norm"], cfg.layer_norm_epsilon)
     a = lp["attention"]
-    q, k, v = (layers.project_heads(h, a[n]) for n in "qkv")
-    x = x + layers.attend(q, k, v, bias, allowed, a["o"])
+    q, k, v = layers.project_heads(h, a["q"]), layers.project_kv(h, a["k"]), layers.project_kv(h, a["v"])
+    x = x + _drop(dropout, layers.attend(q, k, v, bias, allowed, a["o"]))
     h = layers.rms_norm(x, lp["mlp_norm"], cfg.layer_norm_epsilon)
-    x = x + layers.feed_forward(lp["mlp"], h, cfg.activation, cfg.gated)
-  return layers.rms_norm(x, enc["final_norm"], cfg.layer_norm_epsilon), mask
+    x = x + _drop(dropout, layers.feed_forward(lp["mlp"], h, cfg.activation, cfg.gated))
+  return _drop(dropout, layers.rms_norm(x, enc["final_norm"], cfg.layer_norm_epsilon)), mask
 
 
-def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len: int) -> T5Cache:
-  """Encodes input_ids [B, S] once and preallocates a decoder cache of max_decode_len positions per row."""
-  hidden, mask = encode(params, cfg, input_ids)
+def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len: int, *,
+               dropout: Dropout | None = None) -> T5Cache:
+  """Encodes input_ids [B, S] once and preallocates a decoder cache of max_decode_len positions per row.
+
+  dropout: the encoder's (training only; see `encode`)."""
+  hidden, mask = encode(params, cfg, input_ids, dropout=dropout)
   dec_layers = params["decoder"]["layers"]
-  cross_k = jnp.stack([layers.project_heads(hidden, lp["cross_attention"]["k"]) for lp in dec_layers])
-  cross_v = jnp.stack([layers.project_heads(hidden, lp["cross_attention"]["v"]) for lp in dec_layers])
+  cross_k = jnp.stack([layers.project_kv(hidden, lp["cross_attention"]["k"]) for lp in dec_layers])
+  cross_v = jnp.stack([layers.project_kv(hidden, lp["cross_attention"]["v"]) for lp in dec_layers])
   batch = input_ids.shape[0]
-  shape = (batch, max_decode_len, cfg.num_heads, cfg.d_kv)
+  shape = (batch, cfg.num_heads, max_decode_len, cfg.d_kv)
   dtype = params["shared"]["embedding"].dtype
   def empty():  # Distinct arrays for K and V: a donated cache must not hold one buffer twice.
     return tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_decoder_layers))
+  zeros = jnp.zeros((batch,), jnp.int32)
   return T5Cache(self_k=empty(), self_v=empty(), cross_k=cross_k, cross_v=cross_v, encoder_mask=mask,
-                 lengths=jnp.zeros((batch,), jnp.int32))
+                 lengths=zeros, offsets=zeros)
 
 
-def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.Array:
-  """Writes block [B, T, N, H] into buffer [B, C, N, H] at per-row positions offsets [B]."""
-  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=0))(
-      buffer, block, offsets)
+def _write_rows(buffer: jax.Array, block: jax.Array, starts: jax.Array) -> jax.Array:
+  """Writes block [B, N, T, H] into buffer [B, N, C, H] at per-row positions starts [B]."""
+  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=1))(
+      buffer, block, starts)
 
 
-def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
+def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
+           dropout: Dropout | None = None) -> tuple[jax.Array, T5Cache]:
   """Feeds T new decoder tokens per row at that row's offset `cache.lengths`.
 
   The caller must leave room: lengths + T <= cache.max_length (dynamic_update_slice would silently shift a
@@ -179,64 +216,78 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array) -> tu
 
   Args:
     tokens: [B, T] int decoder input ids.
+    dropout: training only (teacher forcing through `forward`): applied to the embeddings, every sublayer's
+      output and the final hidden states. None (decoding) adds nothing to the computation.
   Returns:
     logits [B, T, V] float32 (position t predicts the token after tokens[:, t]) and the cache with the new keys
     and values written and lengths advanced by T.
   """
   dec = params["decoder"]
-  offsets = cache.lengths
-  query_pos = offsets[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
+  starts = cache.lengths  # [B] where this call writes
+  query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
   key_pos = jnp.arange(cache.max_length)  # [C]
   bias = layers.relative_position_bias(dec["relpos_bias"], key_pos[None, None, :] - query_pos[:, :, None],
                                        bidirectional=False,
                                        max_distance=cfg.relative_attention_max_distance)  # [B, N, T, C]
   causal = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, T, C]
   cross_allowed = cache.encoder_mask[:, None, None, :]  # [B, 1, 1, S]
-  x = _embed(params, tokens)
+  x = _drop(dropout, _embed(params, tokens))
   self_k, self_v = list(cache.self_k), list(cache.self_v)
   for i, lp in enumerate(dec["layers"]):
     h = layers.rms_norm(x, lp["self_attention_norm"], cfg.layer_norm_epsilon)
     a = lp["self_attention"]
-    q, k, v = (layers.project_heads(h, a[n]) for n in "qkv")
-    self_k[i] = _write_rows(self_k[i], k, offsets)
-    self_v[i] = _write_rows(self_v[i], v, offsets)
-    x = x + layers.attend(q, self_k[i], self_v[i], bias, causal, a["o"])
+    q, k, v = layers.project_heads(h, a["q"]), layers.project_kv(h, a["k"]), layers.project_kv(h, a["v"])
+    self_k[i] = _write_rows(self_k[i], k, starts)
+    self_v[i] = _write_rows(self_v[i], v, starts)
+    x = x + _drop(dropout, layers.attend(q, self_k[i], self_v[i], bias, causal, a["o"]))
     h = layers.rms_norm(x, lp["cross_attention_norm"], cfg.layer_norm_epsilon)
     q = layers.project_heads(h, lp["cross_attention"]["q"])
-    x = x + layers.attend(q, cache.cross_k[i], cache.cross_v[i], None, cross_allowed, lp["cross_attention"]["o"])
+    x = x + _drop(dropout, layers.attend(q, cache.cross_k[i], cache.cross_v[i], None, cross_allowed,
+                                         lp["cross_attention"]["o"]))
     h = layers.rms_norm(x, lp["mlp_norm"], cfg.layer_norm_epsilon)
-    x = x + layers.feed_forward(lp["mlp"], h, cfg.activation, cfg.gated)
-  x = layers.rms_norm(x, dec["final_norm"], cfg.layer_norm_epsilon)
+    x = x + _drop(dropout, layers.feed_forward(lp["mlp"], h, cfg.activation, cfg.gated))
+  x = _drop(dropout, layers.rms_norm(x, dec["final_norm"], cfg.layer_norm_epsilon))
   if cfg.scale_decoder_outputs:
     x = x * (cfg.d_model ** -0.5)
   if cfg.tie_word_embeddings:
     logits = jnp.einsum("btd,vd->btv", x, params["shared"]["embedding"])
   else:
     logits = jnp.einsum("btd,dv->btv", x, params["lm_head"])
-  new_cache = cache.replace(self_k=tuple(self_k), self_v=tuple(self_v), lengths=offsets + tokens.shape[1])
+  new_cache = cache.replace(self_k=tuple(self_k), self_v=tuple(self_v), lengths=starts + tokens.shape[1])
   return logits.astype(jnp.float32), new_cache
 
 
-def forward(params: dict, cfg: T5Config, input_ids: jax.Array, decoder_input_ids: jax.Array) -> jax.Array:
-  """Teacher-forced logits [B, T, V] for encoder ids [B, S] and decoder ids [B, T] (start token first)."""
-  cache = init_cache(params, cfg, input_ids, decoder_input_ids.shape[1])
-  logits, _ = decode(params, cfg, cache, decoder_input_ids)
+def forward(params: dict, cfg: T5Config, input_ids: jax.Array, decoder_input_ids: jax.Array, *,
+            dropout_rate: float = 0.0, dropout_rng: jax.Array | None = None) -> jax.Array:
+  """Teacher-forced logits [B, T, V] for encoder ids [B, S] and decoder ids [B, T] (start token first).
+
+  Training: with dropout_rate > 0 and a dropout_rng (a jax.random key), dropout as in `encode` and `decode`; the
+  encoder and decoder draw from keys folded from dropout_rng. Rate 0 or no rng: no dropout.
+  """
+  enc_drop = dec_drop = None
+  if dropout_rate > 0 and dropout_rng is not None:
+    enc_drop = Dropout(dropout_rate, jax.random.fold_in(dropout_rng, 0))
+    dec_drop = Dropout(dropout_rate, jax.random.fold_in(dropout_rng, 1))
+  cache = init_cache(params, cfg, input_ids, decoder_input_ids.shape[1], dropout=enc_drop)
+  logits, _ = decode(params, cfg, cache, decoder_input_ids, dropout=dec_drop)
   return logits
 
 
 @dataclasses.dataclass(frozen=True)
 class T5Decoder:
-  """The two calls a decoding loop needs, bound to a config (hashable, so usable as a static jit argument).
+  """`jaxspec.models.contract.Decoder` for T5, bound to a config (hashable: a static jit argument).
 
-  `init(params, input_ids, cache_len) -> cache` runs the encoder; `step(params, cache, tokens) -> (logits,
-  cache)` feeds [B, T] tokens at the per-row offsets `cache.lengths`. Decoding loops see only these two, so
-  other architectures can plug in behind the same interface.
+  `prefill` runs the encoder once (its padding is masked by pad id) and preallocates the decoder cache; the loop's
+  first token is the decoder start token. `step` feeds [B, T] tokens at the per-row offsets `cache.lengths`.
   """
 
   config: T5Config
 
-  def init(self, params: dict, input_ids: jax.Array, cache_len: int) -> T5Cache:
-    return init_cache(params, self.config, input_ids, cache_len)
+  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array,
+              cache_len: int) -> tuple[T5Cache, jax.Array]:
+    del input_lengths  # The encoder masks pad ids, as transformers' attention mask from padded inputs does.
+    cache = init_cache(params, self.config, input_ids, cache_len)
+    return cache, jnp.full((input_ids.shape[0],), self.config.decoder_start_token_id, jnp.int32)
 
   def step(self, params: dict, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
     return decode(params, self.config, cache, tokens)

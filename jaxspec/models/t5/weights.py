@@ -1,47 +1,20 @@
-"""The mapping between Hugging Face T5 tensor names and jaxspec's parameter pytree.
+"""The mapping between Hugging Face T5 tensor names and jaxspec's T5 parameter pytree.
 
-One table row per tensor: our path, the HF name, and a layout hook. HF stores `nn.Linear` weights as
-[out, in]; we store [in, out] with heads split out ([D, N, H] for q/k/v, [N, H, D] for o), so each row
-says which of four layouts applies and the hooks convert both ways. A test checks that the table covers
-every tensor transformers writes for each T5 family, so no weight is silently missing or unused.
+One table row per tensor (see jaxspec/models/hf_table.py). A test checks that the table covers every tensor
+transformers writes for each T5 family, so no weight is silently missing or unused.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import numpy as np
 
+from jaxspec.models.hf_table import AS_IS, LINEAR, Row, heads_in, heads_out
 from jaxspec.models.t5.config import T5Config
 
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-  """How one tensor is laid out in HF versus jaxspec."""
-
-  name: str
-  to_ours: Callable[[np.ndarray, T5Config], np.ndarray]
-  to_hf: Callable[[np.ndarray, T5Config], np.ndarray]
-
-
-AS_IS = Layout("as_is", lambda a, c: a, lambda a, c: a)
-LINEAR = Layout("linear", lambda a, c: a.T, lambda a, c: a.T)  # [out, in] <-> [in, out]
-HEADS_IN = Layout(  # q, k, v: HF [N*H, D] <-> ours [D, N, H]
-    "heads_in",
-    lambda a, c: a.reshape(c.num_heads, c.d_kv, a.shape[-1]).transpose(2, 0, 1),
-    lambda a, c: a.transpose(1, 2, 0).reshape(c.num_heads * c.d_kv, a.shape[0]))
-HEADS_OUT = Layout(  # o: HF [D, N*H] <-> ours [N, H, D]
-    "heads_out",
-    lambda a, c: a.T.reshape(c.num_heads, c.d_kv, a.shape[0]),
-    lambda a, c: a.reshape(c.num_heads * c.d_kv, a.shape[-1]).T)
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-  path: tuple  # Keys into our params pytree (str for dicts, int for layer lists).
-  hf_name: str
-  layout: Layout
+HEADS_IN = heads_in(lambda c: c.num_heads, lambda c: c.d_kv)  # q, k, v: HF [N*H, D] <-> ours [D, N, H]
+HEADS_OUT = heads_out(lambda c: c.num_heads, lambda c: c.d_kv)  # o: HF [D, N*H] <-> ours [N, H, D]
 
 
 def _attention_rows(path: tuple, hf_prefix: str) -> list[Row]:
@@ -84,19 +57,13 @@ TIED_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
 IGNORED = ("decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",)
 
 
-def get_path(tree, path: tuple):
-  for key in path:
-    tree = tree[key]
-  return tree
+def ignored_names(cfg: T5Config) -> set[str]:
+  """HF tensors a checkpoint may hold that this config does not read."""
+  return set(TIED_COPIES) | set(IGNORED) | ({"lm_head.weight"} if cfg.tie_word_embeddings else set())
 
 
-def set_path(tree: dict, path: tuple, value) -> None:
-  """Sets tree[path] = value, creating dicts and layer lists (indexed by int) as needed."""
-  for key, nxt in zip(path[:-1], path[1:]):
-    if isinstance(key, int):
-      while len(tree) <= key:
-        tree.append({})
-      tree = tree[key]
-    else:
-      tree = tree.setdefault(key, [] if isinstance(nxt, int) else {})
-  tree[path[-1]] = value
+def fit_to_checkpoint(cfg: T5Config, names: set[str], get: Callable[[str], np.ndarray]) -> T5Config:
+  """transformers unties lm_head exactly when the checkpoint holds an lm_head different from `shared`."""
+  import dataclasses
+  untied = "lm_head.weight" in names and not np.array_equal(get("lm_head.weight"), get("shared.weight"))
+  return dataclasses.replace(cfg, tie_word_embeddings=not untied)
