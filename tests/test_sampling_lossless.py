@@ -2,8 +2,11 @@
 
 Every sample is one row of a large batch (rows draw independent randomness: the row index is folded into the
 RNG). The exact distribution of whole output sequences is enumerated and compared with a chi-square test at
-p ~ 3e-6; seeds are fixed, so the tests are deterministic. `test_a_broken_rule_is_caught` shows that the same
-statistic rejects an implementation that draws the correction token from p instead of the residual.
+p ~ 3e-6; seeds are fixed, so the tests are deterministic. The joint distribution of several tokens is tested, so
+that draft lengths chosen in later iterations (adaptive schedules, fallback, prompt lookup) matter.
+`test_a_broken_rule_is_caught` shows that the same statistic rejects an implementation that draws the correction
+token from p instead of the residual (with a draft model and with prompt lookup), and
+`test_a_length_rule_that_peeks_at_the_verdict_is_caught` one whose draft lengths depend on the target's p.
 """
 
 
@@ -13,13 +16,20 @@ import numpy as np
 import pytest
 import torch
 
-from jaxspec.decoding import loop, sampling, verify
+from jaxspec.decoding import adaptive, loop, ngram, sampling, verify
 from jaxspec.models import t5
 
 from stub_models import MarkovDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp
 
 VOCAB, LENGTH, EOS, START = 5, 3, 4, 0
 ROWS = 4000
+
+
+@pytest.fixture(autouse=True)
+def strict_ranks():
+  """Rank promotion raises in these tests (the loop's and the stubs' code; the T5 test relaxes it for the model)."""
+  with jax.numpy_rank_promotion("raise"):
+    yield
 
 
 def _markov_params(seed, scale=2.0):
@@ -29,15 +39,18 @@ def _markov_params(seed, scale=2.0):
 
 
 def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=ROWS,
-         decoder=MarkovDecoder(), draft_decoder=None, input_ids=None):
+         decoder=MarkovDecoder(), draft_decoder=None, input_ids=None, schedule="constant", spec=None):
   settings = loop.LoopSettings(target=decoder, draft=(draft_decoder or decoder) if gamma else None, gamma=gamma,
                                max_new_tokens=LENGTH, greedy=False, filtering=top_k > 0 or top_p < 1,
-                               eos_id=EOS, pad_id=0, start_id=START)
+                               eos_ids=(EOS,), pad_id=0, schedule=schedule)
   ids = jnp.ones((rows, 4), jnp.int32) if input_ids is None else input_ids
-  tc, dc = jax.jit(loop.prefill, static_argnums=0)(settings, target_params, draft_params, ids)
-  state = jax.jit(loop.run, static_argnums=0)(settings, target_params, draft_params, tc, dc,
+  input_lengths = jnp.full((ids.shape[0],), ids.shape[1], jnp.int32)
+  tc, dc, first = jax.jit(loop.prefill, static_argnums=0)(settings, target_params, draft_params, ids, input_lengths)
+  # One seed for the batch, the row index folded in: every row draws independently.
+  state = jax.jit(loop.run, static_argnums=0)(settings, target_params, draft_params, tc, dc, first,
                                                sampling.SamplingKnobs.create(temperature, top_k, top_p),
-                                               np.uint32(seed))
+                                               np.full((rows,), seed, np.uint32), np.arange(rows, dtype=np.int32),
+                                               spec)
   seqs, lengths = jax.device_get((state.sequences, state.lengths))
   return [tuple(s[1:n]) for s, n in zip(seqs, lengths)], state
 
@@ -62,9 +75,9 @@ CASES = {
     "p_equals_q": lambda: (_markov_params(0), _markov_params(0)),
     "random_p_and_q": lambda: (_markov_params(0), _markov_params(1)),
     "disjoint_supports": lambda: (
-        {"table": jnp.where(jnp.arange(VOCAB) % 2 == 0, 0.0, -jnp.inf) * jnp.ones((VOCAB, 1)),
+        {"table": jnp.where(jnp.arange(VOCAB) % 2 == 0, 0.0, -jnp.inf)[None] * jnp.ones((VOCAB, 1)),
          "position_bias": jnp.zeros((16, VOCAB))},
-        {"table": jnp.where(jnp.arange(VOCAB) % 2 == 1, 0.0, -jnp.inf) * jnp.ones((VOCAB, 1)),
+        {"table": jnp.where(jnp.arange(VOCAB) % 2 == 1, 0.0, -jnp.inf)[None] * jnp.ones((VOCAB, 1)),
          "position_bias": jnp.zeros((16, VOCAB))}),
     "one_hot_q": lambda: (_markov_params(0), _one_hot_draft(3)),
 }
@@ -90,14 +103,81 @@ def test_lossless_with_top_k_and_top_p(top_k, top_p):
   _assert_matches(samples, _markov_exact(target, 0.7, top_k, top_p))
 
 
-def test_a_broken_rule_is_caught(monkeypatch):
-  """Drawing the correction token from p instead of norm(max(0, p - q)) must fail the same test."""
+# Every knob on: rows stop after unconfident drafts, rest when their estimate is low and probe every iteration.
+ADAPTIVE_KNOBS = adaptive.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
+                                                  draft_cost=0.3)
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "adaptive"])
+@pytest.mark.parametrize("gamma", [2, 3])
+def test_lossless_with_adaptive_schedules(schedule, gamma):
   target, draft = _markov_params(0), _markov_params(1)
+  samples, state = _run(target, draft, gamma, schedule=schedule, spec=ADAPTIVE_KNOBS)
+  _assert_matches(samples, _markov_exact(target))
+  lengths = np.asarray(state.stats.draft_lengths).sum(0)  # [G + 1] iterations per drafted length
+  assert lengths[0] > 0 and np.count_nonzero(lengths[1:]) >= 2  # rests, and several lengths drafted
+  assert int(state.stats.fallback_iterations.sum()) > 0 and int(state.stats.accepted.sum()) > 0
+
+
+def _lookup_inputs(kind: str, rows=ROWS, width=6):
+  """Inputs over the stub's vocabulary: "random" per row (the lookup proposes different tokens in different rows)
+  or "fixed" (every row the same: a proposal is a function of the output so far)."""
+  if kind == "fixed":
+    return jnp.tile(jnp.asarray([[3, 1, 0, 2, 3, 0]], jnp.int32), (rows, 1))
+  return jnp.asarray(np.random.RandomState(0).randint(0, VOCAB, size=(rows, width)), jnp.int32)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "adaptive"])
+@pytest.mark.parametrize("gamma,inputs", [(1, "random"), (3, "fixed")])
+def test_lossless_with_ngram_draft(schedule, gamma, inputs):
+  """Prompt lookup: q is one-hot on each proposal (accepted with probability p(x), residual p without x)."""
+  target = _markov_params(0, scale=1.0)
+  samples, state = _run(target, None, gamma, draft_decoder=ngram.NGramDraft(max_ngram=2),
+                        input_ids=_lookup_inputs(inputs), schedule=schedule,
+                        spec=ADAPTIVE_KNOBS if schedule != "constant" else None)
+  _assert_matches(samples, _markov_exact(target))
+  accepted, drafted = int(state.stats.accepted.sum()), int(state.stats.drafted.sum())
+  assert 0 < accepted < drafted  # proposals were used, and some were rejected
+
+
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_a_broken_rule_is_caught(monkeypatch, drafter):
+  """Drawing the correction token from p instead of norm(max(0, p - q)) must fail the same test."""
+  if drafter == "model":
+    target, draft, kw = _markov_params(0), _markov_params(1), {}
+  else:
+    target, draft = _markov_params(0, scale=1.0), None
+    # Fixed inputs: with proposals spread evenly over the vocabulary (random inputs), drawing from p after
+    # rejecting a one-hot proposal happens to leave the marginal unbiased.
+    kw = dict(draft_decoder=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"))
   exact = _markov_exact(target)
   jax.clear_caches()
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   try:
-    samples, _ = _run(target, draft, gamma=3)
+    samples, _ = _run(target, draft, gamma=3, **kw)
+  finally:
+    monkeypatch.undo()
+    jax.clear_caches()
+  stat, dof = chi_square(samples, exact)
+  assert stat > 3 * chi_square_limit(dof), (stat, dof)
+
+
+def test_a_length_rule_that_peeks_at_the_verdict_is_caught(monkeypatch):
+  """Choosing a row's draft length after the target's verdict breaks exactness, and the same test rejects it:
+  here each row's draft is cut to the prefix the target accepts, so the token after it comes from p instead of
+  the residual. Lengths may depend only on the past and on the draft's own probabilities."""
+  target, draft = _markov_params(0), _markov_params(1)
+  exact = _markov_exact(target)
+  honest = verify.accept_sampled
+
+  def peeking(key, draft_tokens, q, p, num_drafted=None):
+    verdict = honest(key, draft_tokens, q, p, num_drafted)
+    return honest(key, draft_tokens, q, p, verdict.num_accepted)  # the same draws: all of the cut draft accepted
+
+  jax.clear_caches()
+  monkeypatch.setattr(verify, "accept_sampled", peeking)
+  try:
+    samples, _ = _run(target, draft, gamma=3, schedule="heuristic", spec=ADAPTIVE_KNOBS)
   finally:
     monkeypatch.undo()
     jax.clear_caches()
@@ -150,9 +230,10 @@ def test_lossless_with_real_tiny_t5_pair():
     logits = t5.forward(tparams, tcfg, prompt, jnp.asarray([prefix], jnp.int32))
     return np_warp(np.asarray(logits[0, -1]), temperature)
 
-  exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, EOS, START)
-  samples, state = _run(tparams, dparams, gamma=2, temperature=temperature, decoder=t5.T5Decoder(tcfg),
-                        draft_decoder=t5.T5Decoder(dcfg), input_ids=jnp.tile(prompt, (ROWS, 1)))
+  with jax.numpy_rank_promotion("allow"):  # the T5 model's code is not rank-strict
+    exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, EOS, START)
+    samples, state = _run(tparams, dparams, gamma=2, temperature=temperature, decoder=t5.T5Decoder(tcfg),
+                          draft_decoder=t5.T5Decoder(dcfg), input_ids=jnp.tile(prompt, (ROWS, 1)))
   _assert_matches(samples, exact)
   assert int(state.stats.accepted.sum()) > 0  # the draft's tokens were really used
 

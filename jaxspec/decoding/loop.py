@@ -1,19 +1,28 @@
 """The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance.
 
+The loop sees models only through `jaxspec.models.contract.Decoder` (prefill, step) and their caches'
+`positions` / `rollback`: it imports no model family. Its own tokens live in `sequences`: position 0 holds the
+first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
+generated tokens; a cache's `positions` count how many of them it has fed.
+
 Each iteration, for every unfinished row:
-  1. the draft proposes gamma tokens (a first call that catches it up with the accepted sequence: 2 tokens when
-     a row accepted all gamma drafts last time, else 1; then a `lax.scan` of gamma - 1 single-token calls);
-  2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions;
-  3. `verify` keeps the longest acceptable prefix and picks the correction or bonus token;
-  4. up to gamma + 1 tokens are written (cut at the first EOS and at max_new_tokens), and both caches are rolled
-     back per row by setting their lengths.
+  1. the drafter proposes k <= gamma tokens: a draft model (drafting.py: a catch-up call, then single-token
+     calls) or prompt lookup (ngram.py); k = gamma always with schedule "constant" and a draft model, else k
+     comes from the row's schedule, fallback and draft confidence (adaptive.py), or from the lookup;
+  2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
+     drafted anything: the iteration is then plain decoding);
+  3. `verify` keeps the longest acceptable prefix of each row's k drafts and picks the correction or bonus token;
+  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), both caches are rolled back per
+     row by setting their positions, and with `streaming` the new tokens go to the host (streaming.py).
 With gamma == 0 and no draft this is plain autoregressive decoding through the same model code and caches.
 
-Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences[b], start token included):
-  - the last token sequences[b, L-1] has not been fed to the target: target_cache.lengths[b] == L - 1;
-  - the draft has fed positions < draft_cache.lengths[b], which is L - 1 or L - 2 (L - 2 after it accepted all
-    gamma drafts: it never saw x_gamma, REFERENCE.md pitfall 1), so its first call feeds the 2 tokens from there
-    when any unfinished row is behind, and only the last token otherwise.
+Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences[b], first token included):
+  - the last token sequences[b, L-1] has not been fed to the target: target_cache.positions[b] == L - 1;
+  - a draft model has fed positions < draft_cache.positions[b] <= L - 1 (L - 2 after it accepted all its drafts:
+    it never saw the last one, REFERENCE.md pitfall 1; less after iterations in which it drafted nothing);
+  - choices of k use only what is known before the target scores the tokens (exact: adaptive.py);
+  - a row's random draws depend only on its own key (from its seed) and the iteration number, never on other rows;
+  - a finished row (EOS, max_new_tokens, or non-finite logits: `failed`) is frozen: nothing it emits is written.
 Buffers have gamma + 1 slots of slack, so no per-row write runs past the end (pitfall 6).
 """
 
@@ -26,63 +35,79 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import sampling, verify
+from jaxspec.decoding import adaptive, drafting, ngram, sampling, streaming, verify
+from jaxspec.decoding.stats import LoopStats
+from jaxspec.models.contract import Decoder
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopSettings:
   """Static settings: changing any of these compiles a new loop."""
 
-  target: Any  # Decoder interface (e.g. models.t5.T5Decoder): .init(params, ids, cache_len), .step(params, cache, toks).
-  draft: Any  # The draft's decoder interface, or None for plain decoding.
-  gamma: int  # Draft tokens per iteration; 0 for plain decoding.
+  target: Decoder
+  draft: Decoder | ngram.NGramDraft | None  # None for plain decoding.
+  gamma: int  # The most draft tokens per row and iteration; 0 for plain decoding.
   max_new_tokens: int
   greedy: bool  # Temperature 0: argmax on both sides.
   filtering: bool  # Top-k or top-p active (needs a sort).
-  eos_id: int
-  pad_id: int
-  start_id: int
+  eos_ids: tuple[int, ...]  # Every id that ends a row.
+  pad_id: int  # Fills `sequences` past each row's end.
+  schedule: str = "constant"  # adaptive.SCHEDULES: how many tokens each row drafts.
+  streaming: bool = False  # Send each iteration's tokens to the host (an ordered io_callback).
 
   @property
   def cache_len(self) -> int:
-    """Decoder positions per row: start token + max_new_tokens + slack for a gamma + 1 block."""
+    """Loop positions per row: first token + max_new_tokens + slack for a gamma + 1 block."""
     return self.max_new_tokens + self.gamma + 1
 
   @property
   def seq_len(self) -> int:
     return self.cache_len + 1
 
+  @property
+  def ngram(self) -> bool:
+    return isinstance(self.draft, ngram.NGramDraft)
 
-@struct.dataclass
-class LoopStats:
-  """Counters per row, accumulated over the iterations in which the row was unfinished."""
-
-  iterations: jax.Array  # [B] int32 target calls.
-  drafted: jax.Array  # [B] int32 draft tokens proposed.
-  accepted: jax.Array  # [B] int32 draft tokens accepted by verification (before EOS / max_new_tokens cuts).
-  accepted_per_position: jax.Array  # [B, G] int32: how often draft position j was accepted.
-  beta_sum: jax.Array  # [B] float32 sum of beta = sum_x min(p, q) over verified positions (see `beta_count`).
-  beta_count: jax.Array  # [B] int32 verified positions: those up to and including the first rejection.
+  @property
+  def variable(self) -> bool:
+    """Rows may draft fewer than gamma tokens (then a 1-token target call replaces one with nothing drafted)."""
+    return self.draft is not None and (self.schedule != "constant" or self.ngram)
 
 
 @struct.dataclass
 class LoopState:
-  sequences: jax.Array  # [B, seq_len] int32: start token, then generated tokens; garbage at >= lengths.
-  lengths: jax.Array  # [B] int32 valid tokens in `sequences`, start token included.
-  done: jax.Array  # [B] bool: EOS emitted or max_new_tokens reached; the row is frozen.
+  sequences: jax.Array  # [B, seq_len] int32: first token, then generated tokens; pad id at >= lengths.
+  lengths: jax.Array  # [B] int32 valid tokens in `sequences`, first token included.
+  done: jax.Array  # [B] bool: EOS emitted, max_new_tokens reached or failed; the row is frozen.
+  failed: jax.Array  # [B] bool: the target's logits held NaN or +inf for this row; its output stops there.
   target_cache: Any
-  draft_cache: Any
-  step: jax.Array  # [] int32 iteration counter (folded into the RNG).
+  draft_cache: Any  # A draft model's cache, an ngram.NGramContext, or None.
+  schedule: adaptive.ScheduleState | None  # Rows' histories (schedules other than "constant").
+  keys: jax.Array  # [B] PRNG keys, one per row (from its seed); the iteration number is folded in each step.
+  step: jax.Array  # [] int32 iteration counter.
   stats: LoopStats
 
 
-def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.Array):
-  """Runs the encoders once and preallocates both caches. input_ids: [B, S]."""
-  target_cache = settings.target.init(target_params, input_ids, settings.cache_len)
+def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.Array, input_lengths: jax.Array):
+  """Runs the encoders / prompt prefills once and preallocates both caches (or the n-gram context).
+
+  Args:
+    input_ids: [B, S] int32, right-padded; input_lengths: [B] int32.
+  Returns:
+    (target_cache, draft_cache or None, first_tokens [B] int32).
+  """
+  target_cache, first = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len)
   draft_cache = None
-  if settings.draft is not None:
-    draft_cache = settings.draft.init(draft_params, input_ids, settings.cache_len)
-  return target_cache, draft_cache
+  if settings.ngram:
+    draft_cache = ngram.init_context(input_ids, input_lengths, settings.cache_len)
+  elif settings.draft is not None:
+    draft_cache, _ = settings.draft.prefill(draft_params, input_ids, input_lengths, settings.cache_len)
+  return target_cache, draft_cache, first
+
+
+def _fold(keys: jax.Array, data: int | jax.Array) -> jax.Array:
+  """[B] keys -> [B] keys with `data` folded into each."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
 
 
 def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.Array:
@@ -91,126 +116,138 @@ def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.
       buffer, block, offsets)
 
 
-def _propose(settings: LoopSettings, key, logits, knobs):
-  """One draft token per row from logits [B, V]: (tokens [B], q [B, V] or None when greedy)."""
-  if settings.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
-  q = sampling.warp_probs(logits, knobs, settings.filtering)
-  return sampling.sample(key, q), q
+def _draft(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
+           state: LoopState, active: jax.Array, keys: jax.Array):
+  """This iteration's proposals: (tokens [B, G], q [B, G, V] or None, counts [B] (None: every row drafted G),
+  drafting.Proposal or None, resting [B] or None)."""
+  batch, gamma = state.lengths.shape[0], settings.gamma
+  if settings.draft is None:
+    return jnp.zeros((batch, 0), jnp.int32), None, None, None, None
+  if settings.schedule == "constant":
+    limit, resting = jnp.where(active, gamma, 0).astype(jnp.int32), None
+  else:
+    limit, resting = adaptive.limits(settings.schedule, gamma, spec, state.schedule, active)
+  if settings.ngram:
+    tokens, found = ngram.propose(settings.draft, state.draft_cache, gamma)
+    return tokens, None, jnp.minimum(found, limit), None, resting
+  if settings.schedule == "constant":
+    p = drafting.propose_fixed(settings, params, state.draft_cache, state.sequences, state.lengths, state.done,
+                               knobs, keys)
+    return p.tokens, p.q, None, p, None
+  p = drafting.propose_variable(settings, params, state.draft_cache, state.sequences, state.lengths, limit, knobs,
+                                spec.draft_confidence, keys)
+  return p.tokens, p.q, p.counts, p, resting
 
 
-def _draft(settings: LoopSettings, params, cache, state: LoopState, knobs, key):
-  """Proposes gamma tokens per row. Returns (tokens [B, G], q [B, G, V] or None, cache)."""
-  dlen = cache.lengths
+def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, tokens: jax.Array,
+            q: jax.Array | None, counts: jax.Array | None, knobs: sampling.SamplingKnobs, keys: jax.Array):
+  """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache).
 
-  def catch_up(cache):
-    # Rows with dlen == L - 2 feed [x_gamma, last]: prediction at index 1. Rows with dlen == L - 1 feed
-    # [last, junk]: prediction at index 0; the junk key at position L is overwritten by the next call.
-    tokens = jnp.take_along_axis(state.sequences, dlen[:, None] + jnp.arange(2), axis=1)  # [B, 2]
-    with jax.named_scope("draft_step"):
-      logits, cache = settings.draft.step(params, cache, tokens)
-    return jnp.take_along_axis(logits, (state.lengths - dlen - 1)[:, None, None], axis=1)[:, 0], cache
+  last [B, 1], tokens [B, G], q [B, G, V] or None (deterministic proposals), counts [B] or None (all G)."""
+  gamma = settings.gamma
 
-  def caught_up(cache):
-    # Every unfinished row has dlen == L - 1: feed just the last token (a cheaper 1-token call).
-    with jax.named_scope("draft_step"):
-      logits, cache = settings.draft.step(params, cache,
-                                          jnp.take_along_axis(state.sequences, dlen[:, None], axis=1))
-    return logits[:, 0], cache
+  def score(cache, width: int):
+    with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
+      logits, cache = settings.target.step(params, cache, jnp.concatenate([last, tokens[:, :width - 1]], axis=1))
+    # Non-finite logits (NaN or +inf; -inf is a legitimately excluded token) fail the row: it stops here, and
+    # nothing drawn from them is written.
+    bad = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=(1, 2))
+    drafted = counts if width > 1 else None
+    if settings.greedy:
+      verdict = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
+    else:
+      p = sampling.warp_probs(logits, knobs, settings.filtering)
+      q_used = q[:, :width - 1] if q is not None else (None if settings.ngram else p[:, :0])
+      verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q_used, p, drafted)
+    beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
+    return verdict.replace(beta=beta), bad, cache
 
-  behind = (dlen < state.lengths - 1) & ~state.done  # Rows that accepted all gamma drafts last iteration.
-  first, cache = jax.lax.cond(jnp.any(behind), catch_up, caught_up, cache)
-  cache = cache.replace(lengths=state.lengths)
-  x1, q1 = _propose(settings, jax.random.fold_in(key, 0), first, knobs)
-
-  def one_step(carry, j):
-    cache, token = carry
-    with jax.named_scope("draft_step"):
-      logits, cache = settings.draft.step(params, cache, token[:, None])
-    x, q = _propose(settings, jax.random.fold_in(key, j), logits[:, 0], knobs)
-    return (cache, x), (x, q)
-
-  (cache, _), (xs, qs) = jax.lax.scan(one_step, (cache, x1), jnp.arange(1, settings.gamma))
-  tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
-  q = None if settings.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
-  return tokens, q, cache
+  if not settings.variable:
+    return score(cache, gamma + 1)
+  return jax.lax.cond(jnp.any(counts > 0), lambda c: score(c, gamma + 1), lambda c: score(c, 1), cache)
 
 
-def _iteration(settings: LoopSettings, target_params, draft_params, knobs, base_key, state: LoopState):
+def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
+               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, state: LoopState) -> LoopState:
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
-  draft_key, verify_key = jax.random.split(jax.random.fold_in(base_key, state.step))
+  step_keys = _fold(state.keys, state.step)
+  draft_keys, verify_keys = _fold(step_keys, 0), _fold(step_keys, 1)
 
-  if settings.draft is not None:
-    draft_tokens, q, draft_cache = _draft(settings, draft_params, state.draft_cache, state, knobs, draft_key)
-  else:
-    draft_tokens, q, draft_cache = jnp.zeros((batch, 0), jnp.int32), None, None
-
+  tokens, q, counts, proposal, resting = _draft(settings, draft_params, knobs, spec, state, active, draft_keys)
   last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-  with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
-    logits, target_cache = settings.target.step(target_params, state.target_cache,
-                                                jnp.concatenate([last, draft_tokens], axis=1))  # [B, G+1, V]
-  if settings.greedy:
-    verdict = verify.accept_greedy(draft_tokens, logits)
-  else:
-    p = sampling.warp_probs(logits, knobs, settings.filtering)
-    if q is None:
-      q = jnp.zeros((batch, 0, p.shape[-1]), jnp.float32)
-    verdict = verify.accept_sampled(verify_key, draft_tokens, q, p)
+  verdict, bad, target_cache = _verify(settings, target_params, state.target_cache, last, tokens, q, counts, knobs,
+                                       verify_keys)
+  failed = state.failed | (active & bad)
+  active = active & ~bad
   n = verdict.num_accepted
+  drafted = jnp.full((batch,), gamma, jnp.int32) if counts is None else counts
 
   # The emitted block: accepted drafts, then the correction/bonus token at index n; cut at EOS and budget.
-  positions = jnp.arange(gamma + 1)
-  block = jnp.concatenate([draft_tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  positions = jnp.arange(gamma + 1)[None]  # [1, G + 1]
+  block = jnp.concatenate([tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
-  is_eos = (block == settings.eos_id) & (positions <= n[:, None])
+  is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   has_eos = jnp.any(is_eos, axis=1)
   emit = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, n + 1)
   emit = jnp.minimum(emit, settings.max_new_tokens + 1 - state.lengths)
   emit = jnp.where(active, emit, 0).astype(jnp.int32)
   lengths = state.lengths + emit
-  done = state.done | (active & (has_eos | (lengths > settings.max_new_tokens)))
+  done = state.done | failed | (active & (has_eos | (lengths > settings.max_new_tokens)))
+  # Frozen rows write their own tokens back (a no-op), so nothing past a row's end changes.
+  block = jnp.where(positions < emit[:, None], block, settings.pad_id)
 
-  # Rollback: the target has now fed everything but the newest token; the draft has fed up to x_min(n, G-1).
-  target_cache = target_cache.replace(lengths=lengths - 1)
-  if draft_cache is not None:
-    draft_cache = draft_cache.replace(
-        lengths=jnp.minimum(state.lengths + jnp.minimum(n, gamma - 1), lengths - 1))
-
-  a = active.astype(jnp.int32)
-  verified = positions[:gamma] < jnp.minimum(n + 1, gamma)[:, None]  # [B, G] up to the first rejection.
-  s = state.stats
-  stats = LoopStats(
-      iterations=s.iterations + a,
-      drafted=s.drafted + gamma * a,
-      accepted=s.accepted + n * a,
-      accepted_per_position=s.accepted_per_position + (positions[:gamma] < n[:, None]) * a[:, None],
-      beta_sum=s.beta_sum + jnp.sum(verdict.beta * verified, axis=1) * a,
-      beta_count=s.beta_count + jnp.sum(verified, axis=1) * a,
-  )
+  # Rollback: the target has now fed everything but the newest token; the draft what it fed and was accepted.
+  target_cache = target_cache.rollback(lengths - 1)
+  if settings.ngram:
+    draft_cache = ngram.append(state.draft_cache, block, emit)
+  elif proposal is not None:
+    draft_cache = drafting.settle(proposal.cache, proposal, state.lengths, lengths, n)
+  else:
+    draft_cache = None
+  schedule = state.schedule
+  if schedule is not None:
+    schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)
+  if settings.streaming:
+    streaming.emit(stream_id, state.step, block, emit)
   return LoopState(sequences=_write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
-                   target_cache=target_cache, draft_cache=draft_cache, step=state.step + 1, stats=stats)
+                   failed=failed, target_cache=target_cache, draft_cache=draft_cache, schedule=schedule,
+                   keys=state.keys, step=state.step + 1,
+                   stats=state.stats.add(active, drafted, n, verdict.beta, resting))
 
 
-def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_cache,
-        knobs: sampling.SamplingKnobs, seed: jax.Array) -> LoopState:
-  """Decodes until every row is done. Caches come from `prefill`; seed: [] uint32. Returns the final state."""
-  key = jax.random.key(seed)  # Made inside the program: a host-side key costs ~1 ms per call on CPU.
+def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_cache, first_tokens: jax.Array,
+        knobs: sampling.SamplingKnobs, seeds: jax.Array, row_ids: jax.Array,
+        spec: adaptive.SpeculationKnobs | None = None, stream_id: jax.Array | None = None) -> LoopState:
+  """Decodes until every row is done.
+
+  Args:
+    target_cache, draft_cache, first_tokens: from `prefill`.
+    seeds: [B] uint32, one per row; row_ids: [B] int32 folded into each row's key (the row index when one seed
+      is shared by the batch, so that rows differ; 0 with per-row seeds, so that a row depends on its seed only).
+    spec: the runtime speculation knobs (defaults when None; only schedules other than "constant" read them).
+    stream_id: [] int32 from `streaming.register` (with settings.streaming).
+  Returns:
+    The final state.
+  """
+  # Keys are made inside the program: host-side keys cost ~1 ms per call on CPU.
+  keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
+  spec = adaptive.SpeculationKnobs.create() if spec is None else spec
   batch = target_cache.lengths.shape[0]
-  gamma = settings.gamma
-  sequences = jnp.full((batch, settings.seq_len), settings.pad_id, jnp.int32).at[:, 0].set(settings.start_id)
-  zeros = jnp.zeros((batch,), jnp.int32)
+  sequences = jnp.full((batch, settings.seq_len), settings.pad_id, jnp.int32).at[:, 0].set(first_tokens)
+  no = jnp.zeros((batch,), bool)
+  schedule = None
+  if settings.draft is not None and settings.schedule != "constant":
+    schedule = adaptive.ScheduleState.create(batch, settings.gamma)
   state = LoopState(
-      sequences=sequences, lengths=zeros + 1, done=jnp.zeros((batch,), bool), target_cache=target_cache,
-      draft_cache=draft_cache, step=jnp.int32(0),
-      stats=LoopStats(iterations=zeros, drafted=zeros, accepted=zeros,
-                      accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
-                      beta_sum=jnp.zeros((batch,), jnp.float32), beta_count=zeros))
+      sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
+      draft_cache=draft_cache, schedule=schedule, keys=keys, step=jnp.int32(0),
+      stats=LoopStats.create(batch, settings.gamma))
 
   def cond(state: LoopState):
     return jnp.any(~state.done) & (state.step <= settings.max_new_tokens)
 
   def body(state: LoopState):
-    return _iteration(settings, target_params, draft_params, knobs, key, state)
+    return _iteration(settings, target_params, draft_params, knobs, spec, stream_id, state)
 
   return jax.lax.while_loop(cond, body, state)

@@ -59,7 +59,12 @@ def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.
 
 
 def row_keys(key: jax.Array, batch: int) -> jax.Array:
-  """One key per row, the row index folded in: [batch] keys."""
+  """[batch] keys: `key` itself when it already holds one key per row, else one per row with the row index
+  folded in."""
+  if key.ndim == 1:
+    if key.shape[0] != batch:
+      raise ValueError(f"{key.shape[0]} keys for {batch} rows.")
+    return key
   return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, jnp.arange(batch))
 
 
@@ -75,7 +80,9 @@ def _first_above(cdf: jax.Array, mass: jax.Array, threshold: jax.Array) -> jax.A
 
 
 def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
-  """Draws one token per row by inverting the CDF at one uniform draw. key: a single key; probs: [B, V] -> [B].
+  """Draws one token per row by inverting the CDF at one uniform draw. probs: [B, V] -> [B] int32 in [0, V).
+
+  key: [B] keys, one per row, or a single key (the row index is then folded in per row).
 
   Token i is drawn with probability probs[i] / sum(probs) (up to float32 rounding at block and token
   boundaries), and a token with probability 0 never is. Two levels keep it cheap on any backend: the uniform
@@ -96,10 +103,11 @@ def sample(key: jax.Array, probs: jax.Array) -> jax.Array:
   inside = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, K]
   mass_before = jnp.take_along_axis(block_cdf - block_mass, block[:, None], axis=1)[:, 0]
   token = _first_above(jnp.cumsum(inside, axis=-1), inside, threshold - mass_before)
-  return (block * SAMPLE_BLOCK + token).astype(jnp.int32)
+  # Always a valid id: probabilities with NaN (which the loop fails anyway) select nothing sensible.
+  return jnp.clip(block * SAMPLE_BLOCK + token, 0, vocab - 1).astype(jnp.int32)
 
 
 def uniform(key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
-  """Uniform [0, 1) draws, shape [B, ...], with the row index folded into each row's key."""
+  """Uniform [0, 1) draws, shape [B, ...]; key: [B] keys or a single key (see `row_keys`)."""
   keys = row_keys(key, shape[0])
   return jax.vmap(lambda k: jax.random.uniform(k, shape[1:]))(keys)

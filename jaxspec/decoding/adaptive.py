@@ -1,0 +1,155 @@
+"""How many tokens each row drafts per iteration: the schedules, the fallback to plain decoding, their knobs.
+
+`gamma` is the most draft tokens a row proposes in one iteration (static: it sets the verify call's width).
+Within it, `generate(..., schedule=...)` picks each row's limit for this iteration:
+
+  "constant"   every row drafts gamma tokens every iteration (the loop as it always was).
+  "heuristic"  transformers' assisted-generation rule: a row's limit starts at gamma and moves +2 after an
+               iteration in which all its drafts were accepted, -1 otherwise, clipped to [1, gamma].
+  "adaptive"   Theorem 3.8 per row: from the row's running acceptance estimate a (below), the limit k in
+               [1, gamma] that maximises the expected tokens per unit of cost
+                   (1 + a + ... + a^k) / (1 + k * draft_cost),
+               draft_cost being c, the cost of a draft step relative to a verify call (a runtime knob; 0 for
+               NGramDraft, whose proposals cost nothing). A high estimate gives long drafts, a low one short
+               drafts; the verify call's width stays gamma + 1, so at batch > 1 shorter rows save draft steps
+               only when every row stops early.
+
+Two runtime knobs act under "heuristic" and "adaptive" (0 = off; "constant" refuses them):
+  draft_confidence  a row stops drafting after a token whose draft distribution has a top probability below it
+                    (transformers' assistant_confidence_threshold, with the top probability: at temperature 0 the
+                    proposed token's own); the token itself is still verified.
+  fallback_alpha    a row whose running estimate a falls below it rests: it drafts nothing (plain decoding for
+                    it) and probes again, with its scheduled limit, after `probe_interval` resting iterations;
+                    each probe that leaves it resting doubles its next interval (up to 2^MAX_BACKOFF times), a
+                    drafting iteration outside a probe resets it. A useless draft then costs a few probes in all.
+                    When no row drafts, the iteration makes no draft call and a 1-token target call.
+
+The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
+temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
+verified position (a memory of ~10 positions); a = 1 before any evidence, so every row starts by drafting.
+
+Exactness: every input of these rules is known before the target scores the tokens being verified: the row's
+past verdicts (a, the heuristic's length, the resting counter) and the draft's own probabilities while it drafts.
+A rule that looked at the target's verdict for the tokens being verified would bias the output
+(tests/test_sampling_lossless.py shows one failing).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxspec.decoding.arguments import _is_int, _is_real
+
+SCHEDULES = ("constant", "heuristic", "adaptive")
+ALPHA_DECAY = 0.9  # per verified position, in the running acceptance estimate
+DEFAULT_DRAFT_COST = 0.05  # c for a draft model when none is given (CPU ~0.03, H100 ~0.06 for T5-small pairs)
+MAX_BACKOFF = 4  # a resting row's probe interval doubles after each failed probe, up to probe_interval * 2**4
+
+
+@struct.dataclass
+class SpeculationKnobs:
+  """Per-call speculation values: arrays, so changing them never recompiles (see the module docstring)."""
+
+  draft_confidence: jax.Array  # [] float32 in [0, 1), 0 = off.
+  fallback_alpha: jax.Array  # [] float32 in [0, 1], 0 = off.
+  probe_interval: jax.Array  # [] int32 >= 1: resting iterations before a resting row drafts again.
+  draft_cost: jax.Array  # [] float32 >= 0: c in the "adaptive" rule.
+
+  @classmethod
+  def create(cls, draft_confidence: float = 0.0, fallback_alpha: float = 0.0, probe_interval: int = 4,
+             draft_cost: float = DEFAULT_DRAFT_COST) -> "SpeculationKnobs":
+    return cls(draft_confidence=np.float32(draft_confidence), fallback_alpha=np.float32(fallback_alpha),
+               probe_interval=np.int32(probe_interval), draft_cost=np.float32(draft_cost))
+
+
+def check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost) -> None:
+  """ValueError naming the argument for any bad speculation setting."""
+  if schedule not in SCHEDULES:
+    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
+  if not _is_real(draft_confidence) or not 0 <= draft_confidence < 1:
+    raise ValueError(f"draft_confidence must be in [0, 1) (0 = off), got {draft_confidence!r}.")
+  if not _is_real(fallback_alpha) or not 0 <= fallback_alpha <= 1:
+    raise ValueError(f"fallback_alpha must be in [0, 1] (0 = off), got {fallback_alpha!r}.")
+  if not _is_int(probe_interval) or not 1 <= probe_interval < 2**31:
+    raise ValueError(f"probe_interval must be an integer >= 1, got {probe_interval!r}.")
+  if draft_cost is not None and (not _is_real(draft_cost) or not math.isfinite(draft_cost) or draft_cost < 0):
+    raise ValueError(f"draft_cost must be a finite number >= 0 (or None), got {draft_cost!r}.")
+  if schedule == "constant" and (draft_confidence > 0 or fallback_alpha > 0):
+    raise ValueError("draft_confidence and fallback_alpha need schedule='heuristic' or 'adaptive': "
+                     "schedule='constant' drafts gamma tokens every iteration.")
+
+
+@struct.dataclass
+class ScheduleState:
+  """Each row's history, as the schedules read it (only past verdicts)."""
+
+  beta_sum: jax.Array  # [B] float32 decayed sum of beta over verified positions.
+  beta_count: jax.Array  # [B] float32 decayed count of verified positions.
+  length: jax.Array  # [B] int32 the heuristic's current limit, in [1, G].
+  idle: jax.Array  # [B] int32 consecutive iterations spent resting (fallback).
+  probes: jax.Array  # [B] int32 probes since the row last drafted outside a probe (its backoff exponent).
+
+  @classmethod
+  def create(cls, batch: int, gamma: int) -> "ScheduleState":
+    zeros = jnp.zeros((batch,), jnp.float32)
+    return cls(beta_sum=zeros, beta_count=zeros, length=jnp.full((batch,), gamma, jnp.int32),
+               idle=jnp.zeros((batch,), jnp.int32), probes=jnp.zeros((batch,), jnp.int32))
+
+  @property
+  def alpha(self) -> jax.Array:
+    """[B] running acceptance estimate; 1 before any verified position."""
+    return jnp.where(self.beta_count > 0, self.beta_sum / jnp.maximum(self.beta_count, 1e-30), 1.0)
+
+
+def theory_length(alpha: jax.Array, draft_cost: jax.Array, gamma: int) -> jax.Array:
+  """[B] the k in [1, G] maximising (1 + a + ... + a^k) / (1 + k c) (Theorem 3.8 for one row); ties: shortest."""
+  a = jnp.clip(alpha, 0.0, 1.0)[:, None]
+  powers = a ** jnp.arange(1, gamma + 1)[None]  # [B, G]: a^1 .. a^G
+  expected = 1.0 + jnp.cumsum(powers, axis=1)  # [B, G] expected tokens for k = 1..G
+  value = expected / (1.0 + jnp.arange(1, gamma + 1)[None] * draft_cost)
+  return (jnp.argmax(value, axis=1) + 1).astype(jnp.int32)
+
+
+def limits(schedule: str, gamma: int, knobs: SpeculationKnobs, state: ScheduleState,
+           active: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """This iteration's most draft tokens per row, from the past only: (limit [B] int32 in [0, G], resting [B] bool).
+
+  resting rows (fallback) and finished rows get 0; a resting row whose idle count reached its interval
+  (probe_interval * 2**min(probes, MAX_BACKOFF)) probes.
+  """
+  if schedule == "heuristic":
+    scheduled = state.length
+  elif schedule == "adaptive":
+    scheduled = theory_length(state.alpha, knobs.draft_cost, gamma)
+  else:
+    raise ValueError(f"no per-row limits for schedule {schedule!r}")
+  low = (knobs.fallback_alpha > 0) & (state.alpha < knobs.fallback_alpha)
+  # idle < interval * 2**m, written as a shift of idle so that a large probe_interval cannot overflow.
+  resting = active & low & ((state.idle >> jnp.minimum(state.probes, MAX_BACKOFF)) < knobs.probe_interval)
+  return jnp.where(active & ~resting, scheduled, 0).astype(jnp.int32), resting
+
+
+def update(state: ScheduleState, gamma: int, drafted: jax.Array, accepted: jax.Array, beta: jax.Array,
+           resting: jax.Array, active: jax.Array) -> ScheduleState:
+  """The history after an iteration: drafted, accepted [B] int32 (k, 0 for finished rows, and n <= k), beta
+  [B, G] per drafted position, resting [B] (from `limits`). Rows that drafted nothing keep estimate and length."""
+  verified = jnp.minimum(accepted + 1, drafted)  # [B] positions judged: up to and including the first rejection
+  decay = jnp.float32(ALPHA_DECAY) ** verified.astype(jnp.float32)
+  judged = jnp.sum(jnp.where(jnp.arange(gamma)[None] < verified[:, None], beta, 0.0), axis=1)
+  step = jnp.where(accepted == drafted, 2, -1)
+  length = jnp.where(active & (drafted > 0), jnp.clip(state.length + step, 1, gamma), state.length)
+  # A row that rested last iteration and does not rest now is probing; drafting after a drafting iteration (idle
+  # 0) means the last probe brought it back: the backoff starts over.
+  probing = active & (state.idle > 0) & ~resting
+  probes = jnp.where(probing, state.probes + 1, jnp.where(active & (drafted > 0) & (state.idle == 0), 0,
+                                                           state.probes))
+  return ScheduleState(beta_sum=state.beta_sum * decay + judged,
+                       beta_count=state.beta_count * decay + verified,
+                       length=length.astype(jnp.int32),
+                       idle=jnp.where(resting, state.idle + 1, 0).astype(jnp.int32),
+                       probes=probes.astype(jnp.int32))

@@ -1,0 +1,171 @@
+"""The draft model's proposals inside the loop: catch its cache up with the accepted sequence, then draft.
+
+Loop positions as in loop.py: row b holds L = lengths[b] tokens, the last one not yet fed to any model; the draft
+has fed dlen = draft_cache.positions[b] <= L - 1 of them, so it lags by lag = L - 1 - dlen tokens.
+
+Catch-up: ONE draft call feeds each row's tokens from dlen on and gives the distribution after the last token.
+Its width W is static, picked per iteration (`lax.switch`) from the largest lag among the rows that draft:
+  1 token (lag 0) or 2 (lag 1: the row accepted all its drafts and never fed the last one, REFERENCE.md pitfall
+  1); with per-row limits also gamma + 1 tokens (lag <= gamma: a short fallback stretch) and, for longer lags,
+  a re-feed of the whole sequence from position 0 (cache_len tokens, a rare call after a long fallback). A wider
+  call never writes past the cache: dlen + gamma + 1 <= cache_len, and the re-feed starts at 0.
+A row that does not draft this iteration may lag more than W - 1; it is fed what fits and stays behind.
+
+Drafting: `propose_fixed` (schedule "constant") draws gamma tokens for every row with a `lax.scan` of gamma - 1
+single-token calls. `propose_variable` draws at most limit[b] tokens for row b and stops a row after a token whose
+distribution's top probability is below draft_confidence; its `lax.while_loop` makes single-token calls only while
+some row still drafts, so at batch 1 a short draft costs only its own steps.
+
+After verification, `settle` rolls the cache back to the tokens it fed that were accepted (never past the last).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.decoding import sampling
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.loop import LoopSettings
+
+
+@struct.dataclass
+class Proposal:
+  tokens: jax.Array  # [B, G] int32 draft tokens (junk at >= counts).
+  q: jax.Array | None  # [B, G, V] float32 distributions they were drawn from (None when greedy).
+  counts: jax.Array  # [B] int32 tokens each row really drafted (k).
+  cache: Any  # the draft cache, positions at base + steps.
+  base: jax.Array  # [B] int32 positions after the catch-up call (L for a caught-up row).
+  steps: jax.Array  # [] int32 single-token calls made after it (each fed x_1, x_2, ... to every row).
+
+
+def _fold(keys: jax.Array, data: int | jax.Array) -> jax.Array:
+  """[B] keys -> [B] keys with `data` folded into each."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+
+
+def _sample(greedy: bool, filtering: bool, keys: jax.Array, logits: jax.Array, knobs: sampling.SamplingKnobs):
+  """One draft token per row from logits [B, V] (keys [B]): (tokens [B], q [B, V] or None when greedy)."""
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  q = sampling.warp_probs(logits, knobs, filtering)
+  return sampling.sample(keys, q), q
+
+
+def _top_prob(logits: jax.Array, q: jax.Array | None) -> jax.Array:
+  """[B] the largest probability of the distribution a token was drawn from (softmax of logits when greedy)."""
+  if q is not None:
+    return jnp.max(q, axis=-1)
+  return 1.0 / jnp.sum(jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)), axis=-1)
+
+
+def catch_up(settings: LoopSettings, params: Any, cache: Any, sequences: jax.Array, lengths: jax.Array,
+             needed: jax.Array, variable: bool) -> tuple[jax.Array, Any, jax.Array]:
+  """One draft call feeding each row from its cache position on (see the module docstring).
+
+  Args:
+    sequences: [B, N] the loop's tokens; lengths: [B]; needed: [B] bool rows that draft (their lag picks W).
+    variable: static; False compiles only the 1- and 2-token calls (the lag is then at most 1).
+  Returns:
+    (logits [B, V] after each row's last token (junk for rows still behind), cache at positions base,
+    base [B] int32 = min(start + W, L)).
+  """
+  dlen = cache.positions
+  lag = jnp.max(jnp.where(needed, lengths - 1 - dlen, 0))
+  widths = [1, 2] + ([settings.gamma + 1] if variable and settings.gamma > 1 else [])
+  branches = [(w, False) for w in widths] + ([(settings.cache_len, True)] if variable else [])
+
+  def feed(width: int, from_start: bool):
+    def call(cache):
+      start = jnp.zeros_like(dlen) if from_start else dlen
+      tokens = jnp.take_along_axis(sequences, jnp.clip(start[:, None] + jnp.arange(width)[None], 0,
+                                                       sequences.shape[1] - 1), axis=1)  # [B, W]
+      with jax.named_scope("draft_step"):
+        logits, cache = settings.draft.step(params, cache.rollback(start), tokens)
+      at = jnp.clip(lengths - 1 - start, 0, width - 1)
+      base = jnp.minimum(start + width, lengths)
+      return jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0], cache.rollback(base), base
+    return call
+
+  index = sum((lag > w - 1).astype(jnp.int32) for w in widths[:len(branches) - 1])
+  return jax.lax.switch(index, [feed(w, s) for w, s in branches], cache)
+
+
+def propose_fixed(settings: LoopSettings, params: Any, cache: Any, sequences: jax.Array, lengths: jax.Array,
+                  done: jax.Array, knobs: sampling.SamplingKnobs, keys: jax.Array) -> Proposal:
+  """gamma tokens for every row (schedule "constant"); done [B] rows need no catch-up; keys [B]."""
+  first, cache, base = catch_up(settings, params, cache, sequences, lengths, ~done, variable=False)
+  x1, q1 = _sample(settings.greedy, settings.filtering, _fold(keys, 0), first, knobs)
+
+  def one_step(carry, j):
+    cache, token = carry
+    with jax.named_scope("draft_step"):
+      logits, cache = settings.draft.step(params, cache, token[:, None])
+    x, q = _sample(settings.greedy, settings.filtering, _fold(keys, j), logits[:, 0], knobs)
+    return (cache, x), (x, q)
+
+  (cache, _), (xs, qs) = jax.lax.scan(one_step, (cache, x1), jnp.arange(1, settings.gamma))
+  tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
+  q = None if settings.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+  counts = jnp.full(lengths.shape, settings.gamma, jnp.int32)
+  return Proposal(tokens=tokens, q=q, counts=counts, cache=cache, base=base,
+                  steps=jnp.int32(settings.gamma - 1))
+
+
+def propose_variable(settings: LoopSettings, params: Any, cache: Any, sequences: jax.Array, lengths: jax.Array,
+                     limit: jax.Array, knobs: sampling.SamplingKnobs, confidence: jax.Array,
+                     keys: jax.Array) -> Proposal:
+  """At most limit[b] tokens for row b ([B] int32 in [0, G], 0 = none), each row stopping after a token whose
+  distribution's top probability is below `confidence` ([] float32). Rows still behind after the catch-up call
+  draft nothing. With no row to draft, no draft call at all."""
+  gamma, batch = settings.gamma, lengths.shape[0]
+
+  def draft(cache):
+    first, cache, base = catch_up(settings, params, cache, sequences, lengths, limit > 0, variable=True)
+    row_limit = jnp.where(base == lengths, limit, 0)
+    x1, q1 = _sample(settings.greedy, settings.filtering, _fold(keys, 0), first, knobs)
+    tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
+    qs = None if q1 is None else jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
+    counts = (row_limit > 0).astype(jnp.int32)
+    going = (counts > 0) & (row_limit > 1) & (_top_prob(first, q1) >= confidence)
+
+    def body(carry):
+      cache, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
+      with jax.named_scope("draft_step"):
+        logits, cache = settings.draft.step(params, cache, jax.lax.dynamic_slice_in_dim(tokens, j - 1, 1, 1))
+      x, q = _sample(settings.greedy, settings.filtering, _fold(keys, j), logits[:, 0], knobs)
+      tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x[:, None], j, axis=1)
+      if qs is not None:
+        qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
+      counts = counts + going
+      going = going & (row_limit > j + 1) & (_top_prob(logits[:, 0], q) >= confidence)
+      return cache, j + 1, tokens, qs, counts, going
+
+    cache, j, tokens, qs, counts, _ = jax.lax.while_loop(
+        lambda c: (c[1] < gamma) & jnp.any(c[5]), body, (cache, jnp.int32(1), tokens, qs, counts, going))
+    return Proposal(tokens=tokens, q=qs, counts=counts, cache=cache, base=base, steps=j - 1)
+
+  def skip(cache):
+    q = None
+    if not settings.greedy:
+      vocab = jax.eval_shape(lambda c: settings.draft.step(params, c, sequences[:, :1])[0], cache).shape[-1]
+      q = jnp.zeros((batch, gamma, vocab), jnp.float32)
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), q=q, counts=zeros, cache=cache,
+                    base=cache.positions, steps=jnp.int32(0))
+
+  return jax.lax.cond(jnp.any(limit > 0), draft, skip, cache)
+
+
+def settle(cache: Any, proposal: Proposal, old_lengths: jax.Array, new_lengths: jax.Array,
+           accepted: jax.Array) -> Any:
+  """The draft cache after verification: a caught-up row keeps the last token and the x_1..x_steps it fed that
+  were accepted; a row still behind keeps what its catch-up fed; never more than new_lengths - 1 (the newest
+  token is fed next iteration)."""
+  kept = jnp.where(proposal.base == old_lengths, old_lengths + jnp.minimum(accepted, proposal.steps),
+                   proposal.base)
+  return cache.rollback(jnp.minimum(kept, new_lengths - 1))

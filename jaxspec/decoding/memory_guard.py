@@ -1,0 +1,78 @@
+"""A check before allocating: what a `generate` call is about to allocate must fit its devices.
+
+Without it, `max_new_tokens=10**6` preallocates tens of GB before doing anything and the kernel kills the
+process. The bytes come from `jaxspec.memory_plan` (abstract evaluation: no allocation): per device, the caches,
+the loop's state and the activations of the call's programs (the parameters are already resident); the free
+memory from the devices that hold the target (`memory_stats()` on accelerators, MemAvailable on the CPU host).
+"""
+
+from __future__ import annotations
+
+import jax
+
+from jaxspec.memory_plan import memory_plan
+from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, mesh_of, rules_of
+
+
+class CacheTooLargeError(ValueError):
+  """The caches of a generate call would not fit in the device's free memory."""
+
+
+def free_bytes(device: jax.Device | None = None) -> int | None:
+  """Free memory of `device` in bytes, or None when it cannot be told."""
+  device = device or jax.local_devices()[0]
+  if device.platform == "cpu":
+    try:
+      with open("/proc/meminfo") as f:
+        for line in f:
+          if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    except OSError:
+      return None
+    return None
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # Some backends do not implement memory_stats.
+    return None
+  if "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def _least_free(target) -> int | None:
+  """The least free memory over this process's devices that hold the target (None when none can be told)."""
+  mesh = mesh_of(target.params)
+  devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()] if mesh is not None else [None]
+  if mesh is not None and devices and devices[0].platform == "cpu":
+    devices = devices[:1]  # Simulated CPU devices share the host's memory.
+  free = [f for f in (free_bytes(d) for d in devices) if f is not None]
+  return min(free) if free else None
+
+
+def check_fits(settings, target, draft, batch: int, width: int, headroom: float = 0.9) -> None:
+  """Raises CacheTooLargeError when a call's caches, loop state and activations need more than `headroom` of the
+  free memory of a device that holds the target.
+
+  Args:
+    settings: the loop's static settings (max_new_tokens, gamma, greedy).
+    target, draft: the call's models (draft None or an n-gram drafter: no draft model).
+    batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
+  """
+  mesh = mesh_of(target.params)
+  shape = tuple(dict(mesh.shape).values()) if mesh is not None else (1, 1)
+  draft_model = draft if hasattr(draft, "params") else None
+  draft_rules = DRAFT_RULES
+  if draft_model is not None and mesh is not None and mesh_of(draft_model.params) == mesh:
+    draft_rules = rules_of(draft_model)
+  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
+                     draft=None if draft_model is None else draft_model.config,
+                     rules=rules_of(target) if mesh is not None else DEFAULT_RULES, draft_rules=draft_rules,
+                     sampling=not settings.greedy)
+  need = plan.caches + plan.state + plan.activations
+  free = _least_free(target)
+  if free is not None and need > headroom * free:
+    raise CacheTooLargeError(
+        f"the decoding caches and activations need {need / 2**30:.2f} GiB per device (batch {plan.batch}, "
+        f"{settings.cache_len} positions per row after the input, gamma {settings.gamma}, mesh "
+        f"data={shape[0]} x model={shape[1]}) but a device has {free / 2**30:.2f} GiB free: lower max_new_tokens, "
+        f"the batch size or max_input_length, or spread the model over more devices (jaxspec.make_mesh).")

@@ -1,0 +1,96 @@
+"""Prompt-lookup drafting: proposals copied from earlier in the context, without a draft model.
+
+    out = jaxspec.generate(target, inputs, draft=jaxspec.NGramDraft(max_ngram=3), gamma=5)
+
+Each iteration, for each row, the drafter looks for the context's last n tokens earlier in the context, trying
+n = max_ngram first and down to min_ngram, takes the EARLIEST occurrence of the longest n that occurs (as
+transformers' prompt lookup decoding does; the earliest has the most tokens after it) and proposes the up to
+gamma tokens that followed it. The context is the input followed by the output so far: T5's source tokens, or a
+decoder-only model's prompt (whose last token is the loop's first token, so it appears once). A row without a
+match drafts nothing this iteration: for it, the iteration is plain decoding.
+
+The proposals are deterministic, so q is one-hot on each proposed token: verification accepts x with probability
+min(1, p(x) / 1) = p(x), and a rejection draws from the residual norm(max(0, p - onehot(x))) = p without x,
+renormalised (`verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
+target's argmax. Either way the output is the target's, exactly as with a draft model.
+
+The context lives in the loop's draft-cache slot (`NGramContext`): the input ids with the loop's cache_len
+positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
+for each n (a static, small loop) n shifted comparisons of the whole [B, C] context.
+
+Shape letters: B batch, S input positions, C = S + cache_len context positions, G = gamma.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.decoding.arguments import _is_int
+
+
+@dataclasses.dataclass(frozen=True)
+class NGramDraft:
+  """A drafter without a model (prompt lookup): pass it as `generate`'s `draft`.
+
+  max_ngram: the longest suffix of the context looked up (tried first); min_ngram: the shortest. Static settings:
+  each pair compiles its own loop.
+  """
+
+  max_ngram: int = 3
+  min_ngram: int = 1
+
+  def __post_init__(self):
+    if not _is_int(self.min_ngram) or self.min_ngram < 1:
+      raise ValueError(f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
+    if not _is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
+      raise ValueError(f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got "
+                       f"{self.max_ngram!r}.")
+
+
+@struct.dataclass
+class NGramContext:
+  """The drafter's state in the loop: every row's input followed by its output so far."""
+
+  tokens: jax.Array  # [B, C] int32: input tokens, then the emitted tokens; junk at >= lengths.
+  lengths: jax.Array  # [B] int32 valid tokens: input length + tokens emitted.
+
+
+def init_context(input_ids: jax.Array, input_lengths: jax.Array, cache_len: int) -> NGramContext:
+  """The context before the first iteration. input_ids: [B, S] right-padded; input_lengths: [B]."""
+  tokens = jnp.pad(input_ids.astype(jnp.int32), ((0, 0), (0, cache_len)))  # [B, S + cache_len]
+  return NGramContext(tokens=tokens, lengths=input_lengths.astype(jnp.int32))
+
+
+def append(context: NGramContext, block: jax.Array, counts: jax.Array) -> NGramContext:
+  """Appends block[b, :counts[b]] to each row. block: [B, T] with T <= the room left (the loop's slack)."""
+  tokens = jax.vmap(lambda row, blk, off: jax.lax.dynamic_update_slice_in_dim(row, blk, off, axis=0))(
+      context.tokens, block.astype(jnp.int32), context.lengths)
+  return NGramContext(tokens=tokens, lengths=context.lengths + counts)
+
+
+def _continuation_start(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
+  """[B] index of the token after the earliest earlier occurrence of each row's last n tokens, or -1.
+
+  An occurrence starting at i counts when a token follows it inside the context (i + n < lengths), which also
+  excludes the suffix itself (it starts at lengths - n).
+  """
+  width = tokens.shape[1] - n + 1  # candidate starts i = 0 .. C - n
+  suffix = jnp.take_along_axis(tokens, jnp.clip(lengths[:, None] - n + jnp.arange(n)[None], 0, None), axis=1)  # [B, n]
+  match = jnp.arange(width)[None] + n < lengths[:, None]  # [B, width]
+  for j in range(n):
+    match &= tokens[:, j:j + width] == suffix[:, j:j + 1]
+  return jnp.where(jnp.any(match, axis=1), jnp.argmax(match, axis=1) + n, -1).astype(jnp.int32)
+
+
+def propose(draft: NGramDraft, context: NGramContext, gamma: int) -> tuple[jax.Array, jax.Array]:
+  """Up to gamma proposed tokens per row: (tokens [B, G] (junk at >= counts), counts [B] int32 in [0, G])."""
+  start = jnp.full(context.lengths.shape, -1, jnp.int32)
+  for n in range(draft.max_ngram, draft.min_ngram - 1, -1):  # longest n first
+    start = jnp.where(start < 0, _continuation_start(context.tokens, context.lengths, n), start)
+  counts = jnp.where(start >= 0, jnp.minimum(gamma, context.lengths - start), 0).astype(jnp.int32)
+  positions = jnp.clip(start[:, None] + jnp.arange(gamma)[None], 0, context.tokens.shape[1] - 1)
+  return jnp.take_along_axis(context.tokens, positions, axis=1), counts

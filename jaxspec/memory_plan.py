@@ -1,0 +1,247 @@
+"""`jaxspec.memory_plan`: bytes per device of a decoding run on a ("data", "model") mesh, before loading anything.
+
+    plan = jaxspec.memory_plan("t5-11b", (1, 8), batch=32, max_input_length=128, max_new_tokens=128, gamma=7,
+                               dtype="bfloat16", draft="t5-small")
+    print(plan.table()); plan.fits(DEVICE_MEMORY["tpu-v5e"])
+
+Parameters and caches are exact: every array's per-device shape under the logical-axis rules (the draft's under
+`DRAFT_RULES`, as `generate` places it), caches from an abstract evaluation of the family's prefill, the batch padded
+to a multiple of `data`. Activations are an estimate: the most bytes simultaneously live in one program (prefill,
+or a loop iteration: target or draft step plus the sampled distributions), from a liveness pass over the traced
+programs at the per-device batch, an intermediate counted per device when one of its non-batch dimensions is a
+dimension the weights split over `model`. tests/test_sharding.py holds it against XLA's `memory_analysis()`.
+Nothing is allocated and no device of the planned mesh is needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.extend.core as jcore
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AbstractMesh
+
+from jaxspec import presets
+from jaxspec.models import registry
+from jaxspec.models.t5 import T5Config
+from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, is_axes, local_shape, resolve_rules, spec_for
+
+GiB = 2**30
+# Memory of one JAX device. TPU v2/v3 show each core as a device (v3-8: 8 devices); v4 and v5p show a chip.
+DEVICE_MEMORY = {"tpu-v2": 8 * GiB, "tpu-v3": 16 * GiB, "tpu-v4": 32 * GiB, "tpu-v5e": 16 * GiB,
+                 "tpu-v5p": 95 * GiB, "h100-80gb": 80 * 10**9, "a100-40gb": 40 * 10**9, "a100-80gb": 80 * 10**9}
+# Named machines: (device kind, number of devices).
+MACHINES = {"tpu-v5e-8": ("tpu-v5e", 8), "tpu-v4-8": ("tpu-v4", 4), "tpu-v4-32": ("tpu-v4", 16),
+            "tpu-v3-8": ("tpu-v3", 8), "tpu-v2-8": ("tpu-v2", 8), "h100": ("h100-80gb", 1),
+            "8xh100": ("h100-80gb", 8)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelPlan:
+  """One model's bytes per device."""
+
+  role: str  # "target" or "draft".
+  params: int
+  caches: int
+  activations: int  # Its largest program's live intermediates (estimate).
+  notes: tuple[str, ...]  # Dimensions replicated because the mesh axis does not divide them.
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryPlan:
+  """Bytes per device of one decoding run; `total` is the peak: weights, caches and loop state, and the larger
+  of the prefill's and a loop iteration's activations."""
+
+  mesh_shape: tuple[int, int]  # (data, model)
+  batch: int  # Rows after padding to a multiple of data.
+  models: tuple[ModelPlan, ...]
+  state: int  # The loop's per-row token buffers and counters.
+  activations: int
+
+  @property
+  def params(self) -> int:
+    return sum(m.params for m in self.models)
+
+  @property
+  def caches(self) -> int:
+    return sum(m.caches for m in self.models)
+
+  @property
+  def total(self) -> int:
+    return self.params + self.caches + self.state + self.activations
+
+  @property
+  def notes(self) -> tuple[str, ...]:
+    return tuple(f"{m.role} {n}" for m in self.models for n in m.notes)
+
+  def fits(self, device_bytes: int, headroom: float = 0.9) -> bool:
+    """Whether the peak fits `headroom` of a device's memory (the rest: XLA's own buffers, fragmentation)."""
+    return self.total <= headroom * device_bytes
+
+  def table(self) -> str:
+    """The plan as a small text table, GiB per device."""
+    rows = [f"mesh data={self.mesh_shape[0]} x model={self.mesh_shape[1]}, batch {self.batch} (padded), "
+            f"GiB per device:", f"  {'':8} {'params':>8} {'caches':>8} {'activ.':>8}"]
+    rows += [f"  {m.role:8} {m.params / GiB:8.3f} {m.caches / GiB:8.3f} {m.activations / GiB:8.3f}"
+             for m in self.models]
+    rows.append(f"  loop state {self.state / GiB:.3f}; peak activations {self.activations / GiB:.3f}; "
+                f"total {self.total / GiB:.3f}")
+    rows += [f"  note: {n}" for n in self.notes]
+    return "\n".join(rows)
+
+
+def config_of(name_or_config):
+  """A config from a config object, a Model, a public T5 shape name ('t5-11b') or a model directory / name."""
+  if hasattr(name_or_config, "params") and hasattr(name_or_config, "config"):
+    return name_or_config.config
+  if not isinstance(name_or_config, str):
+    return name_or_config
+  if name_or_config in presets.T5_SHAPES:
+    return T5Config(**presets.T5_SHAPES[name_or_config])
+  from jaxspec.checkpoint import io  # pylint: disable=import-outside-toplevel
+  directory, _ = io._resolve(name_or_config, None, None)  # pylint: disable=protected-access
+  return io.read_config(directory)[1]
+
+
+def _bytes(shape, dtype) -> int:
+  try:
+    itemsize = np.dtype(dtype).itemsize
+  except TypeError:  # PRNG key arrays.
+    itemsize = 8
+  return math.prod(shape) * itemsize
+
+
+def _local_bytes(axes_tree, shaped_tree, mesh, rules) -> tuple[int, list[str]]:
+  """Sum over a pytree of the per-device bytes of each array, and the notes on replicated dimensions."""
+  total, notes = 0, []
+
+  def one(path, axes, x):
+    nonlocal total
+    spec, why = spec_for(axes, tuple(x.shape), mesh, rules)
+    total += _bytes(local_shape(tuple(x.shape), spec, mesh), x.dtype)
+    notes.extend(f"{jax.tree_util.keystr(path)}: {w}" for w in why)
+
+  jax.tree_util.tree_map_with_path(one, axes_tree, shaped_tree, is_leaf=is_axes)
+  return total, notes
+
+
+def _peak_live(jaxpr: jcore.Jaxpr, size) -> int:
+  """Most bytes of intermediates of `jaxpr` live at once: neither its inputs nor its outputs (the caller counts
+  those: parameters, caches, and a nested program's results as its equation's outputs)."""
+  last = {}
+  for i, eqn in enumerate(jaxpr.eqns):
+    for v in eqn.invars:
+      if isinstance(v, jcore.Var):
+        last[v] = i
+  skip = set(jaxpr.invars) | set(jaxpr.constvars) | {v for v in jaxpr.outvars if isinstance(v, jcore.Var)}
+  live = peak = 0
+  for i, eqn in enumerate(jaxpr.eqns):
+    inner = max((_peak_live(sub, size) for sub in jcore.jaxprs_in_params(eqn.params)), default=0)
+    outs = sum(size(v.aval) for v in eqn.outvars if not isinstance(v, jcore.DropVar) and v not in skip)
+    peak = max(peak, live + inner + outs)
+    live += sum(size(v.aval) for v in eqn.outvars if v in last and v not in skip)
+    live -= sum(size(v.aval) for v in {v for v in eqn.invars if isinstance(v, jcore.Var)}
+                if last.get(v) == i and v not in skip)
+  return peak
+
+
+def _split_sizes(family, config, mesh, rules) -> dict[int, int]:
+  """{dimension size: devices it is split over} for the dimensions the weights split (over `model`)."""
+  sizes, split = dict(mesh.shape), {}
+  shapes = jax.tree.leaves(family.param_shapes(config), is_leaf=lambda x: isinstance(x, tuple))
+  for axes, shape in zip(jax.tree.leaves(family.param_axes(config), is_leaf=is_axes), shapes):
+    spec, _ = spec_for(axes, shape, mesh, rules)
+    for size, entry in zip(shape, spec):
+      if entry is not None:
+        split[size] = math.prod(sizes[a] for a in (entry if isinstance(entry, tuple) else (entry,)))
+  return split
+
+
+def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens, dtype, sampled_rows) -> ModelPlan:
+  """Parameters and caches of one model (exact), and its activations (estimate), per device."""
+  family = registry.family_of(config)
+  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
+                        is_leaf=lambda x: isinstance(x, tuple))
+  param_bytes, notes = _local_bytes(family.param_axes(config), params, mesh, rules)
+  decoder = family.decoder(config)
+
+  def prefill(p, rows):
+    ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
+    return jax.make_jaxpr(lambda p, i, n: decoder.prefill(p, i, n, cache_len), return_shape=True)(p, ids, lengths)
+
+  _, (cache, _) = prefill(params, batch)
+  cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
+  # Activations: traced at the per-device batch; an intermediate with a dimension the weights split over `model`
+  # (heads, mlp, vocab) is counted split too, its first such dimension after the batch.
+  split = _split_sizes(family, config, mesh, rules)
+
+  def size(aval) -> int:
+    shape = list(getattr(aval, "shape", ()))
+    for d in range(1, len(shape)):
+      if shape[d] in split:
+        shape[d] //= split[shape[d]]
+        break
+    return _bytes(shape, getattr(aval, "dtype", np.float32))
+
+  local = batch // dict(mesh.shape).get("data", 1)
+  prefill_jaxpr, (local_cache, _) = prefill(params, local)
+  tokens = jax.ShapeDtypeStruct((local, step_tokens), jnp.int32)
+  step_jaxpr = jax.make_jaxpr(decoder.step)(params, local_cache, tokens)
+  # Sampled distributions (float32, full vocabulary) live across the draft and target calls of an iteration.
+  sampled = local * sampled_rows * config.vocab_size * 4
+  activations = max(_peak_live(prefill_jaxpr.jaxpr, size), _peak_live(step_jaxpr.jaxpr, size) + sampled)
+  return ModelPlan(role, param_bytes, cache_bytes, activations, tuple(notes))
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(target, draft, mesh_shape, batch, width, max_new_tokens, gamma, dtype, rules, draft_rules,
+          sampling) -> MemoryPlan:
+  mesh = AbstractMesh(tuple(mesh_shape), ("data", "model"))
+  data = mesh_shape[0]
+  padded = -(-batch // data) * data
+  gamma = gamma if draft is not None else 0
+  cache_len = max_new_tokens + gamma + 1
+  rows = (2 * gamma + 1) if sampling else 0  # p [G + 1] and q [G] per row.
+  models = [_model_plan("target", target, mesh, rules, padded, width, cache_len, gamma + 1, dtype, rows)]
+  if draft is not None:
+    models.append(_model_plan("draft", draft, mesh, draft_rules, padded, width, cache_len, 2, dtype, rows))
+  local = padded // data
+  state = local * 4 * (cache_len + 2 + gamma + 16)  # sequences [B, cache_len + 1], per-row counters and keys.
+  return MemoryPlan(mesh_shape=(data, mesh_shape[1]), batch=padded, models=tuple(models), state=state,
+                    activations=max(m.activations for m in models))
+
+
+def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, max_new_tokens: int, gamma: int,
+                dtype="bfloat16", draft=None, rules=None, draft_rules=DRAFT_RULES,
+                sampling: bool = True) -> MemoryPlan:
+  """Bytes per device of `generate` on a mesh of `mesh_shape` = (data, model) (or {"data": D, "model": M}).
+
+  Args:
+    config_or_model / draft: configs, Models, public T5 shape names ('t5-small' ... 't5-11b') or model
+      directories (only config.json is read). draft None: plain decoding.
+    batch: rows per generate call; max_input_length: the input bucket (positions of the encoder / prompt).
+    rules: the target's logical-axis rules (None: DEFAULT_RULES); draft_rules: the draft's (DRAFT_RULES:
+      replicated over `model`, as generate places an unsharded draft).
+    sampling: count the sampled distributions' buffers (False: greedy).
+  """
+  if isinstance(mesh_shape, dict):
+    mesh_shape = (mesh_shape.get("data", 1), mesh_shape.get("model", 1))
+  mesh_shape = tuple(int(s) for s in mesh_shape)
+  if len(mesh_shape) != 2 or min(mesh_shape) < 1:
+    raise ValueError(f"memory_plan: mesh_shape must be (data, model) sizes >= 1, got {mesh_shape}.")
+  for name, value in (("batch", batch), ("max_input_length", max_input_length), ("max_new_tokens", max_new_tokens),
+                      ("gamma", gamma)):
+    if not isinstance(value, (int, np.integer)) or value < (0 if name == "gamma" else 1):
+      raise ValueError(f"memory_plan: {name} must be a positive integer, got {value!r}.")
+  dtype = jnp.dtype(dtype)
+  target = config_of(config_or_model)
+  draft = None if draft is None else config_of(draft)
+  return _plan(target, draft, mesh_shape, int(batch), int(max_input_length), int(max_new_tokens), int(gamma),
+               dtype, resolve_rules(rules), resolve_rules(draft_rules, DRAFT_RULES), bool(sampling))
+
+
+__all__ = ["DEFAULT_RULES", "DEVICE_MEMORY", "MACHINES", "MemoryPlan", "ModelPlan", "memory_plan"]

@@ -1,0 +1,238 @@
+"""Subprocess side of tests/test_sharding.py: runs on simulated CPU devices and writes what it saw as JSON.
+
+    python tests/sharding_worker.py tokens OUT.json FAMILY[,FAMILY...]   # 8 devices: tokens on 4 meshes vs one
+    python tests/sharding_worker.py programs OUT.json                    # 8 devices: HLO, memory, Orbax
+    python tests/sharding_worker.py distributed OUT.json TARGET,DRAFT PORT ID  # 4 devices, 1 of 2 processes
+
+The device count must be fixed before JAX starts, hence a subprocess per run; compilation dominates, so the XLA
+flags below trade the CPU code's speed for compile time (every compared run shares them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+if __name__ == "__main__":  # Before JAX starts; the test module imports the helpers below without this.
+  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={4 if sys.argv[1] == 'distributed' else 8} "
+                             "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+  os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jaxspec  # noqa: E402
+from jaxspec import sharding  # noqa: E402
+from jaxspec.models import registry  # noqa: E402
+
+MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
+MODES = {"greedy_plain": dict(), "greedy_speculative": dict(draft=True),
+         "sampled_speculative": dict(draft=True, temperature=1.0, seed=[11, 12, 13, 14, 15])}
+KW = dict(max_new_tokens=8, gamma=2)
+
+
+def tiny_configs() -> dict:
+  """{family name: a tiny config}, read by each family from transformers' own config dicts: a T5 with 3 heads
+  (no model axis divides them) and the first decoder-only variant of tests/decoder_only_models.py per family."""
+  import transformers
+  from decoder_only_models import BOS, EOS, PAD, VARIANTS
+  # Untied: a tiny random T5 with tied embeddings decodes its start token forever (its logits echo its input).
+  dicts = [transformers.T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_heads=3,
+                                 relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                                 decoder_start_token_id=0, feed_forward_proj="gated-gelu",
+                                 tie_word_embeddings=False).to_dict()]
+  for cls, kwargs, _ in VARIANTS.values():
+    kwargs = {k: v for k, v in kwargs.items() if k != "layer_types"}
+    kwargs.update(num_hidden_layers=1, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD)
+    dicts.append(getattr(transformers, cls)(**kwargs).to_dict())
+  out = {}
+  for raw in dicts:
+    family = registry.family_for_model_type(raw["model_type"])
+    out.setdefault(family.name, family.from_hf_config(raw))
+  return out
+
+
+def pair(config, seed: int = 0):
+  """A random target of `config` and a noisy copy of it as the draft (it accepts often, not always).
+
+  Every weight matrix is rescaled to std 3 / sqrt(fan-in): at their families' initialisation tiny random models
+  repeat one token greedily (the residual stream echoes the input embedding), which would make the token
+  comparisons weak.
+  """
+  family = registry.family_of(config)
+  params = family.init_params(config, jax.random.key(seed))
+  params = jax.tree.map(lambda x: x if x.ndim < 2 or not jnp.std(x) else x / jnp.std(x) * 3 * x.shape[0] ** -0.5,
+                        params)  # Vectors (norms, biases) and all-zero arrays (biases [N, H]) stay as they are.
+  leaves, treedef = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(seed + 1), len(leaves))
+  noisy = [x + 0.3 * jnp.std(x) * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+  return jaxspec.Model(config, params), jaxspec.Model(config, jax.tree.unflatten(treedef, noisy))
+
+
+def prompts(vocab: int) -> list[list[int]]:
+  """Five ragged rows (no data axis > 1 divides 5: the batch gets padding rows)."""
+  rng = np.random.RandomState(0)
+  return [rng.randint(3, vocab, size=n).tolist() for n in (3, 9, 1, 6, 4)]
+
+
+def record(out) -> dict:
+  s = out.stats
+  return {"tokens": out.tokens.tolist(), "lengths": out.lengths.tolist(), "iterations": s.iterations.tolist(),
+          "accepted": s.accepted.tolist(), "drafted": s.drafted.tolist(), "beta_sum": s.beta_sum.tolist()}
+
+
+def run_tokens(families: list[str]) -> dict:
+  configs = tiny_configs()
+  result = {"known": sorted(configs)}
+  for name in families:
+    target, draft = pair(configs[name])
+    rows = prompts(target.config.vocab_size)
+    runs = {}
+    for mode, kw in MODES.items():
+      kw = dict(kw, draft=draft if kw.get("draft") else None)
+      runs[mode] = {"reference": record(jaxspec.generate(target, rows, **KW, **kw))}
+    for shape in MESHES:
+      mesh = sharding.make_mesh(*shape)
+      placed = sharding.shard(target, mesh)
+      # One mesh also takes a draft placed by the default rules; elsewhere generate replicates it.
+      placed_draft = sharding.shard(draft, mesh) if shape == (2, 4) else draft
+      for mode, kw in MODES.items():
+        kw = dict(kw, draft=placed_draft if kw.get("draft") else None)
+        runs[mode][f"{shape[0]}x{shape[1]}"] = record(jaxspec.generate(placed, rows, **KW, **kw))
+    result[name] = runs
+  return result
+
+
+_SHAPE = re.compile(r"=\s*\(?(\w+)\[([\d,]*)\]")
+
+
+def loop_all_gathers(hlo: str) -> list[tuple[str, int]]:
+  """(instruction, elements gathered) of every all-gather traced inside the decoding loop's while body."""
+  found = []
+  for line in hlo.splitlines():
+    if re.search(r"\ball-gather(-start)?\(", line) and "while/body" in line:
+      match = _SHAPE.search(line)
+      dims = [int(d) for d in match.group(2).split(",") if d] if match else []
+      found.append((line.strip()[:160], int(np.prod(dims)) if dims else 1))
+  return found
+
+
+def sharded_weight_sizes(model) -> list[int]:
+  """Element counts of the parameters that are split over some mesh axis."""
+  return sorted({x.size for x in jax.tree.leaves(model.params) if not x.sharding.is_fully_replicated})
+
+
+def run_programs() -> dict:
+  from jaxspec.decoding import engine
+  from jaxspec.memory_plan import memory_plan
+  from jaxspec.models.t5 import T5Config
+  # Sizes chosen so that no activation has a weight's element count: 4 heads (split by model=4), d_ff 40.
+  cfg = T5Config(vocab_size=104, d_model=24, d_kv=5, d_ff=40, num_layers=1, num_decoder_layers=2, num_heads=4,
+                 relative_attention_num_buckets=8, relative_attention_max_distance=20)
+  target, draft = pair(cfg)
+  rows = prompts(cfg.vocab_size)
+  out = {}
+  mesh = sharding.make_mesh(2, 4)
+  placed = sharding.shard(target, mesh)
+  kw = dict(draft=draft, gamma=3, max_new_tokens=12, temperature=1.0, max_input_length=16)
+  prefill, loop = (p.compile() for p in engine.lowered_programs(placed, rows, **kw))
+  out["all_gathers"] = loop_all_gathers(loop.as_text())
+  out["weight_sizes"] = sharded_weight_sizes(placed)
+  out["while_loops"] = loop.as_text().count(" while(")
+  # Non-static arguments: target params, draft params, target cache, draft cache, ... Each cache array's logical
+  # axes next to the mesh axes the compiled loop takes and gives it.
+  axes = jax.tree.leaves(target.family.cache_axes(cfg), is_leaf=sharding.is_axes)
+
+  def specs(shardings):
+    return [[list(a), [str(e) if e is not None else None for e in tuple(sh.spec) + (None,) * (len(a) - len(sh.spec))]]
+            for a, sh in zip(axes, jax.tree.leaves(shardings))]
+  out["cache_in"] = specs(loop.input_shardings[0][2])
+  out["cache_out"] = specs(loop.output_shardings.target_cache)
+  out["draft_cache_in"] = specs(loop.input_shardings[0][3])
+  out["param_specs_in"] = sorted({str(s.spec) for s in jax.tree.leaves(loop.input_shardings[0][0])})
+  out["donated"] = loop.as_text().count("input_output_alias") > 0 or "may-alias" in loop.as_text()
+  # Negative control: a loop that replicates a sharded weight must show an all-gather of it.
+  weight = placed.params["decoder"]["layers"][0]["mlp"]["wi"]
+
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def bad(w, x):
+    def body(c):
+      full = jax.lax.with_sharding_constraint(c[1] * 1.0, replicated)
+      return c[0] + 1, c[1], c[2] + jnp.sum(full)
+    return jax.lax.while_loop(lambda c: c[0] < 3, body, (0, w, x))[2]
+  control = jax.jit(bad).lower(weight, jnp.float32(0)).compile().as_text()
+  out["control_all_gathers"] = loop_all_gathers(control)
+  out["control_size"] = weight.size
+  # The memory plan against XLA's memory analysis of the same programs.
+  pm, lm = prefill.memory_analysis(), loop.memory_analysis()
+  plan = memory_plan(cfg, (2, 4), len(rows), 16, 12, 3, jnp.float32, draft=cfg)
+  out["plan"] = {"params": plan.params, "caches": plan.caches, "state": plan.state,
+                 "activations": plan.activations, "total": plan.total, "batch": plan.batch}
+  out["xla"] = {"params": int(sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(
+      (placed.params, draft.params)))), "loop_alias": lm.alias_size_in_bytes, "loop_out": lm.output_size_in_bytes,
+      "loop_temp": lm.temp_size_in_bytes, "prefill_out": pm.output_size_in_bytes,
+      "prefill_temp": pm.temp_size_in_bytes}
+  # A one-device mesh decodes as one device does (the sharded path against the unsharded one).
+  one = sharding.shard(target, sharding.make_mesh(1, 1, devices=jax.devices()[:1]))
+  out["one_by_one_same"] = []
+  for kw in (dict(max_new_tokens=6), dict(draft=draft, max_new_tokens=6, temperature=1.0, seed=3)):
+    a, b = jaxspec.generate(target, rows, **kw), jaxspec.generate(one, rows, **kw)
+    out["one_by_one_same"].append(record(a) == record(b))
+  # Safetensors read into shards, and Orbax restores, give the arrays `shard` places.
+  import tempfile
+  with tempfile.TemporaryDirectory() as tmp:
+    jaxspec.save(target, os.path.join(tmp, "hf"), format="hf")
+    loaded = jaxspec.load(os.path.join(tmp, "hf"), dtype=jnp.float32, mesh=mesh)
+    pairs = list(zip(jax.tree.leaves(loaded.params), jax.tree.leaves(placed.params)))
+    out["hf_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    out["hf_same_sharding"] = all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in pairs)
+    jaxspec.save(target, os.path.join(tmp, "m"), format="orbax")
+    restored = jaxspec.load(os.path.join(tmp, "m"), dtype=jnp.float32, mesh=mesh)
+    pairs = list(zip(jax.tree.leaves(restored.params), jax.tree.leaves(placed.params)))
+    out["orbax_equal"] = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in pairs)
+    out["orbax_same_sharding"] = all(a.sharding.is_equivalent_to(b.sharding, a.ndim) for a, b in pairs)
+  return out
+
+
+def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
+  """One of two processes x 4 devices: loads the target's slices (bytes counted) and decodes on two meshes."""
+  from jaxspec.checkpoint import hf_dir, io
+  from jaxspec.checkpoint.sharded_read import SliceReader
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  sharding.initialize_distributed(f"127.0.0.1:{port}", 2, process_id)
+  out = {"process": jax.process_index(), "devices": jax.device_count(), "local": jax.local_device_count()}
+  target_dir, draft_dir = checkpoints
+  family, cfg = io.read_config(target_dir)
+  # Loading onto model=8: each process holds half of every split weight and reads only that half.
+  mesh = sharding.make_mesh(1, 8)
+  reader = SliceReader()
+  cfg, params = hf_dir.load_params(target_dir, family, cfg, jnp.float32, mesh=mesh, reader=reader)
+  out["bytes_read"] = reader.bytes_read
+  out["bytes_total"] = os.path.getsize(os.path.join(target_dir, "model.safetensors"))
+  target = jaxspec.Model(cfg, params)
+  draft = jaxspec.load(draft_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))  # The public path.
+  rows = prompts(cfg.vocab_size)
+  # A draft on another mesh is re-placed on the target's; then the target on data=2 x model=4.
+  out["greedy"] = jaxspec.generate(target, rows, draft=draft, **KW).tokens.tolist()
+  target_2x4 = jaxspec.load(target_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))
+  out["sampled"] = jaxspec.generate(target_2x4, rows, draft=draft, temperature=1.0, seed=[1, 2, 3, 4, 5],
+                                    **KW).tokens.tolist()
+  out["main"] = sharding.is_main_process()
+  return out
+
+
+if __name__ == "__main__":
+  mode, path = sys.argv[1:3]
+  if mode == "tokens":
+    result = run_tokens(sys.argv[3].split(","))
+  elif mode == "programs":
+    result = run_programs()
+  else:
+    result = run_distributed(sys.argv[3].split(","), int(sys.argv[4]), int(sys.argv[5]))
+  with open(path, "w") as f:
+    json.dump(result, f)

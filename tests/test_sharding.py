@@ -1,0 +1,280 @@
+"""Sharded decoding: rules, meshes, placement, loading into shards, the memory plan, and two processes.
+
+Runs that need several devices go to tests/sharding_worker.py subprocesses (8 simulated CPU devices, or 2 processes
+x 4 devices over gloo), started together so that they share the 2 cores; tests here compare what they wrote with
+one-device runs. Every registered family is decoded on meshes (1, 8), (2, 4), (4, 2), (8, 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, PartitionSpec as P
+
+import jaxspec
+from jaxspec import sharding
+from jaxspec.memory_plan import DEVICE_MEMORY, memory_plan
+from jaxspec.models import registry
+from jaxspec.models.t5 import T5Config
+
+import sharding_worker
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+FAMILIES = sorted(f.name for f in registry.families())
+MESHES = [f"{d}x{m}" for d, m in sharding_worker.MESHES]
+TIMEOUT = 1800
+
+
+class Worker:
+  """One tests/sharding_worker.py subprocess; `result()` waits for its JSON (or fails with its stderr)."""
+
+  def __init__(self, tmp, name: str, *args: str):
+    self.out = os.path.join(tmp, f"{name}.json")
+    self.log = open(os.path.join(tmp, f"{name}.log"), "w")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "sharding_worker.py"), args[0], self.out,
+                                  *args[1:]], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    self._result = None
+
+  def result(self) -> dict:
+    if self._result is None:
+      try:
+        code = self.proc.wait(timeout=TIMEOUT)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        raise
+      self.log.close()
+      if code != 0:
+        with open(self.log.name) as f:
+          pytest.fail(f"sharding worker {self.log.name} exited with {code}:\n{f.read()[-4000:]}")
+      with open(self.out) as f:
+        self._result = json.load(f)
+    return self._result
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory):
+  """The 8-device workers, started at once: the families split over two token runs, and the program checks."""
+  tmp = str(tmp_path_factory.mktemp("sharding"))
+  runs = {"tokens_a": Worker(tmp, "tokens_a", "tokens", ",".join(FAMILIES[0::2])),
+          "tokens_b": Worker(tmp, "tokens_b", "tokens", ",".join(FAMILIES[1::2]))}
+  runs["programs"] = Worker(tmp, "programs", "programs")
+  yield runs
+  for w in runs.values():
+    if w.proc.poll() is None:
+      w.proc.kill()
+
+
+def _tokens(workers, family: str) -> dict:
+  run = workers["tokens_a" if family in FAMILIES[0::2] else "tokens_b"].result()
+  return run[family]
+
+
+# Rules and meshes (no devices needed).
+
+def test_rules_split_by_logical_axis_and_replicate_what_the_mesh_does_not_divide():
+  mesh = AbstractMesh((2, 4), ("data", "model"))
+  rules = sharding.DEFAULT_RULES
+  assert sharding.spec_for(("embed", "heads", "kv"), (16, 8, 4), mesh, rules) == (P(None, "model"), [])
+  assert sharding.spec_for(("batch", "cache_seq", "heads", "kv"), (6, 9, 8, 4), mesh, rules)[0] == P(
+      "data", None, "model")
+  spec, notes = sharding.spec_for(("embed", "heads", "kv"), (16, 3, 4), mesh, rules)
+  assert spec == P() and notes == ["heads=3 is not divisible by model=4: replicated"]
+  assert sharding.spec_for(("vocab", "embed"), (96, 16), mesh, sharding.resolve_rules({"vocab": None}))[0] == P()
+  # A mesh axis splits at most one dimension of an array; size-1 axes split nothing.
+  assert sharding.spec_for(("mlp", "vocab"), (8, 8), mesh, rules)[0] == P("model")
+  assert sharding.spec_for(("batch",), (6,), AbstractMesh((1, 8), ("data", "model")), rules)[0] == P()
+  assert sharding.local_shape((6, 9, 8, 4), P("data", None, "model"), mesh) == (3, 9, 2, 4)
+  with pytest.raises(ValueError, match="rules"):
+    sharding.resolve_rules([("heads", 3)])
+
+
+def test_make_mesh_fills_the_devices_and_names_bad_sizes():
+  n = jax.device_count()
+  assert dict(sharding.make_mesh().shape) == {"data": 1, "model": n}
+  assert dict(sharding.make_mesh(data=n).shape) == {"data": n, "model": 1}
+  with pytest.raises(ValueError, match="data=2 x model=3"):
+    sharding.make_mesh(data=2, model=3)
+  with pytest.raises(ValueError, match="model must be an integer"):
+    sharding.make_mesh(model=0)
+  assert sharding.parse_mesh("data:2, model:4") == {"data": 2, "model": 4}
+  assert sharding.mesh_from_flag("") is None
+  for bad in ("data:0", "rows:2", "data:2,data:2", "model:x"):
+    with pytest.raises(ValueError, match="mesh"):
+      sharding.parse_mesh(bad)
+  assert sharding.is_main_process() and not sharding.initialize_distributed()
+
+
+def _t5_11b_params() -> int:
+  """T5-11B's parameter count, from its published shapes (independent of jaxspec's tables)."""
+  d, kv, ff, heads, layers, vocab = 1024, 128, 65536, 128, 24, 32128
+  attention = 4 * d * heads * kv
+  return vocab * d + layers * (attention + 2 * d * ff + 2 * d) + layers * (2 * attention + 2 * d * ff + 3 * d) + (
+      2 * 32 * heads + 2 * d)
+
+
+def test_memory_plan_of_t5_11b_on_8_devices_matches_its_shapes():
+  plan = memory_plan("t5-11b", (1, 8), batch=32, max_input_length=128, max_new_tokens=128, gamma=7,
+                     dtype="bfloat16", draft="t5-small")
+  target = plan.models[0]
+  replicated = 24 * 2 * 1024 + 24 * 3 * 1024 + 2 * 1024  # Norm scales: "embed" only.
+  assert target.params == 2 * ((_t5_11b_params() - replicated) // 8 + replicated)
+  cache_len = 128 + 7 + 1
+  kv = 2 * 24 * 32 * (cache_len + 128) * 128 * 128 * 2 // 8  # Self and cross K, V with heads over 8 devices.
+  assert kv <= target.caches <= kv + 32 * 128 + 2 * 32 * 4  # + the encoder mask and the per-row lengths.
+  assert plan.models[1].params == 2 * 60_506_624  # t5-small (tied), replicated over `model`.
+  assert plan.fits(DEVICE_MEMORY["tpu-v5e"]) and not plan.fits(DEVICE_MEMORY["tpu-v2"] // 2)
+  assert 0 < plan.activations < plan.params
+  one = memory_plan("t5-11b", (1, 1), 1, 128, 128, 7, "bfloat16", draft="t5-small")
+  assert one.params > 22e9 and one.fits(DEVICE_MEMORY["h100-80gb"]) and not one.fits(DEVICE_MEMORY["tpu-v5e"])
+
+
+def test_memory_plan_says_what_it_replicated_and_pads_the_batch():
+  cfg = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=3)
+  plan = memory_plan(cfg, {"data": 2, "model": 4}, batch=5, max_input_length=16, max_new_tokens=8, gamma=2,
+                     dtype=jnp.float32, draft=cfg)
+  assert plan.batch == 6
+  assert any("heads=3 is not divisible by model=4" in n for n in plan.notes)
+  assert "note:" in plan.table()
+
+
+def test_plan_script_says_whether_it_fits():
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
+         "--mesh=data:1,model:8", "--batch=32", "--device=tpu-v5e"]
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "fits" in out.stdout and "tpu-v5e" in out.stdout
+  small = subprocess.run(cmd[:-1] + ["--device_gib=1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+  assert small.returncode == 0 and "does not fit" in small.stdout
+
+
+def test_a_draft_on_a_mesh_needs_its_target_there_too():
+  cfg = T5Config(vocab_size=96, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)
+  target, draft = sharding_worker.pair(cfg)
+  mesh = sharding.make_mesh(1, 1, devices=jax.devices()[:1])
+  placed = sharding.shard(draft, mesh)
+  assert sharding.mesh_of(placed.params) == mesh and sharding.mesh_of(draft.params) is None
+  assert dict(sharding.rules_of(placed))["heads"] is None  # Size-1 axes split nothing.
+  with pytest.raises(ValueError, match="target is not"):
+    jaxspec.generate(target, [[5, 6]], draft=placed, max_new_tokens=4)
+
+
+# Tokens on every mesh, every family (8 simulated devices).
+
+def test_every_family_has_a_tiny_config(workers):
+  known = set(workers["tokens_a"].result()["known"])
+  assert set(FAMILIES) <= known, f"tests/sharding_worker.py has no tiny config for {set(FAMILIES) - known}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", MESHES)
+@pytest.mark.parametrize("mode", list(sharding_worker.MODES))
+@pytest.mark.parametrize("family", FAMILIES)
+def test_same_tokens_and_stats_on_every_mesh(workers, family, mode, mesh):
+  runs = _tokens(workers, family)[mode]
+  ref, got = runs["reference"], runs[mesh]
+  assert len(set(np.ravel(ref["tokens"]).tolist())) > 3, "degenerate reference: the comparison would be weak"
+  assert len(got["tokens"]) == 5  # Padding rows (to a multiple of data) are dropped.
+  for field in ("tokens", "lengths", "iterations", "accepted", "drafted"):
+    assert got[field] == ref[field], field
+  np.testing.assert_allclose(got["beta_sum"], ref["beta_sum"], rtol=1e-5)
+
+
+# The compiled programs (8 simulated devices).
+
+def test_no_weight_is_gathered_inside_the_loop(workers):
+  run = workers["programs"].result()
+  assert run["while_loops"] >= 1
+  weights = set(run["weight_sizes"])
+  gathered = [(line, n) for line, n in run["all_gathers"] if n in weights]
+  assert not gathered, f"all-gathers of sharded weights inside the loop: {gathered}"
+  # The detector sees a weight gathered inside a while body when there is one.
+  assert any(n == run["control_size"] for _, n in run["control_all_gathers"])
+
+
+def test_caches_stay_sharded_through_the_loop(workers):
+  run = workers["programs"].result()
+  want = {"batch": "data", "heads": "model"}  # The target's 4 heads divide model=4; batch 6 divides data=2.
+  for axes, spec in run["cache_in"]:
+    assert spec == [want.get(a) for a in axes], (axes, spec)
+  assert run["cache_out"] == run["cache_in"] and run["donated"]
+  for axes, spec in run["draft_cache_in"]:  # The draft is replicated over `model`: only its batch is split.
+    assert spec == ["data" if a == "batch" else None for a in axes], (axes, spec)
+  assert "P(None, 'model')" in run["param_specs_in"]
+
+
+def test_one_by_one_mesh_decodes_as_one_device(workers):
+  assert workers["programs"].result()["one_by_one_same"] == [True, True]
+
+
+def test_memory_plan_against_xla_memory_analysis(workers):
+  run = workers["programs"].result()
+  plan, xla = run["plan"], run["xla"]
+  assert plan["batch"] == 6
+  assert plan["params"] == xla["params"]
+  assert plan["caches"] == xla["loop_alias"]  # The donated caches are what the loop aliases.
+  assert abs(plan["caches"] - xla["prefill_out"]) <= 0.02 * plan["caches"]
+  temp = max(xla["loop_temp"], xla["prefill_temp"])
+  assert 0.5 * temp <= plan["activations"] <= 2 * temp
+  peak = xla["params"] + xla["loop_out"] + xla["loop_temp"]
+  assert abs(plan["total"] - peak) <= 0.25 * peak
+
+
+def test_loading_into_shards(workers):
+  run = workers["programs"].result()
+  assert run["orbax_equal"] and run["orbax_same_sharding"]
+  assert run["hf_equal"] and run["hf_same_sharding"]
+
+
+# Two processes x 4 devices (gloo).
+
+@pytest.fixture(scope="module")
+def distributed(tmp_path_factory, workers):
+  tmp = str(tmp_path_factory.mktemp("distributed"))
+  cfg = T5Config(vocab_size=128, d_model=16, d_kv=4, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=8,
+                 relative_attention_num_buckets=8, relative_attention_max_distance=20, tie_word_embeddings=False,
+                 scale_decoder_outputs=False)
+  target, draft = sharding_worker.pair(cfg)
+  dirs = [os.path.join(tmp, n) for n in ("target", "draft")]
+  for model, d in zip((target, draft), dirs):
+    jaxspec.save(model, d, format="hf")
+  for w in workers.values():  # Two more processes: wait for the 8-device runs to leave the cores.
+    w.result()
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  procs = [Worker(tmp, f"process{i}", "distributed", ",".join(dirs), str(port), str(i)) for i in range(2)]
+  rows = sharding_worker.prompts(cfg.vocab_size)
+  target, draft = (jaxspec.load(d, dtype=jnp.float32) for d in dirs)
+  reference = {"greedy": jaxspec.generate(target, rows, draft=draft, **sharding_worker.KW).tokens.tolist(),
+               "sampled": jaxspec.generate(target, rows, draft=draft, temperature=1.0, seed=[1, 2, 3, 4, 5],
+                                           **sharding_worker.KW).tokens.tolist()}
+  return [p.result() for p in procs], reference
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_tokens(distributed):
+  results, reference = distributed
+  assert [r["process"] for r in results] == [0, 1] and all(r["devices"] == 8 and r["local"] == 4 for r in results)
+  assert [r["main"] for r in results] == [True, False]
+  for r in results:
+    assert r["greedy"] == reference["greedy"] and r["sampled"] == reference["sampled"]
+
+
+@pytest.mark.slow
+def test_each_process_reads_only_its_slices(distributed):
+  results, _ = distributed
+  total = results[0]["bytes_total"]
+  for r in results:  # model=8 over 2 processes: half of every split weight, all of the (small) replicated ones.
+    assert 0.4 * total < r["bytes_read"] < 0.6 * total
+  assert math.isclose(results[0]["bytes_read"], results[1]["bytes_read"], rel_tol=0.01)
