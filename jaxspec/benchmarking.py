@@ -4,7 +4,7 @@ c = draft decoder step / target decoder step (1 token each); r = target step on 
 Both are measured in isolation, on caches filled to a typical length, with compilation excluded. c_alternating
 times the draft's steps between target calls, as the decoding loop runs them (on a CPU the target's pass evicts
 the draft's weights from the caches, which a tight loop of draft steps never sees). encoder_time is the work a
-decoding call does once, outside the loop.
+decoding call does once, outside the loop. Models are driven through their `Decoder` (any family).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxspec.model import Model
-from jaxspec.models import t5
+from jaxspec.models.contract import Decoder
 
 
 def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
@@ -34,38 +34,44 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
 
 
 @functools.partial(jax.jit, static_argnums=0)
-def _steps(cfg: t5.T5Config, params, cache, tokens, n_calls: int = 8):
+def _steps(decoder: Decoder, params, cache, tokens, n_calls: int = 8):
   """n_calls decoder calls on the same cache position (each call is one real decoder step)."""
   def body(_, carry):
     # The tokens depend on the carry (by a term that is always 0) so XLA cannot hoist the call out of the loop.
     fed = tokens + (carry[:, None] > 1e30).astype(tokens.dtype)
-    logits, _ = t5.decode(params, cfg, cache, fed)
+    logits, _ = decoder.step(params, cache, fed)
     return carry + logits[:, 0, 0]
   return jax.lax.fori_loop(0, n_calls, body, jnp.zeros(tokens.shape[0], jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 6))
-def _alternating(t_cfg: t5.T5Config, d_cfg: t5.T5Config, t_params, d_params, t_cache, d_cache, gamma: int,
+def _alternating(t_dec: Decoder, d_dec: Decoder, t_params, d_params, t_cache, d_cache, gamma: int,
                  n_rounds: int):
   """n_rounds of [one target call on gamma + 1 tokens, then gamma draft calls on 1 token]: the loop's pattern."""
   batch = t_cache.lengths.shape[0]
 
   def body(_, carry):
     zero = (carry[:, None] > 1e30).astype(jnp.int32)  # always 0; keeps every call inside the loop
-    logits, _ = t5.decode(t_params, t_cfg, t_cache, jnp.full((batch, gamma + 1), 5, jnp.int32) + zero)
+    logits, _ = t_dec.step(t_params, t_cache, jnp.full((batch, gamma + 1), 5, jnp.int32) + zero)
     carry = carry + logits[:, 0, 0]
     for _ in range(gamma):
-      logits, _ = t5.decode(d_params, d_cfg, d_cache,
-                            jnp.full((batch, 1), 5, jnp.int32) + (carry[:, None] > 1e30).astype(jnp.int32))
+      logits, _ = d_dec.step(d_params, d_cache,
+                             jnp.full((batch, 1), 5, jnp.int32) + (carry[:, None] > 1e30).astype(jnp.int32))
       carry = carry + logits[:, 0, 0]
     return carry
   return jax.lax.fori_loop(0, n_rounds, body, jnp.zeros(batch, jnp.float32))
 
 
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _prefill(decoder: Decoder, params, ids, cache_len: int):
+  return decoder.prefill(params, ids, jnp.full((ids.shape[0],), ids.shape[1], jnp.int32), cache_len)[0]
+
+
 def _filled_cache(model: Model, batch: int, tokens_per_call: int, prompt_len: int, context: int):
+  """A cache after an input of prompt_len tokens and `context` of the loop's positions (filled with junk)."""
   ids = jnp.full((batch, prompt_len), 5, jnp.int32)
-  cache = t5.init_cache(model.params, model.config, ids, context + tokens_per_call + 8)
-  return cache.replace(lengths=jnp.full((batch,), context, jnp.int32))
+  cache = _prefill(model.decoder(), model.params, ids, context + tokens_per_call + 8)
+  return cache.rollback(jnp.full((batch,), context, jnp.int32))
 
 
 def alternating_round_time(target: Model, draft: Model, gamma: int, batch: int, prompt_len: int = 16,
@@ -77,7 +83,7 @@ def alternating_round_time(target: Model, draft: Model, gamma: int, batch: int, 
   """
   t_cache = _filled_cache(target, batch, gamma + 1, prompt_len, context)
   d_cache = _filled_cache(draft, batch, 1, prompt_len, context)
-  return median_time(lambda: _alternating(target.config, draft.config, target.params, draft.params, t_cache,
+  return median_time(lambda: _alternating(target.decoder(), draft.decoder(), target.params, draft.params, t_cache,
                                           d_cache, gamma, n_rounds).block_until_ready(), repeats) / n_rounds
 
 
@@ -86,20 +92,16 @@ def decoder_step_time(model: Model, batch: int, tokens_per_call: int, prompt_len
   """Seconds per decoder call feeding `tokens_per_call` tokens per row at position `context` (median)."""
   cache = _filled_cache(model, batch, tokens_per_call, prompt_len, context)
   tokens = jnp.full((batch, tokens_per_call), 5, jnp.int32)
-  return median_time(lambda: _steps(model.config, model.params, cache, tokens, n_calls).block_until_ready(),
+  return median_time(lambda: _steps(model.decoder(), model.params, cache, tokens, n_calls).block_until_ready(),
                      repeats) / n_calls
 
 
-@functools.partial(jax.jit, static_argnums=(0, 3))
-def _encode(cfg: t5.T5Config, params, ids, cache_len: int):
-  return t5.init_cache(params, cfg, ids, cache_len)
-
-
 def encoder_time(model: Model, batch: int, prompt_len: int, cache_len: int = 72, repeats: int = 5) -> float:
-  """Seconds per call of the work done once per decoding call: the encoder on [batch, prompt_len] tokens, the
-  cross-attention keys and values, and the decoder cache's allocation (median)."""
+  """Seconds per call of the work done once per decoding call: the prefill on [batch, prompt_len] tokens (T5:
+  the encoder, the cross-attention keys and values) and the caches' allocation (median)."""
   ids = jnp.full((batch, prompt_len), 5, jnp.int32)
-  return median_time(lambda: jax.block_until_ready(_encode(model.config, model.params, ids, cache_len)), repeats)
+  decoder = model.decoder()
+  return median_time(lambda: jax.block_until_ready(_prefill(decoder, model.params, ids, cache_len)), repeats)
 
 
 def cost_ratios(target: Model, draft: Model, gamma: int, batch: int = 1, repeats: int = 5, rounds: int = 5) -> dict:

@@ -4,50 +4,49 @@ r"""Runs plain and speculative decoding side by side on a random-weight T5 pair 
     python launch/demo.py --config.gamma=2 --config.temperature=1.0
 """
 
-import statistics
+import os
 import time
 
 import jax
 import numpy as np
-from absl import app, logging
-from ml_collections import config_flags
+from absl import logging
 
 import jaxspec
+from jaxspec import cli_flags, timing
 from jaxspec.models import t5
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/demo.py", "Demo settings.")
+CONFIG = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "demo.py"))
+_CONFIG = cli_flags.define_config_file("config", CONFIG, "Demo settings.")
 
 
-def _random_model(name: str, vocab_size: int, shape: dict, seed: int) -> jaxspec.Model:
+def random_model(name: str, vocab_size: int, shape: dict, seed: int) -> jaxspec.Model:
   cfg = t5.T5Config(vocab_size=vocab_size, activation="gelu_new", gated=True, tie_word_embeddings=False,
                     scale_decoder_outputs=False, **shape)
   return jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), name=name)
 
 
-def _timed(fn, repeats: int):
-  first = time.perf_counter()
+def timed(fn, repeats: int):
+  """(output, seconds of the first call with compilation, median seconds of `repeats` more)."""
+  start = time.perf_counter()
   out = fn()
-  compile_and_first = time.perf_counter() - first
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - start)
-  return out, compile_and_first, statistics.median(times)
+  first = time.perf_counter() - start
+  return out, first, timing.median_time(fn, repeats, warmup=0)
 
 
 def main(argv):
   del argv
   c = _CONFIG.value
+  if c.temperature < 0 or not 0 < c.top_p <= 1 or c.gamma < 1 or c.batch_size < 1 or c.repeats < 1:
+    raise SystemExit(f"config: need temperature >= 0, 0 < top_p <= 1, and gamma, batch_size, repeats >= 1; got {c}")
   logging.info("JAX devices: %s", jax.devices())
-  target = _random_model("target", c.vocab_size, c.target, c.seed)
-  draft = _random_model("draft", c.vocab_size, c.draft, c.seed + 1)
+  target = random_model("target", c.vocab_size, c.target, c.seed)
+  draft = random_model("draft", c.vocab_size, c.draft, c.seed + 1)
   rng = np.random.RandomState(c.seed)
   prompts = [list(rng.randint(2, c.vocab_size, size=c.prompt_length)) + [1] for _ in range(c.batch_size)]
   knobs = dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
                seed=c.seed)
-  plain, plain_first, plain_t = _timed(lambda: jaxspec.generate(target, prompts, **knobs), c.repeats)
-  spec, spec_first, spec_t = _timed(
+  plain, plain_first, plain_t = timed(lambda: jaxspec.generate(target, prompts, **knobs), c.repeats)
+  spec, spec_first, spec_t = timed(
       lambda: jaxspec.generate(target, prompts, draft=draft, gamma=c.gamma, **knobs), c.repeats)
   s = spec.stats
   print(f"target: {target}\ndraft:  {draft}")
@@ -69,4 +68,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli_flags.run(main)

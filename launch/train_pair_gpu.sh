@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Trains an EN-DE pair on one GPU and embeds it as ende-target / ende-draft (docs/ende_pair.md, the 29M target):
-#   1. the target (configs/ende.py:target_gpu, ~29M params, the shipped tokenizer), keeping the best dev loss;
-#   2. its greedy translations of 50k training sources (sequence-level distillation data);
-#   3. the draft from scratch on them, with token-level KL to the target (configs/ende.py:draft_gpu);
-#   4. both copied into jaxspec/embedded/ as bfloat16 safetensors.
-# Expects the corpus in .gpu/data/ (train.tsv.gz, dev.tsv: copies of ../shared/data/ende). Every stage resumes
-# where it stopped, so a run cut short is finished by running this again. On one H100 it took 8.5 minutes
-# (target 3.9, distillation 0.9, draft 3.3, exports 0.4).
+# The v2 EN-DE pair on one lent GPU, in one device call of under 9.5 minutes (docs/ende_pair.md, "v2: how to
+# train"): launch/train_pair_v2.py trains the target, distils training sources with it, trains the draft on them,
+# and packs both into $OUT (ende-target.tar.part00-03, ende-draft.tar.part00, summary.json, log.txt: 7 files,
+# each < 15 MB, ~60 MB in all).
 #
-#   mkdir -p .gpu/data && cp ../shared/data/ende/{train.tsv.gz,dev.tsv} .gpu/data/ && bash launch/train_pair_gpu.sh
+# Prepared on the CPU side (ignored paths, carried to the device):
+#   mkdir -p runs/corpus && cp /work/corpus/{train.tsv.gz,dev.tsv,test.tsv,dev_doc.tsv,test_doc.tsv} runs/corpus/
+#   .venv/bin/pip download --no-deps ml_collections==1.1.0 -d runs/wheels     # the device lacks ml_collections
+# Then one `run` call: command "bash launch/train_pair_gpu.sh", carry ["runs/corpus", "runs/wheels"],
+# timeout_s 600. Extra arguments go to launch/train_pair_v2.py (e.g. --target_config.dropout_rate=0.2).
 set -euo pipefail
-work=.gpuwork
-python3 launch/train.py --config=configs/ende.py:target_gpu --workdir=$work/target
-python3 launch/distill_corpus.py --target=$work/target/export --train=.gpu/data/train.tsv.gz \
-  --output=$work/distill/train.tsv.gz --max_pairs=50000 --batch_size=256
-python3 launch/train.py --config=configs/ende.py:draft_gpu --workdir=$work/draft
-python3 launch/export_embedded.py --source=$work/target/export --name=ende-target
-python3 launch/export_embedded.py --source=$work/draft/export --name=ende-draft
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  runs/wheels/*.whl
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1
+out=${OUT:-runs/pair_v2/out}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm --format=csv,noheader || true
+python3 launch/train_pair_v2.py --corpus=runs/corpus --out="$out" --verbosity=-1 "$@" 2>&1 | tee "$out/log.txt"

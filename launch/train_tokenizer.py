@@ -1,23 +1,26 @@
 r"""Trains the shared EN-DE sentencepiece tokenizer with T5's special ids (pad 0, eos 1, unk 2).
 
-    python launch/train_tokenizer.py --train=../shared/data/ende/train.tsv.gz --output_dir=/tmp/ende_tokenizer
+    python launch/train_tokenizer.py --output_dir=runs/tokenizer                  # the corpus of --data_dir
+    python launch/train_tokenizer.py --train=my_pairs.tsv.gz --output_dir=runs/tokenizer
 
 The output directory loads with `jaxspec.tokenizer.load_tokenizer` (and `jaxspec.load` when it also holds
-weights), exactly like a Hugging Face T5 tokenizer.
+weights), exactly like a Hugging Face T5 tokenizer; configs/ende.py takes it as --config.tokenizer.
 """
 
 import os
 import tempfile
 
 import sentencepiece as spm
-from absl import app, flags
+from absl import flags
 
-from jaxspec.data.ende import read_pairs
+from jaxspec import cli_flags
+from jaxspec.data.ende import default_data_dir, read_pairs, split_path
 from jaxspec.tokenizer import write_sentencepiece_tokenizer
 
-_TRAIN = flags.DEFINE_string("train", "../shared/data/ende/train.tsv.gz", "EN-DE TSV to learn the pieces from.")
-_OUTPUT = flags.DEFINE_string("output_dir", "/tmp/ende_tokenizer", "Where spiece.model and its config go.")
-_VOCAB = flags.DEFINE_integer("vocab_size", 8000, "Pieces, special tokens included.")
+_TRAIN = flags.DEFINE_string("train", "train", "EN-DE TSV to learn the pieces from: 'train' of --data_dir or a path.")
+_DATA = flags.DEFINE_string("data_dir", "", f"EN-DE corpus directory ('' = {default_data_dir()}).")
+_OUTPUT = flags.DEFINE_string("output_dir", None, "Where spiece.model and its config go.", required=True)
+_VOCAB = flags.DEFINE_integer("vocab_size", 8000, "Pieces, special tokens included.", lower_bound=8)
 
 
 def train(train_tsv: str, output_dir: str, vocab_size: int) -> None:
@@ -36,9 +39,9 @@ def train(train_tsv: str, output_dir: str, vocab_size: int) -> None:
 
 def main(argv):
   del argv
-  train(_TRAIN.value, _OUTPUT.value, _VOCAB.value)
+  train(split_path(_TRAIN.value, _DATA.value), _OUTPUT.value, _VOCAB.value)
   print(f"tokenizer written to {_OUTPUT.value}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli_flags.run(main)

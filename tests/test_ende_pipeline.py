@@ -13,7 +13,7 @@ import pytest
 
 import jaxspec
 from jaxspec import training
-from jaxspec.data.ende import Pair, bucketed_batches, read_pairs, write_pairs
+from jaxspec.data.ende import Pair, bucketed_batches, distillation_sources, length_buckets, read_pairs, write_pairs
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
 
@@ -214,3 +214,97 @@ def test_translate_script(tiny_setup, tmp_path):
   hf_tok.save_pretrained(str(other))
   res = _run(["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"])
   assert res.returncode != 0 and "tokenizer" in res.stderr and "differs" in res.stderr
+
+
+def test_domains_of_pairs_and_distillation_sources():
+  pairs = [Pair("a", "A", "deb trans-de-en (ding)"), Pair("b", "B", "doc:gimp-help"), Pair("c", "C", "kmail.mo"),
+           Pair("d", "D", "ding"), Pair("e", "E", "distilled:doc:kde-help"), Pair("a", "A2", "deb gramps"),
+           Pair("f", "F", "deb libbinding-tools")]
+  assert [p.domain for p in pairs] == ["natural", "documentation", "software", "natural", "documentation",
+                                       "software", "software"]
+  assert [p.is_natural for p in pairs] == [True, False, False, True, False, False, False]
+  assert Pair("x", "y", "distilled:deb trans-de-en (ding)").is_natural
+  # Natural first, then documentation, then software; one pair per English text; capped.
+  assert [p.en for p in distillation_sources(pairs, 10)] == ["a", "d", "b", "e", "c", "f"]
+  assert [p.en for p in distillation_sources(pairs, 3)] == ["a", "d", "b"]
+  assert [p.en for p in distillation_sources(pairs, 10, ("software",))] == ["c", "a", "f"]
+  with pytest.raises(ValueError, match="unknown domain"):
+    distillation_sources(pairs, 10, ("poetry",))
+  assert length_buckets(96, spec="16,32,48,64,96") == [16, 32, 48, 64, 96]
+  assert length_buckets(32, spec="16,64") == [16, 32]  # max_len last, nothing above it
+
+
+def test_evaluation_scores_per_domain():
+  from jaxspec.bench import quality
+  pairs = [Pair(f"s{i}", f"Das ist Satz {i}.", src) for i, src in
+           enumerate(["ding"] * 6 + ["doc:x"] * 3 + ["deb y"] * 4)]
+  chosen = quality.select_pairs(pairs, limit_per_domain=2)
+  assert [p.domain for p in chosen] == ["natural"] * 2 + ["documentation"] * 2 + ["software"] * 2
+  assert quality.select_pairs(pairs, natural_only=True) == pairs[:6]
+  refs = [p.de for p in chosen]
+  hyps = refs[:2] + ["ganz anders"] * 2 + refs[4:]
+  s = quality.scores(hyps, refs, np.array([p.domain for p in chosen]))
+  assert s["bleu_natural"] == pytest.approx(100) and s["chrf_software"] == pytest.approx(100)
+  assert s["bleu_documentation"] < 5 and s["chrf_documentation"] < 30 and 5 < s["bleu"] < 100
+
+
+def _tiny_batch():
+  cfg = t5.T5Config(vocab_size=20, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)
+  params = t5.init_params(cfg, jax.random.key(0))
+  inputs = jnp.asarray(np.random.RandomState(0).randint(2, 20, size=(4, 6)), jnp.int32)
+  labels = jnp.asarray(np.random.RandomState(1).randint(2, 20, size=(4, 5)), jnp.int32)
+  return cfg, params, inputs, labels
+
+
+def test_dropout_is_training_only():
+  cfg, params, inputs, labels = _tiny_batch()
+  dec = training.shift_right(labels, 0)
+  plain = t5.forward(params, cfg, inputs, dec)
+  key = jax.random.key(3)
+  np.testing.assert_array_equal(plain, t5.forward(params, cfg, inputs, dec, dropout_rate=0.0, dropout_rng=key))
+  np.testing.assert_array_equal(plain, t5.forward(params, cfg, inputs, dec, dropout_rate=0.3))  # no rng: none
+  dropped = t5.forward(params, cfg, inputs, dec, dropout_rate=0.3, dropout_rng=key)
+  assert not np.allclose(plain, dropped)
+  np.testing.assert_array_equal(dropped, t5.forward(params, cfg, inputs, dec, dropout_rate=0.3, dropout_rng=key))
+  assert not np.allclose(dropped, t5.forward(params, cfg, inputs, dec, dropout_rate=0.3,
+                                             dropout_rng=jax.random.key(4)))
+  # Decoding adds no random op unless a Dropout is passed.
+  cache = t5.init_cache(params, cfg, inputs, 8)
+  ops = lambda f: {str(e.primitive) for e in jax.make_jaxpr(f)(params, cache, dec[:, :2]).jaxpr.eqns}
+  assert not any("random" in op or "threefry" in op for op in ops(lambda p, c, t: t5.decode(p, cfg, c, t)))
+  from jaxspec.models.t5.model import Dropout
+  assert any("random" in op or "threefry" in op
+             for op in ops(lambda p, c, t: t5.decode(p, cfg, c, t, dropout=Dropout(0.1, key))))
+  # In a train step, dropout changes the loss; evaluation (no dropout) is the same whatever the step's settings.
+  opt = training.make_optimizer(1e-3, 1, 10)
+  ce = {}
+  for rate in (0.0, 0.5):
+    settings = training.StepConfig(model=cfg, dropout_rate=rate)
+    p = jax.tree.map(jnp.copy, params)
+    _, _, m = training.train_step(settings, opt, p, opt.init(p), inputs, labels, None, 7)
+    ce[rate] = float(m["ce"])
+  assert ce[0.0] != pytest.approx(ce[0.5], abs=1e-4)
+  ref = training.token_losses(plain, labels, 0)[0].sum(axis=1)
+  np.testing.assert_allclose(training.eval_step(cfg, params, inputs, labels)[0], ref, rtol=1e-5)
+  assert ce[0.0] == pytest.approx(float(ref.sum() / (labels != 0).sum()), rel=1e-5)
+
+
+def test_label_smoothing_mixed_precision_and_budget_schedule():
+  cfg, params, inputs, labels = _tiny_batch()
+  logits = t5.forward(params, cfg, inputs, training.shift_right(labels, 0))
+  logp = jax.nn.log_softmax(logits)
+  nll = -jnp.take_along_axis(logp, labels[..., None], -1).mean()
+  loss, m = training.loss_fn(params, cfg, inputs, labels, label_smoothing=0.2)
+  assert float(m["ce"]) == pytest.approx(float(nll), rel=1e-5)  # the metric stays the plain cross-entropy
+  assert float(loss) == pytest.approx(float(0.8 * nll - 0.2 * logp.mean()), rel=1e-5)
+  settings = training.StepConfig(model=cfg, compute_dtype="bfloat16", label_smoothing=0.1, dropout_rate=0.1)
+  opt = training.make_optimizer(1e-2, 2, None)
+  state, first = opt.init(params), None
+  for step in range(20):
+    params, state, metrics = training.train_step(settings, opt, params, state, inputs, labels, None, step)
+    first = first if first is not None else float(metrics["ce"])
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # master weights stay float32
+  assert float(metrics["ce"]) < first
+  scales = [training.budget_lr_scale(f) for f in (-1, 0, 0.25, 0.5, 1, 2)]
+  assert scales[0] == scales[1] == pytest.approx(1) and scales[-1] == scales[-2] == pytest.approx(0.05)
+  assert scales[1] > scales[2] > scales[3] > scales[4]

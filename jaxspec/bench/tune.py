@@ -1,0 +1,205 @@
+"""`jaxspec.tune`: which draft, gamma and schedule decode these inputs fastest, measured, and why.
+
+    result = jaxspec.tune(target, {"ende-draft": draft, "ngram": jaxspec.NGramDraft()}, texts,
+                          gammas=(1, 2, 3, 4), batch_sizes=(1, 4), temperatures=(0.0, 1.0), references=refs)
+    result.rows                  # one dict per draft x gamma x schedule x batch size x temperature
+    result.best[(0.0, 1)]        # a Choice: the fastest variant, or plain decoding when none wins
+    print("\\n".join(result.table()))
+
+Every variant is timed against plain decoding side by side on the same inputs (`jaxspec.bench.sweep`:
+interleaved passes after a warm-up pass, medians; c and r timed in isolation in the same minutes). The
+"adaptive" rows run with knobs set from the costs measured in the same run (`adaptive_knobs`): draft_cost = c / r
+(a draft step per verify call of width gamma + 1) and fallback_alpha = the acceptance rate below which every
+draft length is expected to be FALLBACK_VALUE times plain decoding's speed or slower at those costs (Theorem 3.8
+with r), so a row whose draft stops helping decodes plainly. A row's quality columns are sacrebleu's BLEU and chrF against `references` when given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import time
+from typing import Sequence
+
+import jax
+import numpy as np
+
+import jaxspec
+from jaxspec.batching import MAX_INPUT_LENGTH
+from jaxspec.bench import sweep
+from jaxspec.inputs import encode_texts
+
+SCHEDULES = ("constant", "adaptive", "heuristic")
+MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured at least this much faster
+# A row rests (fallback) when drafting is expected to be this much slower than plain decoding or worse: not at
+# the break-even point (1.0), because the running estimate is noisy (~10 positions) and resting on a dip of a
+# good draft costs its speedup, while a useless draft's estimate falls far below any threshold.
+FALLBACK_VALUE = 0.9
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """The decoder to use at one (temperature, batch size): a variant of the table, or plain decoding."""
+
+  temperature: float
+  batch: int
+  draft: str | None  # a key of the tuner's drafts; None: plain decoding
+  gamma: int = 0
+  schedule: str = "constant"
+  knobs: dict = dataclasses.field(default_factory=dict)  # more generate arguments (draft_cost, fallback_alpha)
+  speedup: float = 1.0  # measured over plain decoding (1.0 for plain)
+  why: str = ""
+
+  def generate_kwargs(self, drafts: dict) -> dict:
+    """Keyword arguments of jaxspec.generate for this choice ({} for plain decoding)."""
+    if self.draft is None:
+      return {}
+    extra = {"schedule": self.schedule} if self.schedule != "constant" else {}
+    return dict(draft=drafts[self.draft], gamma=self.gamma, **extra, **self.knobs)
+
+  def describe(self) -> str:
+    if self.draft is None:
+      return "plain decoding"
+    return f"{self.draft}, gamma {self.gamma}, {self.schedule}" + "".join(
+        f", {k} {v:.3g}" for k, v in self.knobs.items())
+
+
+@dataclasses.dataclass
+class TuneResult:
+  rows: list[dict]  # sweep rows with quality (see jaxspec.bench.sweep and the README's table)
+  best: dict  # {(temperature, batch): Choice}
+  meta: dict
+
+  def table(self) -> list[str]:
+    """The rows as an aligned markdown table (the benchmark's columns, plus draft, schedule, latency, quality)."""
+    from jaxspec.bench import report  # pylint: disable=import-outside-toplevel
+    return report.tune_table(self.rows)
+
+  def to_json(self) -> dict:
+    return {"meta": self.meta, "rows": self.rows,
+            "best": {f"T={t:g},batch={b}": dataclasses.asdict(c) for (t, b), c in sorted(self.best.items())}}
+
+
+def break_even_alpha(c: float, r: float, gamma: int, value: float = 1.0) -> float:
+  """The smallest alpha at which some draft length k <= gamma reaches `value` times plain decoding's speed at these
+  costs: max_k E[tokens](alpha, k) / (k c + r) >= value (Theorem 3.8 with r). 0 when it does at any alpha, 1 when
+  at none."""
+  def best(a: float) -> float:
+    return max(jaxspec.expected_speedup(a, k, c, r) for k in range(1, gamma + 1))
+  if best(0.0) >= value:
+    return 0.0
+  if best(1.0) < value:
+    return 1.0
+  lo, hi = 0.0, 1.0
+  for _ in range(30):
+    mid = (lo + hi) / 2
+    lo, hi = (lo, mid) if best(mid) >= value else (mid, hi)
+  return hi
+
+
+def adaptive_knobs(c: float, r: float, gamma: int) -> dict:
+  """schedule="adaptive"'s knobs for measured costs: c (a draft step per target step, as the loop runs it) and
+  r (a verify call of gamma + 1 tokens per target step)."""
+  return {"draft_cost": c / r, "fallback_alpha": break_even_alpha(c, r, gamma, FALLBACK_VALUE)}
+
+
+def _knobs(variant: sweep.Variant, cost: dict) -> dict:
+  if variant.schedule != "adaptive":
+    return {}
+  c = max(cost["c"], cost["c_alternating"])  # the alternating cost is what the loop pays; never below isolation
+  return adaptive_knobs(c, cost["r"], variant.gamma)
+
+
+def _scorer(references: Sequence[str]):
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+
+  def score(hyps: list[str]) -> dict:
+    return {"bleu": sacrebleu.corpus_bleu(hyps, [list(references)]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [list(references)]).score}
+  return score
+
+
+def choose(rows: list[dict], min_speedup: float = MIN_SPEEDUP) -> dict:
+  """{(temperature, batch): Choice}: the measured fastest row of each, or plain decoding when none is at least
+  min_speedup times faster than plain."""
+  best = {}
+  for key in sorted({(r["temperature"], r["batch"]) for r in rows}):
+    group = sorted((r for r in rows if (r["temperature"], r["batch"]) == key), key=lambda r: -r["speedup"])
+    top = group[0]
+    runner = (f"; next: {group[1]['draft']} {group[1]['schedule']} gamma {group[1]['gamma']} "
+              f"{group[1]['speedup']:.2f}x" if len(group) > 1 else "")
+    facts = (f"{top['speedup']:.2f}x over plain decoding ({top['plain_ms_per_token']:.2f} -> "
+             f"{top['spec_ms_per_token']:.2f} ms/token; alpha {top['alpha']:.2f}, {top['tokens_per_iteration']:.2f} "
+             f"tokens/iteration, {top['mean_draft_length']:.2f} drafted, c {top['c']:.3f}, r {top['r']:.2f}; "
+             f"Theorem 3.8 with r predicts {top['expected_speedup_with_r']:.2f}x)")
+    if top["speedup"] >= min_speedup:
+      best[key] = Choice(key[0], key[1], top["draft"], top["gamma"], top["schedule"], dict(top["knobs"]),
+                         top["speedup"], f"fastest of {len(group)}: {facts}{runner}")
+    else:
+      best[key] = Choice(key[0], key[1], None, why=f"no variant is {min_speedup:.2f}x faster than plain decoding; "
+                                                   f"the best, {top['draft']} {top['schedule']} gamma {top['gamma']}, "
+                                                   f"measured {facts}")
+  return best
+
+
+def _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, schedules) -> None:
+  if not isinstance(drafts, dict) or not drafts:
+    raise ValueError("drafts must be a non-empty dict {name: jaxspec.Model or jaxspec.NGramDraft}.")
+  for name, d in drafts.items():
+    if not isinstance(d, (jaxspec.Model, jaxspec.NGramDraft)):
+      raise ValueError(f"drafts[{name!r}] must be a jaxspec.Model or a jaxspec.NGramDraft, got {type(d).__name__}.")
+  if not ids or any(not i for i in ids):
+    raise ValueError("inputs must be a non-empty list of non-empty texts or token-id lists.")
+  if references is not None and len(references) != len(ids):
+    raise ValueError(f"references must hold one text per input: {len(references)} for {len(ids)} inputs.")
+  if references is not None and target.tokenizer is None:
+    raise ValueError("references need a target with a tokenizer (outputs are scored as text).")
+  for name, values, ok in (("gammas", gammas, lambda g: isinstance(g, (int, np.integer)) and g >= 1),
+                           ("batch_sizes", batch_sizes, lambda b: isinstance(b, (int, np.integer)) and b >= 1),
+                           ("temperatures", temperatures, lambda t: np.isfinite(t) and t >= 0),
+                           ("schedules", schedules, lambda s: s in SCHEDULES)):
+    if not values or not all(ok(v) for v in values):
+      raise ValueError(f"{name} must be a non-empty list of valid values, got {values!r}.")
+
+
+def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] = (1, 2, 3, 4, 6),
+         batch_sizes: Sequence[int] = (1,), temperatures: Sequence[float] = (0.0,),
+         schedules: Sequence[str] = ("constant", "adaptive"), references: Sequence[str] | None = None,
+         top_k: int = 0, top_p: float = 1.0, repeats: int = 3, max_new_tokens: int = 64, itl: bool = True, min_speedup: float = MIN_SPEEDUP,
+         max_input_length: int = MAX_INPUT_LENGTH, verbose: bool = True) -> TuneResult:
+  """Times every draft x gamma x schedule x batch size x temperature against plain decoding on `inputs`.
+
+  Args:
+    target: the model whose output is produced (every variant's output is the target's, exactly).
+    drafts: {name: jaxspec.Model (same tokenizer) or jaxspec.NGramDraft}.
+    inputs: texts (the target needs a tokenizer) or token-id lists; all of them are decoded in every pass.
+    schedules: among "constant", "adaptive" (knobs from the measured costs, see the module docstring) and
+      "heuristic".
+    references: one reference text per input: rows get BLEU and chrF (sacrebleu) of their outputs and of plain
+      decoding's.
+    top_k, top_p: sampling filters of every pass (as jaxspec.generate's).
+    repeats: timed passes per variant (the median is reported), after one warm-up pass.
+    itl: one more streaming pass per variant for inter-token latencies (inputs of the most common prompt bucket).
+    min_speedup: the measured speedup a variant needs to be chosen over plain decoding.
+  Returns:
+    TuneResult: rows (the table), best ({(temperature, batch): Choice}) and meta (machine, models, date).
+  """
+  ids = inputs
+  if inputs and all(isinstance(t, str) for t in inputs):
+    if target.tokenizer is None:
+      raise ValueError("text inputs need a target with a tokenizer; pass token-id lists instead.")
+    ids = encode_texts(target.tokenizer, list(inputs), max_input_length=max_input_length)
+  ids = [list(map(int, i)) for i in ids]
+  _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, schedules)
+  variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
+  start, load = time.time(), os.getloadavg()
+  rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,
+                       knobs=_knobs, sampling=dict(top_k=top_k, top_p=top_p), itl=itl, score=None if references is None else _scorer(references),
+                       verbose=verbose)
+  meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
+          "backend": jax.default_backend(), "target": repr(target),
+          "drafts": {n: repr(d) for n, d in drafts.items()}, "inputs": len(ids), "repeats": repeats,
+          "max_new_tokens": max_new_tokens, "min_speedup": min_speedup, "seconds": time.time() - start,
+          "load_average_before_after": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M")}
+  return TuneResult(rows=rows, best=choose(rows, min_speedup), meta=meta)

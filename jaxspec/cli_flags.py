@@ -1,0 +1,193 @@
+"""absl flags shared by the launch scripts, validated when the command line is parsed (before any model loads).
+
+    cli_flags.define_models()          # --target, --draft
+    cli_flags.define_decoding(gamma=3) # --gamma, --max_new_tokens, --max_input_length, --batch_size
+                                       # (auto_gamma=True: --gamma also takes 'auto', for a measured choice)
+    cli_flags.define_sampling()        # --temperature, --top_k, --top_p, --seed
+    cli_flags.define_mesh()            # --mesh data:D,model:M
+    cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1
+
+A bad value stops the script at parsing with one line ("FATAL Flags parsing error: flag --batch_size=0: ...") and
+exit status 1. `run` does the same for the library's user errors raised later (an unreadable input, an unknown
+model, an output that does not belong to the input): one line on stderr, no traceback.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from typing import Callable
+
+from absl import app, flags
+from ml_collections import config_flags
+
+from jaxspec.batching import MAX_SEED
+from jaxspec.checkpoint import CheckpointError
+from jaxspec.decoding import CacheTooLargeError, NonFiniteLogitsError
+from jaxspec.inputs import InputError
+
+FLAGS = flags.FLAGS
+MESH_AXES = ("data", "model")
+AUTO = "auto"  # --gamma=auto
+
+
+def _check(name: str, ok: Callable, message: str) -> None:
+  flags.register_validator(name, ok, message=f"--{name} {message}")
+
+
+def define_config_file(name: str, default: str | None, help_text: str):
+  """config_flags.DEFINE_config_file(..., lock_config=True); an override of a field the config does not have
+  (--config.no_such_field=1, which ml_collections rejects while defining the flag) ends with one line."""
+  try:
+    return config_flags.DEFINE_config_file(name, default, help_text, lock_config=True)
+  except (AttributeError, KeyError) as e:
+    given = [a.split("=")[0] for a in sys.argv[1:] if a.startswith(f"--{name}.")]
+    print(f"FATAL Flags parsing error: {', '.join(given) or '--' + name}: no such field in the config ({e}).",
+          file=sys.stderr)
+    sys.exit(1)
+
+
+def define_models(target: str = "ende-target", draft: str | None = "ende-draft") -> None:
+  """--target and (unless draft is None) --draft: embedded model names or model directories."""
+  flags.DEFINE_string("target", target, "Target model: an embedded name or a model directory.")
+  if draft is not None:
+    flags.DEFINE_string("draft", draft, "Draft: an embedded name, a model directory or 'ngram' (prompt lookup, no "
+                        "model); '' = plain decoding. Comma-separated where a script takes a pool (translate.py).")
+  _check("target", lambda v: bool(v), "must name a model")
+
+
+class _GammaParser(flags.ArgumentParser):
+  """An integer >= 1, or 'auto' (the launch script measures the best choice: `jaxspec.jobs.calibrate`)."""
+
+  def parse(self, argument):
+    if argument == AUTO or (isinstance(argument, int) and argument >= 1):
+      return argument
+    try:
+      value = int(str(argument))
+    except ValueError:
+      value = 0
+    if value < 1:
+      raise ValueError(f"expected an integer >= 1 or '{AUTO}', got {argument!r}")
+    return value
+
+  def flag_type(self) -> str:
+    return f"integer >= 1 or '{AUTO}'"
+
+
+def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: int = 64,
+                    max_input_length: int = 128, gamma_flag: bool = True, auto_gamma: bool = False) -> None:
+  """--gamma (an integer >= 1; with auto_gamma also 'auto'), --max_new_tokens, --max_input_length and
+  --batch_size, each an integer >= 1."""
+  if gamma_flag and auto_gamma:
+    flags.DEFINE(_GammaParser(), "gamma", gamma, f"Draft tokens per iteration, or '{AUTO}': measure drafts x gammas x "
+                 "schedules on the first inputs and use the fastest (plain decoding when none wins).")
+  elif gamma_flag:
+    flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
+  flags.DEFINE_integer("max_new_tokens", max_new_tokens, "Tokens generated per input at most.", lower_bound=1)
+  flags.DEFINE_integer("max_input_length", max_input_length, "Longest input in tokens (EOS included).",
+                       lower_bound=1)
+  flags.DEFINE_integer("batch_size", batch_size, "Inputs per generate call (one compilation per prompt bucket).",
+                       lower_bound=1)
+
+
+def define_sampling() -> None:
+  """--temperature, --top_k, --top_p and --seed (per-item seeds derive from it: `jaxspec.batching.item_seed`)."""
+  flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactly the target's greedy output); > 0 samples.")
+  flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).", lower_bound=0)
+  flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1 = off).")
+  flags.DEFINE_integer("seed", 0, "Base sampling seed in [0, 2**31 - 1]; item i samples with a seed derived from "
+                       "it and i, so batch size and resume points never change an output.", lower_bound=0,
+                       upper_bound=MAX_SEED)
+  _check("temperature", lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0 (0 = greedy)")
+  _check("top_p", lambda v: 0 < v <= 1, "must be in (0, 1] (1 = off)")
+
+
+class _NumberListParser(flags.ArgumentParser):
+  """Comma-separated numbers of one kind, each >= lower_bound: '1,2,3' -> [1, 2, 3]."""
+
+  def __init__(self, kind: type, lower_bound: float):
+    self.kind, self.lower_bound = kind, lower_bound
+
+  def parse(self, argument):
+    if isinstance(argument, (list, tuple)):
+      return list(argument)
+    try:
+      values = [self.kind(x) for x in str(argument).split(",") if x.strip()]
+    except ValueError:
+      raise ValueError(f"expected comma-separated {self.kind.__name__} values, got {argument!r}") from None
+    if not values or not all(math.isfinite(v) and v >= self.lower_bound for v in values):
+      raise ValueError(f"expected one or more {self.kind.__name__} values >= {self.lower_bound}, got {argument!r}")
+    return values
+
+  def flag_type(self) -> str:
+    return f"comma-separated list of {self.kind.__name__}"
+
+
+def define_number_list(name: str, default: list, help_text: str, kind: type = int, lower_bound: float = 0) -> None:
+  """--name=1,2,3 as a list of `kind` values, each >= lower_bound (parsed and checked with the command line)."""
+  flags.DEFINE(_NumberListParser(kind, lower_bound), name, default, help_text,
+               serializer=flags.CsvListSerializer(","))
+
+
+def parse_mesh(spec: str) -> dict[str, int]:
+  """'data:2,model:4' -> {'data': 2, 'model': 4}; '' -> {} (one device). Raises ValueError naming the problem."""
+  from jaxspec.sharding import parse_mesh as parse  # pylint: disable=import-outside-toplevel
+  try:
+    return parse(spec)
+  except ValueError as e:
+    raise ValueError(f"--{e}") from None
+
+
+def _mesh_ok(spec: str) -> bool:
+  try:
+    parse_mesh(spec)
+  except ValueError as e:
+    raise flags.ValidationError(str(e)) from None
+  return True
+
+
+def define_mesh() -> None:
+  """--mesh: device mesh axes 'data:D,model:M' (see jaxspec.sharding.make_mesh)."""
+  flags.DEFINE_string("mesh", "", "Device mesh 'data:D,model:M' over every device of every process ('' = one "
+                      "device, unsharded; a size left out fills the devices, e.g. 'model:8').")
+  flags.register_validator("mesh", _mesh_ok)
+
+
+def mesh():
+  """Joins the other hosts when the job spans several (jaxspec.initialize_distributed), then returns the Mesh that
+  --mesh asks for, or None for one device. Call it first in main(), before anything else touches JAX."""
+  from jaxspec import sharding  # pylint: disable=import-outside-toplevel
+  sharding.initialize_distributed()
+  return sharding.mesh_from_flag(FLAGS.mesh)
+
+
+def sampling_kwargs() -> dict:
+  """The flags of `define_decoding` and `define_sampling` as keyword arguments of `batching.generate_all`."""
+  names = ("gamma", "max_new_tokens", "max_input_length", "batch_size", "temperature", "top_k", "top_p", "seed")
+  return {n: FLAGS[n].value for n in names if n in FLAGS}
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+  """app.run(main); the library's user errors (bad input, bad checkpoint, caches too large for the devices,
+  non-finite logits) end the script with one line on stderr and exit status 1."""
+  def wrapped(argv):
+    try:
+      main(argv)
+    except (InputError, CheckpointError, CacheTooLargeError, NonFiniteLogitsError) as e:
+      print(f"error: {e}", file=sys.stderr)
+      sys.exit(1)
+  app.run(wrapped, flags_parser=_parse)
+
+
+def _parse(argv: list[str]) -> list[str]:
+  """absl's parsing, with one line per error: ml_collections puts the traceback of a config file's get_config
+  error into its message; the exception's own line is what names the problem."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    message = str(e).strip()
+    if "Traceback (most recent call last)" in message:
+      message = message.splitlines()[-1].strip()
+    print(f"FATAL Flags parsing error: {message}\nPass --helpshort or --helpfull to see help on flags.",
+          file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,157 @@
+"""Text in, text out over files: what launch/translate.py and launch/generate.py run, callable from a notebook.
+
+    target, draft = load_pair("ende-target", "ende-draft")
+    run = generate_texts(texts, target, draft, output="out.txt", gamma=3, batch_size=8)
+
+    target = load_target("ende-target")                 # a pool of drafts, the choice measured on the first inputs
+    drafts = load_drafts("ende-draft,ngram", target)
+    choice = calibrate(target, drafts, texts, gammas=(1, 2, 3, 4), batch_size=1, temperature=0.0)
+    run = generate_texts(texts, target, **choice.generate_kwargs(drafts), batch_size=1)
+
+One output line per input item (`jaxspec.inputs` for the rule), printed next to its input or appended to
+`output` as batches finish (`jaxspec.outputs.LineWriter`: resumable, only complete lines count), then the speed
+summary (`jaxspec.bench.report.speed_summary`). Family-agnostic: any model `jaxspec.load` reads whose tokenizer
+encodes and decodes text; `chat` applies the tokenizer's chat template to every input.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+import jaxspec
+from jaxspec.batching import MAX_INPUT_LENGTH, BatchRun, generate_all
+from jaxspec.bench import loop as bench_loop
+from jaxspec.bench import tune
+from jaxspec.bench.report import speed_summary, tune_table
+from jaxspec.inputs import InputError, encode_texts
+from jaxspec.outputs import LineWriter
+
+SPECULATION_KNOBS = ("schedule", "draft_confidence", "fallback_alpha", "probe_interval", "draft_cost")
+NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
+RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer with random weights (a draft that is never right)
+
+
+def load_target(name: str, mesh=None) -> jaxspec.Model:
+  """The target for text generation (InputError without a tokenizer); with a mesh, loaded into its shards."""
+  target = jaxspec.load(name, mesh=mesh)
+  if target.tokenizer is None:
+    raise InputError(f"{name} has no tokenizer: text in and out needs one.")
+  return target
+
+
+def _load_draft(name: str, target: jaxspec.Model, mesh=None):
+  if name == NGRAM:
+    return jaxspec.NGramDraft()
+  model = jaxspec.load(name.removeprefix(RANDOM))
+  if name.startswith(RANDOM):
+    params = model.family.init_params(model.config, jax.random.key(1), model.dtype)
+    model = jaxspec.Model(model.config, params, model.tokenizer, name=name)
+  if mesh is not None:
+    model = jaxspec.shard(model, mesh, rules=jaxspec.DRAFT_RULES)
+  if model.tokenizer is not None and not model.tokenizer.same_as(target.tokenizer):
+    raise InputError(f"the draft's tokenizer ({name}) differs from the target's ({target.name}): "
+                     "speculative decoding needs the same token ids on both sides.")
+  return model
+
+
+def load_drafts(spec: str, target: jaxspec.Model, mesh=None) -> dict:
+  """{name: draft} from comma-separated names: 'ngram' (jaxspec.NGramDraft()), 'random:NAME', or what
+  jaxspec.load reads (embedded names, model directories); '' gives {} (plain decoding). With a mesh, model drafts
+  are replicated over `model` (jaxspec.DRAFT_RULES)."""
+  names = [n.strip() for n in spec.split(",") if n.strip()]
+  if len(set(names)) != len(names):
+    raise InputError(f"--draft={spec}: a draft is named twice.")
+  return {n: _load_draft(n, target, mesh) for n in names}
+
+
+def load_pair(target_name: str, draft_name: str | None, mesh=None):
+  """(target, draft or None) for text generation; InputError when they cannot work together on text. With a
+  mesh, the target loads straight into its shards and the draft is replicated over `model` (jaxspec.DRAFT_RULES)."""
+  target = load_target(target_name, mesh)
+  drafts = load_drafts(draft_name or "", target, mesh)
+  if len(drafts) > 1:
+    raise InputError(f"--draft={draft_name}: one draft expected here, got {len(drafts)}.")
+  return target, next(iter(drafts.values()), None)
+
+
+def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, batch_size: int = 1,
+              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
+              max_input_length: int = MAX_INPUT_LENGTH, prefix: str = "", inputs: int = 16, repeats: int = 1,
+              schedules=("constant", "adaptive")) -> tune.Choice:
+  """The tuner (`jaxspec.tune`) on up to `inputs` of the texts (those of their most common prompt-length bucket:
+  one compilation per variant) at this job's batch size and sampling settings. Prints the table, the choice and
+  why; returns the choice (plain decoding when no variant is measured faster)."""
+  ids = [i for i in encode_texts(target.tokenizer, texts, prefix=prefix, max_input_length=max_input_length) if i]
+  if not ids:
+    return tune.Choice(temperature, batch_size, None, why="no non-empty input to calibrate on")
+  _, ids = bench_loop.common_bucket(ids, inputs)
+  main = jaxspec.is_main_process()
+  if main:
+    print(f"calibrating on {len(ids)} inputs: drafts {', '.join(drafts)} x gammas {list(gammas)} x "
+          f"{', '.join(schedules)}, batch {batch_size}, temperature {temperature:g}", file=sys.stderr)
+  result = tune.tune(target, drafts, ids, gammas=gammas, batch_sizes=(batch_size,), temperatures=(temperature,),
+                     schedules=schedules, top_k=top_k, top_p=top_p, repeats=repeats, max_new_tokens=max_new_tokens,
+                     itl=False, max_input_length=max_input_length, verbose=False)
+  choice = result.best[(temperature, batch_size)]
+  if main:
+    print("\n".join(tune_table(result.rows)) + f"\nchosen: {choice.describe()}: {choice.why}\n", flush=True)
+  return choice
+
+
+def open_output(output: str, total: int) -> LineWriter | None:
+  """The resumable writer of `output` ('' = print instead), saying on stderr how far an earlier run got. Only the
+  main process writes (every process of a multi-host job runs the same program)."""
+  if not output or not jaxspec.is_main_process():
+    return None
+  writer = LineWriter(output, total)
+  if writer.done:
+    print(f"resuming: {writer.done} of {total} lines already in {output}", file=sys.stderr)
+  return writer
+
+
+def _resume_point(writer: LineWriter | None) -> int:
+  """Lines already written: the main process's count, shared with every process (only it holds the output)."""
+  done = writer.done if writer is not None else 0
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    done = int(multihost_utils.broadcast_one_to_all(np.int32(done)))
+  return done
+
+
+def generate_texts(texts: list[str], target, draft=None, *, writer: LineWriter | None = None, prefix: str = "",
+                   chat: bool = False, long_inputs: str = "truncate", compare: bool = True, desc: str = "generate",
+                   **kw) -> BatchRun | None:
+  """Generates one output per text (kw: `batching.generate_all`'s knobs; schedule and the adaptive knobs go to
+  the speculative calls), prints or writes them, then prints the speed summary. Returns the run, or None when
+  there was nothing to generate."""
+  speculation = {k: kw.pop(k) for k in SPECULATION_KNOBS if k in kw}
+  if speculation:
+    kw["speculation"] = speculation
+  ids = encode_texts(target.tokenizer, texts, prefix=prefix, chat=chat,
+                     max_input_length=kw.get("max_input_length", MAX_INPUT_LENGTH), long_inputs=long_inputs)
+
+  main = jaxspec.is_main_process()
+
+  def emit(idx: list[int], outs: list[str]) -> None:
+    if not main:
+      return
+    if writer is not None:
+      writer.write(outs)
+    else:
+      for i, out in zip(idx, outs):
+        tqdm.write(f"{texts[i]}\n  -> {out}", file=sys.stdout)  # Above the progress bar, not through it.
+      sys.stdout.flush()
+
+  run = generate_all(target, ids, draft=draft, compare=compare, start=_resume_point(writer), on_batch=emit,
+                     desc=desc, **kw)
+  if not run.stats_parts:
+    print("nothing to generate.")
+    return None
+  if main:
+    print("\n" + "\n".join(speed_summary(run, target, draft, kw.get("gamma", 4), kw.get("batch_size", 1),
+                                       kw.get("temperature", 0.0))))
+  return run

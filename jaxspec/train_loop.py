@@ -1,0 +1,256 @@
+"""`train_and_evaluate(config, workdir)`: the EN-DE training loop (configs/ende.py), resumable, with evaluation
+and export, as the flax examples' train.py; launch/train.py, launch/train_pair_v2.py and notebooks call it.
+
+A killed run started again with the same workdir continues from its latest Orbax checkpoint (WORKDIR/checkpoints),
+at the same place in the data. Progress: a tqdm bar (steps, rate, ETA) and a line every `log_every` steps (steps/s,
+tokens/s, loss, gradient norm, ETA); every `eval_every` steps the dev loss (overall and per domain), the share of
+dev tokens the model ranks first, and greedy dev BLEU. The final model (with its tokenizer) is written to
+WORKDIR/export in Orbax format; with `export_best`, the model of the evaluation with the lowest dev loss instead
+(WORKDIR/export_meta.json says which step).
+
+With `time_budget_s`, training stops when that many seconds have passed since the call (setup included), the
+learning rate decays by the fraction of the budget spent (`training.budget_lr_scale`), and the best model is
+held in device memory and exported once at the end (no export per improvement).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+
+import jaxspec
+from jaxspec import training
+from jaxspec.batching import generate_all
+from jaxspec.checkpoint import embedded_names
+from jaxspec.data.ende import (DISTILLED, Pair, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
+                               read_splits, split_path)
+from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
+from jaxspec.inputs import InputError
+from jaxspec.models import t5
+from jaxspec.outputs import atomic_write_json, progress
+from jaxspec.tokenizer import load_tokenizer
+
+
+class ConfigError(InputError):
+  """A training config that cannot be run as given."""
+
+
+def tokenizer_dir(spec: str) -> str:
+  """A tokenizer directory, or an embedded model's name (its directory holds the tokenizer)."""
+  if os.path.isdir(spec):
+    return spec
+  if spec in embedded_names():
+    return os.path.join(os.path.dirname(jaxspec.__file__), "embedded", spec)
+  raise ConfigError(f"config.tokenizer={spec!r}: not a directory nor an embedded model name "
+                    "(launch/train_tokenizer.py writes a tokenizer directory).")
+
+
+class _PastDeadline(Exception):
+  pass
+
+
+def distill(target, pairs: list[Pair], *, batch_size: int, max_len: int, deadline: float = float("inf"),
+            start: int = 0, on_rows=None) -> list[Pair]:
+  """Sequence-level distillation data: the target's greedy translations of the pairs' English.
+
+  Sources longer than max_len tokens are left out; the rest go in length-sorted batches (little padding; the
+  order is deterministic, so `start` resumes a run that wrote its first `start` rows). Stops after the batch
+  that ends past `deadline` (a time.time() value). Returns the new pairs (German: the target's output, source:
+  DISTILLED + the original source), also passed to on_rows(pairs) batch by batch.
+  """
+  if not pairs:
+    return []
+  ids = tokenize(target.tokenizer, (p.en for p in pairs))
+  order = sorted((i for i in range(len(pairs)) if len(ids[i]) <= max_len), key=lambda i: len(ids[i]))
+  clean = lambda text: " ".join(text.replace("\t", " ").split())
+  out = []
+
+  def on_batch(idx: list[int], texts: list[str]) -> None:
+    rows = [Pair(clean(pairs[order[i]].en), clean(t) or ".", DISTILLED + pairs[order[i]].source)
+            for i, t in zip(idx, texts)]
+    out.extend(rows)
+    if on_rows is not None:
+      on_rows(rows)
+    if time.time() >= deadline:
+      raise _PastDeadline
+
+  try:
+    generate_all(target, [ids[i] for i in order], batch_size=batch_size, max_new_tokens=max_len,
+                 max_input_length=max_len, start=start, on_batch=on_batch, desc="distill")
+  except _PastDeadline:
+    print(f"distillation stopped at its deadline after {len(out)} of {len(order) - start} sources", flush=True)
+  return out
+
+
+def _dev_bleu(model, dev_pairs) -> tuple[float, list[str]]:
+  import sacrebleu
+  ids = [model.tokenizer.encode(p.en) for p in dev_pairs]
+  run = generate_all(model, ids, batch_size=32, max_new_tokens=64, bar=False)
+  hyps = [run.texts[i] for i in range(len(dev_pairs))]
+  return sacrebleu.corpus_bleu(hyps, [[p.de for p in dev_pairs]]).score, hyps
+
+
+def _best_dev_loss(workdir: str) -> float:
+  """Dev loss of the model in WORKDIR/export (inf if none): with export_best, a better evaluation replaces it."""
+  path = os.path.join(workdir, "export_meta.json")
+  if not os.path.exists(path):
+    return float("inf")
+  with open(path, encoding="utf-8") as f:
+    return json.load(f).get("dev_loss", float("inf"))
+
+
+def _export(model, workdir: str, meta: dict, log) -> None:
+  path = os.path.join(workdir, "export")
+  jaxspec.save(model, path, format="orbax")
+  atomic_write_json(os.path.join(workdir, "export_meta.json"), meta)
+  log(f"exported to {path} ({meta})")
+
+
+def _setup(c, workdir: str):
+  """Tokenizer, teacher, data (natural pairs repeated) and dev pairs; ConfigError for what the config gets wrong."""
+  if c.train is None:
+    raise ConfigError("config.train is not set: this config trains on launch/distill_corpus.py's output; pass "
+                      "--config.train=PATH.")
+  train = split_path(c.train or "train", c.data_dir)
+  dev = read_splits(c.dev or "dev", c.data_dir)
+  tokenizer = load_tokenizer(tokenizer_dir(c.tokenizer))
+  if tokenizer is None:
+    raise ConfigError(f"no tokenizer in {c.tokenizer}: run launch/train_tokenizer.py first.")
+  if c.distill_weight > 0 and not c.teacher:
+    raise ConfigError(f"config.distill_weight={c.distill_weight} needs config.teacher (a model directory or name).")
+  if c.compute_dtype not in ("float32", "bfloat16"):
+    raise ConfigError(f"config.compute_dtype={c.compute_dtype!r}: expected 'float32' or 'bfloat16'.")
+  teacher = jaxspec.load(c.teacher, dtype=jnp.float32) if c.teacher else None
+  if teacher is not None and not teacher.tokenizer.same_as(tokenizer):
+    raise ConfigError(f"the teacher's tokenizer ({c.teacher}) differs from config.tokenizer ({c.tokenizer}).")
+  src, tgt = tokenized_pairs(train, tokenizer, os.path.join(workdir, "train_tokens.json"))
+  if c.natural_repeat > 1:  # Natural sentences are few: seen natural_repeat times per epoch.
+    natural = [i for i, p in enumerate(read_pairs(train)) if p.is_natural] * (c.natural_repeat - 1)
+    src, tgt = src + [src[i] for i in natural], tgt + [tgt[i] for i in natural]
+  data_key = hashlib.sha256(json.dumps(cache_key(train, tokenizer), sort_keys=True).encode()).hexdigest()[:16]
+  return tokenizer, teacher, src, tgt, dev, data_key
+
+
+def train_and_evaluate(c, workdir: str) -> dict:
+  """Trains per config `c` (configs/ende.py) in `workdir`; returns the last evaluation's metrics."""
+  t_enter = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  tokenizer, teacher, src, tgt, dev_all, data_key = _setup(c, workdir)
+  cfg = t5.T5Config(vocab_size=tokenizer.vocab_size, **c.model)
+  try:
+    buckets = length_buckets(c.max_len, spec=c.length_buckets)
+  except ValueError as e:
+    raise ConfigError(f"config.length_buckets={c.length_buckets!r}: expected comma-separated integers.") from e
+  dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
+  dev_loss_pairs = evenly_spaced(dev_all, c.dev_loss_pairs)
+  budgeted = c.time_budget_s > 0
+  optimizer = training.make_optimizer(c.learning_rate, c.warmup_steps, None if budgeted else c.train_steps,
+                                      c.weight_decay)
+  params = t5.init_params(cfg, jax.random.key(c.seed))
+  if c.init_from:  # Continue from a saved model (e.g. an embedded one), with a fresh optimizer state.
+    start = jaxspec.load(c.init_from, dtype=jnp.float32)
+    if start.config != cfg:
+      raise ConfigError(f"config.init_from={c.init_from} has config {start.config}, not {cfg}.")
+    params = start.params
+  opt_state = optimizer.init(params)
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  print(f"model {n_params / 1e6:.2f}M params; {len(src)} training pairs; devices {jax.devices()}", flush=True)
+
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=2))
+  step, epoch, batch_in_epoch = 0, 0, 0
+  if manager.latest_step() is not None:
+    restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+        state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}), meta=ocp.args.JsonRestore()))
+    params, opt_state = restored.state["params"], restored.state["opt_state"]
+    step, epoch, batch_in_epoch = (restored.meta[k] for k in ("step", "epoch", "batch_in_epoch"))
+    print(f"resumed from step {step} (epoch {epoch}, batch {batch_in_epoch})", flush=True)
+    if restored.meta.get("data", data_key) != data_key:  # Its place in the data means nothing in other data.
+      print("the training data or tokenizer changed since that checkpoint: continuing with a new epoch", flush=True)
+      epoch, batch_in_epoch = epoch + 1, 0
+
+  settings = training.StepConfig(model=cfg, teacher=teacher.config if teacher else None,
+                                 distill_weight=c.distill_weight, dropout_rate=c.dropout_rate,
+                                 label_smoothing=c.label_smoothing, compute_dtype=c.compute_dtype, seed=c.seed)
+  teacher_params = training.cast(teacher.params, c.compute_dtype) if teacher else None
+  epoch_batches = lambda e: bucketed_batches(src, tgt, c.tokens_per_batch, c.max_len,
+                                             np.random.RandomState(c.seed * 1000 + e), buckets=buckets)
+  batches = epoch_batches(epoch)
+  for _ in range(batch_in_epoch):
+    next(batches, None)
+  bar = progress(c.train_steps, "train", unit="step", initial=step)
+
+  def log(line: str) -> None:
+    bar.write(line, file=sys.stdout)
+    sys.stdout.flush()
+
+  t_last, tokens_since, losses, metrics = time.time(), 0.0, [], {}
+  t_start, start_step, best, best_loss = time.time(), step, None, _best_dev_loss(workdir)
+  deadline = t_enter + c.time_budget_s if budgeted else float("inf")
+  last_eval, last_saved, stop = -1, step, False
+  while not stop:
+    stop = step >= c.train_steps or time.time() >= deadline
+    if not stop:
+      try:
+        inputs, labels = next(batches)
+      except StopIteration:
+        epoch, batch_in_epoch = epoch + 1, 0
+        batches = epoch_batches(epoch)
+        continue
+      lr_scale = training.budget_lr_scale((time.time() - t_start) / max(deadline - t_start, 1e-9)) if budgeted else 1.0
+      params, opt_state, m = training.train_step(settings, optimizer, params, opt_state, inputs, labels,
+                                                 teacher_params, step, lr_scale)
+      step, batch_in_epoch = step + 1, batch_in_epoch + 1
+      tokens_since += float((labels != 0).sum() + (inputs != 0).sum())
+      losses.append(m)
+      bar.update(1)
+    if losses and (step % c.log_every == 0 or stop):
+      m = jax.device_get(losses)  # Also bounds how far the host runs ahead of the device.
+      now = time.time()
+      eta = max(min((c.train_steps - step) * (now - t_start) / max(step - start_step, 1), deadline - now), 0)
+      extra = f" kl {np.mean([x['kl'] for x in m]):.3f}" if "kl" in m[0] else ""
+      log(f"step {step}/{c.train_steps} epoch {epoch} | {len(m) / (now - t_last):.2f} steps/s "
+          f"{tokens_since / (now - t_last):.0f} tok/s | ce {np.mean([x['ce'] for x in m]):.3f}{extra} | grad "
+          f"{np.mean([x['grad_norm'] for x in m]):.2f} | ETA {eta / 60:.1f} min")
+      t_last, tokens_since, losses = now, 0.0, []
+    if c.checkpoint_every and step != last_saved and (step % c.checkpoint_every == 0 or stop):
+      last_saved = step
+      manager.save(step, args=ocp.args.Composite(
+          state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+          meta=ocp.args.JsonSave({"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "data": data_key})))
+    if (step % c.eval_every == 0 or stop) and step != last_eval:
+      last_eval = step
+      model = jaxspec.Model(cfg, params, tokenizer)
+      dev = training.dev_metrics(cfg, params, tokenizer, dev_loss_pairs, c.max_len, c.compute_dtype)
+      metrics = {"step": step, "dev_loss": dev["loss"], **{f"dev_{k}": v for k, v in dev.items() if k != "loss"}}
+      domains = ", ".join(f"{k[5:]} {v:.3f}" for k, v in dev.items() if k.startswith("loss_"))
+      line = f"eval step {step}: dev loss {dev['loss']:.3f} ({domains}) | top-1 {dev['acc']:.3f}"
+      if dev_natural:
+        metrics["dev_bleu"], hyps = _dev_bleu(model, dev_natural)
+        line += (f" | dev BLEU {metrics['dev_bleu']:.2f} (greedy, {len(dev_natural)} natural sentences) | e.g. "
+                 f"{dev_natural[0].en!r} -> {hyps[0]!r}")
+      log(line)
+      if c.export_best and dev["loss"] < best_loss:
+        best_loss = dev["loss"]
+        if budgeted:
+          best = (jax.tree.map(jnp.copy, params), metrics)  # params are donated to the next step: a copy.
+        else:
+          _export(model, workdir, metrics, log)
+  bar.close()
+  manager.wait_until_finished()
+  if step < c.train_steps:
+    print(f"stopped by the time budget ({c.time_budget_s:.0f} s) at step {step}, "
+          f"{time.time() - t_enter:.0f} s after the start", flush=True)
+  if best is not None:
+    _export(jaxspec.Model(cfg, best[0], tokenizer), workdir, best[1], print)
+  elif not c.export_best:
+    _export(jaxspec.Model(cfg, params, tokenizer), workdir, {"step": step}, print)
+  return metrics

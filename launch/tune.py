@@ -1,0 +1,80 @@
+r"""Which draft, gamma and schedule decode fastest here: the tuner (`jaxspec.tune`) over a pool of drafts.
+
+    python launch/tune.py                                        # embedded pair + n-gram, dev sentences
+    python launch/tune.py --drafts=ende-draft,ngram,random:ende-draft --gammas=1,2,3,4,6 --batch_sizes=1,4 \
+        --temperatures=0,1 --output_dir=docs/bench/adaptive/tune
+    python launch/tune.py --target=/ckpt/t5-large --drafts=/ckpt/t5-small,ngram --input=news.en --prefix=...
+
+For every draft x gamma x schedule (constant, and adaptive with knobs from the measured costs) x batch size x
+temperature, timed against plain decoding side by side: tokens/s, ms/token plain and speculative, the speedup,
+alpha, tau, acceptance per position, draft lengths and fallback share, the draft's ms/token, c, r, Theorem 3.8's
+prediction, latency percentiles per sequence and inter-token latency (a separate streaming pass), and BLEU/chrF
+against the references when the input is an EN-DE TSV (its 'de' column). Then the best choice per (batch size,
+temperature), plain decoding when nothing wins by --min_speedup. Writes tune.json, tune.md (aligned markdown),
+speedup_vs_gamma.png and acceptance.png to --output_dir and prints where they are.
+"""
+
+from absl import flags
+
+import jaxspec
+from jaxspec import cli_flags, jobs
+from jaxspec.bench import report, tune
+from jaxspec.data.ende import read_pairs, split_path
+from jaxspec.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
+
+flags.DEFINE_string("target", "ende-target", "Target model: an embedded name or a model directory.")
+_DRAFTS = flags.DEFINE_string("drafts", "ende-draft,ngram", "Comma-separated drafts: embedded names, model "
+                              "directories, 'ngram' (prompt lookup) or 'random:NAME' (NAME's shape, random weights).")
+_INPUT = flags.DEFINE_string("input", "dev", "'dev' / 'test' of --data_dir, an EN-DE TSV (references from its 'de' "
+                             "column) or a text file (one input a line; no references).")
+_DATA = flags.DEFINE_string("data_dir", "", "EN-DE corpus directory ('' = jaxspec.data.ende.default_data_dir()).")
+_NATURAL = flags.DEFINE_boolean("natural_only", True, "From a corpus TSV, keep the natural sentences only.")
+_PREFIX = flags.DEFINE_string("prefix", "", "Text put before each input (T5's task prefix).")
+_SENTENCES = flags.DEFINE_integer("sentences", 16, "Inputs used (the first N).", lower_bound=1)
+cli_flags.define_number_list("gammas", [1, 2, 3, 4, 6], "Gammas to try.", lower_bound=1)
+_SCHEDULES = flags.DEFINE_list("schedules", ["constant", "adaptive"], "Schedules to try: constant, adaptive, "
+                               "heuristic.")
+cli_flags.define_number_list("temperatures", [0.0], "Temperatures.", kind=float)
+cli_flags.define_number_list("batch_sizes", [1], "Batch sizes.", lower_bound=1)
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes per variant (the median is reported).", lower_bound=1)
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per input at most.", lower_bound=1)
+_ITL = flags.DEFINE_boolean("itl", True, "One more streaming pass per variant for inter-token latencies.")
+_MIN = flags.DEFINE_float("min_speedup", tune.MIN_SPEEDUP, "Speedup a variant needs over plain "
+                          "decoding to be chosen.")
+_OUT = flags.DEFINE_string("output_dir", "docs/bench/tune", "Where tune.json, tune.md and the plots go.")
+flags.register_validator("schedules", lambda v: bool(v) and set(v) <= set(tune.SCHEDULES),
+                         message=f"--schedules must be some of {tune.SCHEDULES}")
+FLAGS = flags.FLAGS
+
+
+def _inputs(target) -> tuple[list[list[int]], list[str] | None]:
+  """Token ids of the first --sentences inputs and their references (None without a 'de' column)."""
+  spec = _INPUT.value if _INPUT.value not in ("train", "dev", "test") else split_path(_INPUT.value, _DATA.value)
+  if is_tsv(spec):
+    pairs = [p for p in read_pairs(spec) if p.is_natural or not _NATURAL.value][:_SENTENCES.value]
+    texts, refs = [p.en for p in pairs], [p.de for p in pairs]
+  else:
+    texts, refs = read_corpus_texts(spec, _NATURAL.value)[:_SENTENCES.value], None
+  if not texts:
+    raise InputError(f"--input {spec}: no non-empty inputs.")
+  return encode_texts(target.tokenizer, texts, prefix=_PREFIX.value, max_input_length=512), refs
+
+
+def main(argv):
+  del argv
+  target = jobs.load_target(FLAGS.target)
+  drafts = jobs.load_drafts(_DRAFTS.value, target)
+  if not drafts:
+    raise InputError("--drafts: name at least one draft.")
+  ids, refs = _inputs(target)
+  result = jaxspec.tune(target, drafts, ids, gammas=FLAGS.gammas, batch_sizes=FLAGS.batch_sizes,
+                        temperatures=FLAGS.temperatures, schedules=_SCHEDULES.value, references=refs,
+                        repeats=_REPEATS.value, max_new_tokens=_MAX_NEW.value, itl=_ITL.value,
+                        min_speedup=_MIN.value)
+  paths = report.write_tune(_OUT.value, result)
+  print(report.tune_markdown(result))
+  print("written: " + ", ".join(f"{kind} {path}" for kind, path in paths.items()))
+
+
+if __name__ == "__main__":
+  cli_flags.run(main)

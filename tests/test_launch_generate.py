@@ -1,0 +1,45 @@
+"""launch/generate.py (issue 11 item 6): text in, text out for any loaded pair, one output line per prompt."""
+
+import pytest
+
+from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  target, draft = tiny_pair(str(tmp_path_factory.mktemp("models")))
+  return [f"--target={target}", f"--draft={draft}", "--max_new_tokens=4"]
+
+
+def test_stdin_prompts_give_one_line_each_and_the_speed_summary(models, tmp_path):
+  out = tmp_path / "out.txt"
+  res = run_script(["launch/generate.py", f"--output={out}", "--gamma=2", "--batch_size=2"] + models,
+                   stdin=b"The house is small.\n\nThank you.\n")
+  assert res.returncode == 0, res.stderr[-3000:]
+  lines = out.read_text(encoding="utf-8").split("\n")
+  assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # three prompts, the empty one kept empty
+  for key in ("alpha", "tokens per iteration", "speedup", "identical to plain greedy output: True"):
+    assert key in res.stdout, key
+  res = run_script(["launch/generate.py", f"--output={out}", "--gamma=2", "--batch_size=2"] + models,
+                   stdin=b"The house is small.\n\nThank you.\nMore.\n")
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming: 3 of 4" in res.stderr
+  assert out.read_text(encoding="utf-8").split("\n")[:3] == lines[:3]
+
+
+def test_chat_without_a_chat_template_is_one_line(models):
+  res = run_script(["launch/generate.py", "--chat"] + models, stdin=b"Hello.\n")
+  assert_one_line_error(res, "--chat", "chat template")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--batch_size=0"], "--batch_size=0"), (["--top_p=1.5"], "--top_p"), (["--seed=-5"], "--seed=-5"),
+    (["--input=/nonexistent.txt"], "/nonexistent.txt: no such file"),
+])
+def test_bad_flags_and_inputs_end_in_one_line(args, needle):
+  assert_one_line_error(run_script(["launch/generate.py", "--target=no-such-model"] + args), needle)
+
+
+def test_an_unknown_model_is_one_line():
+  res = run_script(["launch/generate.py", "--target=no-such-model"], stdin=b"Hello.\n")
+  assert_one_line_error(res, "Unknown model 'no-such-model'")

@@ -1,0 +1,91 @@
+"""launch/train.py fed changed data and bad configs (issue 15 item 6 and its siblings).
+
+The token cache was keyed on the workdir only (a new --config.train trained on the old data) and a truncated one
+failed with a raw JSONDecodeError forever; bad paths and config fields came as tracebacks.
+"""
+
+import json
+
+import pytest
+
+from jaxspec.data import token_cache
+from jaxspec.data.ende import Pair, write_pairs
+from test_launch_inputs import EMBEDDED_TOKENIZER, assert_one_line_error, run_script
+
+PAIRS = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
+         ("Open the file.", "Öffnen Sie die Datei."), ("I like green tea.", "Ich mag grünen Tee.")]
+TINY = ["--config.model.d_model=16", "--config.model.d_kv=4", "--config.model.d_ff=32", "--config.model.num_layers=1",
+        "--config.model.num_decoder_layers=1", "--config.model.num_heads=2", "--config.tokens_per_batch=64",
+        "--config.log_every=1", "--config.checkpoint_every=1", "--config.eval_every=1000",
+        "--config.dev_loss_pairs=2", "--config.warmup_steps=1", f"--config.tokenizer={EMBEDDED_TOKENIZER}"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+  root = tmp_path_factory.mktemp("data")
+  write_pairs(str(root / "a.tsv"), [Pair(en, de, "test") for en, de in PAIRS] * 3)  # 12 pairs
+  write_pairs(str(root / "b.tsv"), [Pair(en, de, "test") for en, de in PAIRS[:2]] * 3)  # 6 pairs
+  write_pairs(str(root / "dev.tsv"), [Pair(en, de, "test") for en, de in PAIRS[:2]])
+  return root
+
+
+def _train(workdir, train, data, *extra):
+  return run_script(["launch/train.py", f"--workdir={workdir}", f"--config.train={train}",
+                     f"--config.dev={data / 'dev.tsv'}", "--config.train_steps=2"] + TINY + list(extra))
+
+
+def test_token_cache_follows_the_training_file_and_survives_truncation(data, tmp_path):
+  """Item 6: a new --config.train in the same workdir trained on the old data; a cut cache failed forever."""
+  first = _train(tmp_path, data / "a.tsv", data)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert "12 training pairs" in first.stdout and "step 2/2" in first.stdout
+  second = _train(tmp_path, data / "b.tsv", data)
+  assert second.returncode == 0, second.stderr[-3000:]
+  assert "6 training pairs" in second.stdout
+  cache = tmp_path / "train_tokens.json"
+  cache.write_text(cache.read_text()[:40])  # a write cut short (the old cache was written in place)
+  third = _train(tmp_path, data / "b.tsv", data)
+  assert third.returncode == 0, third.stderr[-3000:]
+  assert "6 training pairs" in third.stdout and "cannot be read" in third.stderr
+  assert len(json.loads(cache.read_text())["src"]) == 6
+
+
+class _Tok:
+  def __init__(self, fingerprint, offset):
+    self.fingerprint, self.offset = fingerprint, offset
+    self.hf_tokenizer = lambda texts: {"input_ids": [[len(t) + self.offset, 1] for t in texts]}
+
+
+def test_token_cache_key_covers_tokenizer_size_and_mtime(data, tmp_path):
+  train = tmp_path / "t.tsv"
+  train.write_bytes((data / "a.tsv").read_bytes())
+  cache = str(tmp_path / "cache.json")
+  src, _ = token_cache.tokenized_pairs(str(train), _Tok("A", 0), cache)
+  assert token_cache.tokenized_pairs(str(train), _Tok("A", 100), cache)[0] == src  # same key: from the cache
+  other, _ = token_cache.tokenized_pairs(str(train), _Tok("B", 100), cache)  # another tokenizer: tokenized again
+  assert other == [[s[0] + 100, 1] for s in src]
+  write_pairs(str(train), [Pair("x", "y", "test")])
+  assert token_cache.tokenized_pairs(str(train), _Tok("B", 0), cache)[0] == [[1, 1]]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--config.train=/nonexistent/train.tsv"], "/nonexistent/train.tsv: no such file"),
+    (["--config.data_dir=/nonexistent"], "EN-DE train split not found: /nonexistent/train.tsv.gz"),
+    (["--config.tokenizer=/nonexistent"], "config.tokenizer='/nonexistent'"),
+    (["--config=configs/ende.py:draft_seqkd"], "config.train is not set"),
+    (["--config.teacher=", "--config.distill_weight=0.5"], "needs config.teacher"),
+    (["--config.no_such_field=1"], "--config.no_such_field: no such field"),
+    (["--config.train_steps=many"], "--config.train_steps=many"),
+])
+def test_bad_configs_end_in_one_line(args, needle, tmp_path):
+  res = run_script(["launch/train.py", f"--workdir={tmp_path}"] + args)
+  assert_one_line_error(res, needle)
+
+
+def test_a_training_tsv_without_its_header_is_named(tmp_path):
+  headless = tmp_path / "train.tsv"
+  headless.write_text("The house is small.\tDas Haus ist klein.\n")
+  res = run_script(["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"])
+  assert_one_line_error(res, f"{headless}: expected a header 'en<TAB>de")
+  res = run_script(["launch/train.py"])
+  assert_one_line_error(res, "--workdir")

@@ -1,0 +1,147 @@
+"""The tuner (`jaxspec.tune`, launch/tune.py) and the pool in launch/translate.py (--draft=A,ngram --gamma=auto).
+
+Tiny random models (the embedded tokenizer, 1-layer T5s) keep the runs short. What is checked is the table's shape
+(every column, one row per draft x gamma x schedule x batch x temperature, the best choice per (temperature,
+batch), the plots) and the choice's logic on given rows: never a timing.
+"""
+
+import json
+import math
+import re
+
+import pytest
+
+import jaxspec
+from jaxspec.bench import tune
+from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
+
+NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
+           "draft_step_ms", "target_step_ms", "plain_ms_per_token", "spec_ms_per_token", "plain_tokens_per_s",
+           "spec_tokens_per_s", "speedup", "expected_speedup", "expected_speedup_with_r", "cost_model_speedup",
+           "expected_speedup_workload")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+  """A tiny target, a random draft, and the target saved again as a draft that is always right."""
+  root = tmp_path_factory.mktemp("models")
+  target, draft = tiny_pair(str(root))
+  same = str(root / "same")
+  jaxspec.save(jaxspec.load(target), same)
+  return target, draft, same
+
+
+def _row(speedup, draft="d", gamma=2, schedule="constant", temperature=0.0, batch=1):
+  return {"draft": draft, "gamma": gamma, "schedule": schedule, "temperature": temperature, "batch": batch,
+          "knobs": {"draft_cost": 0.1} if schedule == "adaptive" else {}, "speedup": speedup, "alpha": 0.5,
+          "plain_ms_per_token": 2.0, "spec_ms_per_token": 2.0 / speedup, "tokens_per_iteration": 1.5,
+          "mean_draft_length": gamma, "c": 0.1, "r": 1.5, "expected_speedup_with_r": 1.0}
+
+
+def test_choice_is_the_fastest_row_or_plain_decoding():
+  rows = [_row(1.30, "a", 2), _row(1.45, "a", 3, "adaptive"), _row(0.90, "b", 2),
+          _row(1.01, "a", 2, batch=4), _row(0.70, "b", 3, batch=4),
+          _row(0.95, "a", 2, temperature=1.0)]
+  best = tune.choose(rows)
+  assert sorted(best) == [(0.0, 1), (0.0, 4), (1.0, 1)]
+  top = best[(0.0, 1)]
+  assert (top.draft, top.gamma, top.schedule, top.speedup) == ("a", 3, "adaptive", 1.45)
+  assert "1.45x" in top.why and "next: a constant gamma 2 1.30x" in top.why
+  drafts = {"a": jaxspec.NGramDraft(), "b": jaxspec.NGramDraft(2)}
+  assert top.generate_kwargs(drafts) == dict(draft=drafts["a"], gamma=3, schedule="adaptive", draft_cost=0.1)
+  for key in ((0.0, 4), (1.0, 1)):  # 1.01x is within noise of plain (MIN_SPEEDUP); 0.95x loses
+    assert best[key].draft is None and best[key].generate_kwargs(drafts) == {}
+    assert "no variant" in best[key].why
+  assert tune.choose(rows, min_speedup=1.0)[(0.0, 4)].draft == "a"
+
+
+def test_adaptive_knobs_come_from_theorem_3_8():
+  for c, r, gamma in ((0.05, 1.0, 4), (0.1, 2.0, 3), (0.0, 1.6, 2), (0.3, 2.5, 8)):
+    knobs = tune.adaptive_knobs(c, r, gamma)
+    assert knobs["draft_cost"] == pytest.approx(c / r)
+    a = knobs["fallback_alpha"]
+    best = lambda x: max(jaxspec.expected_speedup(x, k, c, r) for k in range(1, gamma + 1))
+    if a > 0:  # below it every draft length is expected to lose FALLBACK_VALUE or more against plain decoding
+      assert best(a) == pytest.approx(tune.FALLBACK_VALUE, abs=1e-6) and best(a * 0.9) < tune.FALLBACK_VALUE
+  assert tune.break_even_alpha(0.0, 0.9, 3) == 0.0  # a verify call cheaper than a step: always worth drafting
+  assert tune.break_even_alpha(1.0, 3.0, 2) == 1.0  # never worth it
+  assert tune.break_even_alpha(0.1, 2.0, 3) > tune.break_even_alpha(0.1, 1.2, 3)  # costlier verify, higher bar
+
+
+def test_tune_script_writes_a_complete_table(models, tmp_path):
+  target, _, same = models
+  tsv = tmp_path / "pairs.tsv"
+  tsv.write_text("en\tde\tsource\n" + "".join(f"{e}\t{d}\tx (ding)\n" for e, d in [
+      ("The house is small.", "Das Haus ist klein."), ("Hello.", "Hallo."), ("Good morning.", "Guten Morgen."),
+      ("Thank you.", "Danke.")]))
+  out = tmp_path / "tune"
+  res = run_script(["launch/tune.py", f"--target={target}", f"--drafts={same},ngram", f"--input={tsv}",
+                    "--gammas=2", "--batch_sizes=2", "--temperatures=0,1", "--repeats=1", "--max_new_tokens=5",
+                    f"--output_dir={out}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  result = json.loads((out / "tune.json").read_text())
+  rows = result["rows"]
+  grid = {(r["draft"], r["schedule"], r["gamma"], r["batch"], r["temperature"]) for r in rows}
+  assert len(rows) == len(grid) == 2 * 2 * 1 * 1 * 2  # drafts x schedules x gammas x batches x temperatures
+  for r in rows:
+    for key in NUMBERS:
+      if key == "alpha" and r["draft"] == "ngram" and r["mean_draft_length"] == 0:
+        assert math.isnan(r[key])  # no n-gram ever matched: nothing was verified, alpha is undefined (NaN)
+        continue
+      assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r[key], r)
+    assert len(r["acceptance_per_position"]) == r["gamma"] == len(r["draft_lengths"]) - 1
+    for key in ("plain_latency_s", "spec_latency_s", "plain_itl_ms", "spec_itl_ms"):
+      assert r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], key
+    for key in ("quality", "plain_quality"):
+      assert 0 <= r[key]["bleu"] <= 100 and 0 <= r[key]["chrf"] <= 100
+    if r["temperature"] == 0:
+      assert r["identical_to_plain"] is True and r["quality"] == r["plain_quality"]
+    if r["draft"] == same:  # the target as its own draft: every proposal is the target's own token
+      assert r["alpha"] == pytest.approx(1.0, abs=1e-5)  # a block and a step may round apart at temperature 1
+    if r["draft"] == "ngram":
+      assert r["c"] == 0.0 and r["draft_step_ms"] == 0.0
+    if r["schedule"] == "adaptive":
+      assert set(r["knobs"]) == {"draft_cost", "fallback_alpha"} and 0 <= r["knobs"]["fallback_alpha"] <= 1
+    else:
+      assert r["knobs"] == {}
+  assert sorted(result["best"]) == ["T=0,batch=2", "T=1,batch=2"]
+  for choice in result["best"].values():
+    assert choice["draft"] in (None, same, "ngram") and choice["why"]
+  table = (out / "tune.md").read_text()
+  assert "| Temp | Batch | draft" in table and table.count("\n| ") >= 1 + len(rows) + 1 + 2
+  assert table.count("Best at temperature") == 2
+  for png in ("speedup_vs_gamma.png", "acceptance.png"):
+    assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_rejects_bad_arguments(models):
+  target = jaxspec.load(models[0])
+  for kwargs, needle in ((dict(drafts={}), "drafts must be a non-empty dict"),
+                         (dict(drafts={"x": "ende-draft"}), "drafts['x'] must be a jaxspec.Model"),
+                         (dict(references=["a"]), "references must hold one text per input"),
+                         (dict(gammas=[0]), "gammas must be"), (dict(schedules=["fast"]), "schedules must be")):
+    args = dict(drafts={"ngram": jaxspec.NGramDraft()}, inputs=["Hello.", "Thank you."])
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=re.escape(needle)):
+      jaxspec.tune(target, args.pop("drafts"), args.pop("inputs"), **args)
+
+
+def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
+  target, draft, _ = models
+  inputs = tmp_path / "in.txt"
+  inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
+  out = tmp_path / "out.txt"
+  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},ngram", "--gamma=auto",
+                    "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
+                    f"--output={out}"])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "calibrating on" in res.stderr
+  assert "| Temp | Batch | draft" in res.stdout  # the table, then the choice and why
+  chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
+  assert "plain decoding" in chosen or "gamma" in chosen
+  assert len(out.read_text().split("\n")) == 5 + 1 and "== summary" in res.stdout
+  # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing.
+  assert_one_line_error(run_script(["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto",
+                                    f"--input={inputs}"]), "--gamma=auto needs at least one --draft")
+  assert_one_line_error(run_script(["launch/translate.py", "--gamma=fast", "--target=no-such-model"]),
+                        "--gamma=fast", "'auto'")
