@@ -1,4 +1,4 @@
-"""Timing helpers shared by the launch scripts: medians after warm-up, and the paper's cost ratios.
+"""The paper's cost ratios, timed: c, r and the encoders (medians after warm-up; see jaxspec.timing).
 
 c = draft decoder step / target decoder step (1 token each); r = target step on gamma + 1 tokens / on 1 token.
 Both are measured in isolation, on caches filled to a typical length, with compilation excluded. c_alternating
@@ -11,26 +11,14 @@ from __future__ import annotations
 
 import functools
 import statistics
-import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
 from jaxspec.model import Model
 from jaxspec.models.contract import Decoder
-
-
-def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> float:
-  """Median wall time in seconds of fn() (which must block until its result is ready)."""
-  for _ in range(warmup):
-    fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+from jaxspec.timing import median_time
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -144,7 +144,12 @@ def test_heuristic_rule_and_fallback_counters():
   assert new.length.tolist() == [5, 2, 1, 2]  # +2 clipped to gamma, -1, -1 clipped to 1, unchanged (no draft)
   assert new.idle.tolist() == [0, 0, 0, 1]
   # Verified positions: 5 (all accepted), 2 (up to the first rejection), 1, 0 (nothing drafted: no evidence).
-  np.testing.assert_allclose(new.beta_count, [5, 2, 1, 0])
+  prior = adaptive.PRIOR_POSITIONS * adaptive.ALPHA_DECAY ** np.asarray([5, 2, 1, 0])
+  np.testing.assert_allclose(new.beta_count, prior + [5, 2, 1, 0], rtol=1e-6)
+  one = jnp.ones((1,), bool)
+  missed = adaptive.update(adaptive.ScheduleState.create(1, gamma), gamma, jnp.asarray([3], jnp.int32),
+                           jnp.asarray([0], jnp.int32), jnp.zeros((1, gamma), jnp.float32), ~one, one)
+  assert 0.6 < float(missed.alpha[0]) < 0.7  # a first rejection: the prior keeps the row drafting (not a = 0)
   assert new.alpha.tolist()[3] == 1.0  # no evidence yet: optimistic
   knobs = adaptive.SpeculationKnobs.create(fallback_alpha=0.5, probe_interval=2)
   low = new.replace(beta_sum=jnp.zeros(4), beta_count=jnp.ones(4), idle=jnp.asarray([0, 1, 2, 5], jnp.int32))
