@@ -98,3 +98,9 @@ class ModelConfig(Protocol):
   def eos_token_ids(self) -> tuple[int, ...]: ...  # Every id that ends a sequence.
 
   def to_hf_dict(self) -> dict: ...  # The `config.json` that transformers reads back into this architecture.
+
+
+def shapes_from_axes(axes: Any, size: dict[str, int]) -> Any:
+  """The shape of every parameter from its logical axis names: `axes` a pytree of name tuples (a family's
+  `param_axes`), `size` each name's length; returns the same pytree with tuples of ints."""
+  return jax.tree.map(lambda names: tuple(size[a] for a in names), axes, is_leaf=lambda x: isinstance(x, tuple))

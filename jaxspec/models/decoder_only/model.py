@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions
+from jaxspec.models.contract import CachePositions, shapes_from_axes
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 
@@ -82,8 +82,7 @@ def param_shapes(cfg: DecoderOnlyConfig) -> dict:
   """The shape of every parameter, as a pytree of tuples matching `param_axes(cfg)`."""
   size = {"vocab": cfg.vocab_size, "embed": cfg.hidden_size, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads,
           "kv": cfg.head_dim, "mlp": cfg.intermediate_size}
-  return jax.tree.map(lambda axes: tuple(size[a] for a in axes), param_axes(cfg),
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return shapes_from_axes(param_axes(cfg), size)
 
 
 def init_params(cfg: DecoderOnlyConfig, key: jax.Array, dtype=jnp.float32, std: float = 0.02) -> dict:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions
+from jaxspec.models.contract import CachePositions, shapes_from_axes
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
@@ -98,8 +98,7 @@ def param_shapes(cfg: T5Config) -> dict:
   """The shape of every parameter, as a pytree of tuples matching `param_axes(cfg)`."""
   size = {"vocab": cfg.vocab_size, "embed": cfg.d_model, "heads": cfg.num_heads, "kv": cfg.d_kv,
           "mlp": cfg.d_ff, "relpos_buckets": cfg.relative_attention_num_buckets}
-  return jax.tree.map(lambda axes: tuple(size[a] for a in axes), param_axes(cfg),
-                      is_leaf=lambda x: isinstance(x, tuple))
+  return shapes_from_axes(param_axes(cfg), size)
 
 
 def _init_std(path: tuple, cfg: T5Config) -> float:
