@@ -18,15 +18,11 @@ Two runtime knobs act under "heuristic" and "adaptive" (0 = off; "constant" refu
   draft_confidence  a row stops drafting after a token whose draft distribution has a top probability below it
                     (transformers' assistant_confidence_threshold, with the top probability: at temperature 0 the
                     proposed token's own); the token itself is still verified.
-  fallback_alpha    when every active row's running estimate a is below it, the rows rest: they draft nothing
-                    (plain decoding) and each probes again, with its scheduled limit, after `probe_interval` resting iterations;
+  fallback_alpha    a row whose running estimate a falls below it rests: it drafts nothing (plain decoding for
+                    it) and probes again, with its scheduled limit, after `probe_interval` resting iterations;
                     each probe that leaves it resting doubles its next interval (up to 2^MAX_BACKOFF times), a
                     drafting iteration outside a probe resets it. A useless draft then costs a few probes in all.
-                    When no row drafts, the iteration makes no draft call and a 1-token target call. Rows rest
-                    together because a lone resting row saves nothing (the draft and verify calls keep the
-                    batch's static shape while any row drafts); at batch 1 this is the row's own rule. So with
-                    fallback_alpha at batch > 1, a sampled row's draws can depend on its neighbours' history
-                    (its distribution does not).
+                    When no row drafts, the iteration makes no draft call and a 1-token target call.
 
 The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
 temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
@@ -138,9 +134,6 @@ def limits(schedule: str, gamma: int, knobs: SpeculationKnobs, state: ScheduleSt
   else:
     raise ValueError(f"no per-row limits for schedule {schedule!r}")
   low = (knobs.fallback_alpha > 0) & (state.alpha < knobs.fallback_alpha)
-  # Rows rest together: while one row drafts, the draft and verify calls run at the batch's static shape, so a
-  # resting row would save nothing and lose its accepted tokens. The batch rests when every active row is low.
-  low = low & jnp.all(low | ~active)
   # idle < interval * 2**m, written as a shift of idle so that a large probe_interval cannot overflow.
   resting = active & low & ((state.idle >> jnp.minimum(state.probes, MAX_BACKOFF)) < knobs.probe_interval)
   return jnp.where(active & ~resting, scheduled, 0).astype(jnp.int32), resting
