@@ -10,18 +10,9 @@ import pytest
 import jaxspec
 from jaxspec.decoding import adaptive, engine, loop, sampling
 from jaxspec.models import t5
+from test_adaptive import _ragged_eos
 
 PROMPTS = [[3, 4, 5, 1], [9, 8, 1], [2, 2, 3, 4, 5, 6, 1], [11, 1], [5, 6, 7, 8, 9, 1]]
-
-
-def _ragged_eos(tokens):
-  """A token whose first occurrence differs between rows (not at the start): as EOS it ends rows raggedly."""
-  best, spread = None, -1
-  for tok in range(2, int(tokens.max()) + 1):
-    first = [int(np.argmax(row == tok)) if (row == tok).any() else len(row) for row in tokens]
-    if min(first) >= 2 and len(set(first)) > spread:
-      best, spread = tok, len(set(first))
-  return best
 
 
 @pytest.fixture(scope="module")

@@ -12,15 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.models.activations import ACTIVATIONS
 from jaxspec.models.decoder_only.config import Rope
-
-ACT = {
-    "silu": jax.nn.silu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
-    "relu": jax.nn.relu,
-}
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float, offset: float) -> jax.Array:
@@ -100,7 +93,7 @@ def output_projection(x: jax.Array, w_o: jax.Array, bias: jax.Array | None = Non
 
 def gated_mlp(p: dict, x: jax.Array, activation: str) -> jax.Array:
   """down(act(gate(x)) * up(x)): [B, T, D] -> [B, T, D] with gate, up [D, F] and down [F, D]."""
-  return (ACT[activation](x @ p["gate"]) * (x @ p["up"])) @ p["down"]
+  return (ACTIVATIONS[activation](x @ p["gate"]) * (x @ p["up"])) @ p["down"]
 
 
 def softcap(x: jax.Array, cap: float | None) -> jax.Array:

@@ -13,14 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-_ACT = {
-    "relu": jax.nn.relu,
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
-    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-}
+from jaxspec.models.activations import ACTIVATIONS
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -32,7 +25,7 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
 
 def feed_forward(p: dict, x: jax.Array, activation: str, gated: bool) -> jax.Array:
   """x: [B, T, D] -> [B, T, D]. p has wi [D, F] (or wi_0, wi_1 when gated) and wo [F, D]."""
-  act = _ACT[activation]
+  act = ACTIVATIONS[activation]
   if gated:
     h = act(x @ p["wi_0"]) * (x @ p["wi_1"])
   else:
