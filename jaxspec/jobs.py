@@ -16,6 +16,8 @@ encodes and decodes text; `chat` applies the tokenizer's chat template to every 
 
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 
 import jax
@@ -30,9 +32,10 @@ from jaxspec.bench.report import speed_summary, tune_table
 from jaxspec.inputs import InputError, encode_texts
 from jaxspec.outputs import LineWriter
 
-SPECULATION_KNOBS = ("schedule", "draft_confidence", "fallback_alpha", "probe_interval", "draft_cost")
+SPECULATION_KNOBS = ("schedule", "draft_confidence", "fallback_alpha", "probe_interval", "draft_cost",
+                     "prior_alpha")
 NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
-RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer with random weights (a draft that is never right)
+RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right)
 
 
 def load_target(name: str, mesh=None) -> jaxspec.Model:
@@ -48,8 +51,13 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
     return jaxspec.NGramDraft()
   model = jaxspec.load(name.removeprefix(RANDOM))
   if name.startswith(RANDOM):
-    params = model.family.init_params(model.config, jax.random.key(1), model.dtype)
-    model = jaxspec.Model(model.config, params, model.tokenizer, name=name)
+    # Untied: a tied output embedding scores the input token highest through the residual, and a random draft
+    # would then propose repeats, which a target's repetition loops accept (alpha 0.42 on the embedded pair).
+    config = model.config
+    if getattr(config, "tie_word_embeddings", False):
+      config = dataclasses.replace(config, tie_word_embeddings=False)
+    params = model.family.init_params(config, jax.random.key(1), model.dtype)
+    model = jaxspec.Model(config, params, model.tokenizer, name=name)
   if mesh is not None:
     model = jaxspec.shard(model, mesh, rules=jaxspec.DRAFT_RULES)
   if model.tokenizer is not None and not model.tokenizer.same_as(target.tokenizer):

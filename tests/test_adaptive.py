@@ -1,4 +1,4 @@
-"""Per-row draft lengths (schedule="heuristic" / "adaptive", draft_confidence, fallback_alpha): greedy exactness,
+"""Variable draft lengths (schedule="heuristic" / "adaptive", draft_confidence, fallback_alpha): greedy exactness,
 the verification mask, the schedules' rules, the draft cache's catch-up, stats, compilation and argument checks.
 Lossless sampling under these schedules is in test_sampling_lossless.py."""
 
@@ -151,11 +151,41 @@ def test_heuristic_rule_and_fallback_counters():
                            jnp.asarray([0], jnp.int32), jnp.zeros((1, gamma), jnp.float32), ~one, one)
   assert 0.6 < float(missed.alpha[0]) < 0.7  # a first rejection: the prior keeps the row drafting (not a = 0)
   assert new.alpha.tolist()[3] == 1.0  # no evidence yet: optimistic
+  # One decision for the batch: every active row drafts the longest active row's length (the finished row's 5
+  # does not count), or the batch rests when the active rows' mean estimate is below fallback_alpha.
   knobs = adaptive.SpeculationKnobs.create(fallback_alpha=0.5, probe_interval=2)
-  low = new.replace(beta_sum=jnp.zeros(4), beta_count=jnp.ones(4), idle=jnp.asarray([0, 1, 2, 5], jnp.int32))
-  limit, rest = adaptive.limits("heuristic", gamma, knobs, low, jnp.asarray([True, True, True, False]))
-  assert rest.tolist() == [True, True, False, False]  # idle >= probe_interval probes; finished rows never rest
-  assert limit.tolist() == [0, 0, 1, 0]
+  active = jnp.asarray([True, True, True, False])
+  idle = jnp.asarray([1, 1, 1, 5], jnp.int32)
+  low = new.replace(beta_sum=jnp.asarray([0.0, 0.0, 1.0, 1.0]), beta_count=jnp.ones(4), idle=idle,
+                    length=jnp.asarray([2, 3, 1, 5], jnp.int32))
+  limit, rest = adaptive.limits("heuristic", gamma, knobs, low, active)
+  assert rest.tolist() == [True, True, True, False] and limit.tolist() == [0, 0, 0, 0]  # mean 1/3 < 0.5
+  limit, rest = adaptive.limits("heuristic", gamma, knobs, low.replace(idle=idle.at[1].set(2)), active)
+  assert rest.tolist() == [False] * 4 and limit.tolist() == [3, 3, 3, 0]  # a row's interval is due: a probe
+  limit, rest = adaptive.limits("heuristic", gamma, knobs, low.replace(beta_sum=jnp.asarray([0.0, 1, 1, 0])), active)
+  assert rest.tolist() == [False] * 4 and limit.tolist() == [3, 3, 3, 0]  # mean 2/3: the batch drafts
+  # Backoff: after 2 failed probes the interval is 2 * 2**2 = 8 idle iterations.
+  backed = low.replace(probes=jnp.full((4,), 2, jnp.int32), idle=jnp.full((4,), 7, jnp.int32))
+  assert adaptive.limits("heuristic", gamma, knobs, backed, active)[1].tolist() == [True, True, True, False]
+  backed = backed.replace(idle=jnp.full((4,), 8, jnp.int32))
+  assert not any(adaptive.limits("heuristic", gamma, knobs, backed, active)[1].tolist())
+
+
+@pytest.mark.usefixtures("strict_ranks")
+def test_adaptive_length_is_the_batch_s_theorem_3_8_choice():
+  gamma, c = 6, jnp.float32(0.1)
+  alpha = jnp.asarray([0.95, 0.1, 0.9, 0.0], jnp.float32)
+  active = jnp.asarray([True, True, True, False])
+  limit, _ = adaptive.limits("adaptive", gamma, adaptive.SpeculationKnobs.create(draft_cost=0.1),
+                             adaptive.ScheduleState.create(4, gamma).replace(beta_sum=alpha,
+                                                                               beta_count=jnp.ones(4)), active)
+  ks = np.arange(1, gamma + 1)
+  total = sum(np.cumsum(np.float32(a) ** ks) + 1 for a in np.asarray(alpha)[:3])
+  assert limit.tolist() == [int(ks[np.argmax(total / (1 + ks * 0.1))])] * 3 + [0]
+  # Alone, each row would choose its own k: the batch's choice differs from the weak row's.
+  alone = np.asarray(adaptive.theory_length(alpha, c, gamma))
+  assert alone[1] < limit[0] and alone[0] == gamma
+  assert float(adaptive.ScheduleState.create(2, gamma, 0.25).alpha[0]) == 0.25  # prior_alpha
 
 
 def _same_cache(decoder, params, got, want, sequences):

@@ -10,6 +10,8 @@ token from p instead of the residual (with a draft model and with prompt lookup)
 """
 
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -39,19 +41,27 @@ def _markov_params(seed, scale=2.0):
 
 
 def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=ROWS,
-         decoder=MarkovDecoder(), draft_decoder=None, input_ids=None, schedule="constant", spec=None):
+         decoder=MarkovDecoder(), draft_decoder=None, input_ids=None, schedule="constant", spec=None, group=None):
+  """Samples `rows` outputs: one batch, or with `group`, rows // group batches of `group` rows decoded side by side
+  (vmapped), so that batch-wide decisions (fallback, the adaptive length) are taken by small batches."""
   settings = loop.LoopSettings(target=decoder, draft=(draft_decoder or decoder) if gamma else None, gamma=gamma,
                                max_new_tokens=LENGTH, greedy=False, filtering=top_k > 0 or top_p < 1,
                                eos_ids=(EOS,), pad_id=0, schedule=schedule)
   ids = jnp.ones((rows, 4), jnp.int32) if input_ids is None else input_ids
   input_lengths = jnp.full((ids.shape[0],), ids.shape[1], jnp.int32)
-  tc, dc, first = jax.jit(loop.prefill, static_argnums=0)(settings, target_params, draft_params, ids, input_lengths)
   # One seed for the batch, the row index folded in: every row draws independently.
-  state = jax.jit(loop.run, static_argnums=0)(settings, target_params, draft_params, tc, dc, first,
-                                               sampling.SamplingKnobs.create(temperature, top_k, top_p),
-                                               np.full((rows,), seed, np.uint32), np.arange(rows, dtype=np.int32),
-                                               spec)
+  seeds, row_ids = np.full((rows,), seed, np.uint32), np.arange(rows, dtype=np.int32)
+  prefill, run = functools.partial(loop.prefill, settings), functools.partial(loop.run, settings)
+  if group:
+    ids, input_lengths, seeds, row_ids = (x.reshape((rows // group, group) + x.shape[1:])
+                                          for x in (ids, input_lengths, seeds, row_ids))
+    prefill = jax.vmap(prefill, in_axes=(None, None, 0, 0))
+    run = jax.vmap(run, in_axes=(None, None, 0, 0, 0, None, 0, 0, None))
+  tc, dc, first = jax.jit(prefill)(target_params, draft_params, ids, input_lengths)
+  state = jax.jit(run)(target_params, draft_params, tc, dc, first,
+                       sampling.SamplingKnobs.create(temperature, top_k, top_p), seeds, row_ids, spec)
   seqs, lengths = jax.device_get((state.sequences, state.lengths))
+  seqs, lengths = seqs.reshape(rows, -1), lengths.reshape(rows)
   return [tuple(s[1:n]) for s, n in zip(seqs, lengths)], state
 
 
@@ -103,20 +113,24 @@ def test_lossless_with_top_k_and_top_p(top_k, top_p):
   _assert_matches(samples, _markov_exact(target, 0.7, top_k, top_p))
 
 
-# Every knob on: rows stop after unconfident drafts, rest when their estimate is low and probe every iteration.
+# Every knob on: rows stop after unconfident drafts; batches start below fallback_alpha (prior_alpha), rest, probe
+# every other iteration and rest again while their rows' mean estimate stays low.
 ADAPTIVE_KNOBS = adaptive.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
-                                                  draft_cost=0.3)
+                                                  draft_cost=0.3, prior_alpha=0.5)
 
 
 @pytest.mark.parametrize("schedule", ["heuristic", "adaptive"])
-@pytest.mark.parametrize("gamma", [2, 3])
-def test_lossless_with_adaptive_schedules(schedule, gamma):
+@pytest.mark.parametrize("gamma,group", [(2, 1), (3, 2)])
+def test_lossless_with_adaptive_schedules(schedule, gamma, group):
+  """Batches of 1 and of 2 rows: in the latter, a row's draft length and resting also follow its neighbour's past."""
   target, draft = _markov_params(0), _markov_params(1)
-  samples, state = _run(target, draft, gamma, schedule=schedule, spec=ADAPTIVE_KNOBS)
+  samples, state = _run(target, draft, gamma, schedule=schedule, spec=ADAPTIVE_KNOBS, group=group)
   _assert_matches(samples, _markov_exact(target))
-  lengths = np.asarray(state.stats.draft_lengths).sum(0)  # [G + 1] iterations per drafted length
+  stats = jax.device_get(state.stats)
+  lengths = np.asarray(stats.draft_lengths).reshape(-1, gamma + 1).sum(0)  # [G + 1] iterations per length drafted
   assert lengths[0] > 0 and np.count_nonzero(lengths[1:]) >= 2  # rests, and several lengths drafted
-  assert int(state.stats.fallback_iterations.sum()) > 0 and int(state.stats.accepted.sum()) > 0
+  rested, drafted = np.asarray(stats.fallback_iterations) > 0, np.asarray(stats.drafted) > 0
+  assert np.sum(rested & drafted) > ROWS // 10 and int(np.sum(stats.accepted)) > 0  # rows switched between both
 
 
 def _lookup_inputs(kind: str, rows=ROWS, width=6):
@@ -177,7 +191,8 @@ def test_a_length_rule_that_peeks_at_the_verdict_is_caught(monkeypatch):
   jax.clear_caches()
   monkeypatch.setattr(verify, "accept_sampled", peeking)
   try:
-    samples, _ = _run(target, draft, gamma=3, schedule="heuristic", spec=ADAPTIVE_KNOBS)
+    samples, _ = _run(target, draft, gamma=3, schedule="heuristic",
+                      spec=adaptive.SpeculationKnobs.create(draft_confidence=0.5))
   finally:
     monkeypatch.undo()
     jax.clear_caches()

@@ -101,7 +101,10 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
     if r["draft"] == "ngram":
       assert r["c"] == 0.0 and r["draft_step_ms"] == 0.0
     if r["schedule"] == "adaptive":
-      assert set(r["knobs"]) == {"draft_cost", "fallback_alpha"} and 0 <= r["knobs"]["fallback_alpha"] <= 1
+      assert {"draft_cost", "fallback_alpha"} <= set(r["knobs"]) <= {"draft_cost", "fallback_alpha", "prior_alpha"}
+      assert 0 <= r["knobs"]["fallback_alpha"] <= 1
+      if r["draft"] == same:  # calibrated on the first batch: the target as its own draft is always accepted
+        assert r["knobs"]["prior_alpha"] == pytest.approx(1.0, abs=1e-5)
     else:
       assert r["knobs"] == {}
   assert sorted(result["best"]) == ["T=0,batch=2", "T=1,batch=2"]

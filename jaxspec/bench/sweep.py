@@ -71,6 +71,17 @@ def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, bucke
   return probe
 
 
+def _acceptance(target, drafts: dict, variants: Sequence[Variant], batch: list[list[int]], kw: dict) -> dict:
+  """{draft name: alpha} of each draft with a non-constant variant, from one constant-gamma call (its largest
+  gamma) on `batch`: the calibration the adaptive knobs start from (prior_alpha)."""
+  out = {}
+  for name in {v.draft for v in variants if v.schedule != "constant"}:
+    gamma = max(v.gamma for v in variants if v.draft == name)
+    alpha = jaxspec.generate(target, batch, draft=drafts[name], gamma=gamma, **kw).stats.alpha
+    out[name] = None if np.isnan(alpha) else alpha
+  return out
+
+
 def _per_sequence(passes: timing.Passes, real: list[int]) -> dict:
   """Latency percentiles per sequence: every real row of a batch takes that batch's time."""
   return timing.percentiles([s for s, n in zip(passes.latencies_s, real) for _ in range(n)])
@@ -164,8 +175,10 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
 
   Args:
     drafts: {name: jaxspec.Model or jaxspec.NGramDraft}; each variant names one.
-    knobs: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes) -> more keyword
-      arguments of its generate calls (e.g. schedule="adaptive"'s draft_cost and fallback_alpha).
+    knobs: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes, with "alpha": the
+      draft's acceptance in one constant-gamma call on the first batch, None when nothing was drafted) -> more
+      keyword arguments of its generate calls (e.g. schedule="adaptive"'s draft_cost, fallback_alpha and
+      prior_alpha).
     sampling: more keyword arguments of every generate call (top_k, top_p).
     score: texts of the real inputs, in order -> quality scores (rows get "quality" and "plain_quality").
     verbose: print one line per row.
@@ -194,7 +207,8 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
       return cached.pop() if cached else probe()
     for temp in temperatures:
       kw = dict(max_new_tokens=max_new, temperature=temp, seed=0, **(sampling or {}))
-      extra = {v: dict(knobs(v, first[v.draft][v.gamma]) if knobs else {},
+      seen = _acceptance(target, drafts, variants, batches[0], kw) if knobs else {}
+      extra = {v: dict(knobs(v, dict(first[v.draft][v.gamma], alpha=seen.get(v.draft))) if knobs else {},
                        **({"schedule": v.schedule} if v.schedule != "constant" else {})) for v in variants}
       fns = {"plain": lambda b, **o: jaxspec.generate(target, b, **kw, **o)}
       fns.update({v: (lambda b, v=v, **o: jaxspec.generate(target, b, draft=drafts[v.draft], gamma=v.gamma,

@@ -9,9 +9,10 @@
 Every variant is timed against plain decoding side by side on the same inputs (`jaxspec.bench.sweep`:
 interleaved passes after a warm-up pass, medians; c and r timed in isolation in the same minutes). The
 "adaptive" rows run with knobs set from the costs measured in the same run (`adaptive_knobs`): draft_cost = c / r
-(a draft step per verify call of width gamma + 1) and fallback_alpha = the acceptance rate below which every
+(a draft step per verify call of width gamma + 1), fallback_alpha = the acceptance rate below which every
 draft length is expected to be FALLBACK_VALUE times plain decoding's speed or slower at those costs (Theorem 3.8
-with r), so a row whose draft stops helping decodes plainly. A row's quality columns are sacrebleu's BLEU and chrF against `references` when given.
+with r), so a batch whose draft stops helping decodes plainly, and prior_alpha = the draft's acceptance in one
+constant-gamma call on the first batch (a useless draft then rests from its first iteration). A row's quality columns are sacrebleu's BLEU and chrF against `references` when given.
 """
 
 from __future__ import annotations
@@ -98,17 +99,21 @@ def break_even_alpha(c: float, r: float, gamma: int, value: float = 1.0) -> floa
   return hi
 
 
-def adaptive_knobs(c: float, r: float, gamma: int) -> dict:
+def adaptive_knobs(c: float, r: float, gamma: int, alpha: float | None = None) -> dict:
   """schedule="adaptive"'s knobs for measured costs: c (a draft step per target step, as the loop runs it) and
-  r (a verify call of gamma + 1 tokens per target step)."""
-  return {"draft_cost": c / r, "fallback_alpha": break_even_alpha(c, r, gamma, FALLBACK_VALUE)}
+  r (a verify call of gamma + 1 tokens per target step), and the draft's measured acceptance alpha (None: not
+  measured) as the rows' starting estimate."""
+  knobs = {"draft_cost": c / r, "fallback_alpha": break_even_alpha(c, r, gamma, FALLBACK_VALUE)}
+  if alpha is not None:
+    knobs["prior_alpha"] = float(min(max(alpha, 0.0), 1.0))
+  return knobs
 
 
 def _knobs(variant: sweep.Variant, cost: dict) -> dict:
   if variant.schedule != "adaptive":
     return {}
   c = max(cost["c"], cost["c_alternating"])  # the alternating cost is what the loop pays; never below isolation
-  return adaptive_knobs(c, cost["r"], variant.gamma)
+  return adaptive_knobs(c, cost["r"], variant.gamma, cost.get("alpha"))
 
 
 def _scorer(references: Sequence[str]):

@@ -1,40 +1,48 @@
 """How many tokens each row drafts per iteration: the schedules, the fallback to plain decoding, their knobs.
 
 `gamma` is the most draft tokens a row proposes in one iteration (static: it sets the verify call's width).
-Within it, `generate(..., schedule=...)` picks each row's limit for this iteration:
+Within it, `generate(..., schedule=...)` picks this iteration's draft length:
 
   "constant"   every row drafts gamma tokens every iteration (the loop as it always was).
-  "heuristic"  transformers' assisted-generation rule: a row's limit starts at gamma and moves +2 after an
+  "heuristic"  transformers' assisted-generation rule: a row's length starts at gamma and moves +2 after an
                iteration in which all its drafts were accepted, -1 otherwise, clipped to [1, gamma].
-  "adaptive"   Theorem 3.8 per row: from the row's running acceptance estimate a (below), the limit k in
-               [1, gamma] that maximises the expected tokens per unit of cost
-                   (1 + a + ... + a^k) / (1 + k * draft_cost),
+  "adaptive"   Theorem 3.8: from each row's running acceptance estimate a (below), the length k in [1, gamma]
+               that maximises the expected tokens per unit of cost
+                   sum over rows of (1 + a + ... + a^k), divided by (1 + k * draft_cost),
                draft_cost being c, the cost of a draft step relative to a verify call (a runtime knob; 0 for
-               NGramDraft, whose proposals cost nothing). A high estimate gives long drafts, a low one short
-               drafts; the verify call's width stays gamma + 1, so at batch > 1 shorter rows save draft steps
-               only when every row stops early.
+               NGramDraft, whose proposals cost nothing). A high estimate gives long drafts, a low one short ones.
 
-Two runtime knobs act under "heuristic" and "adaptive" (0 = off; "constant" refuses them):
+The decision is the batch's, from every active row's history: the draft steps run for the whole batch and the
+verify call's width is the batch's, so a row drafting less than the others would save nothing and only give up
+tokens (measured: at batch 4 a lone resting row lost 48-60% of its iterations' tokens, docs/bench/adaptive). So
+"heuristic" drafts the longest active row's length and "adaptive" the k above, for every active row; at batch 1
+this is the row's own rule. Prompt lookup (NGramDraft) still proposes per row what it finds.
+
+Knobs (runtime: changing them never recompiles; 0 = off; "constant" refuses the first two):
   draft_confidence  a row stops drafting after a token whose draft distribution has a top probability below it
                     (transformers' assistant_confidence_threshold, with the top probability: at temperature 0 the
-                    proposed token's own); the token itself is still verified.
-  fallback_alpha    a row whose running estimate a falls below it rests: it drafts nothing (plain decoding for
-                    it) and probes again, with its scheduled limit, after `probe_interval` resting iterations;
-                    each probe that leaves it resting doubles its next interval (up to 2^MAX_BACKOFF times), a
-                    drafting iteration outside a probe resets it. A useless draft then costs a few probes in all.
-                    When no row drafts, the iteration makes no draft call and a 1-token target call.
+                    proposed token's own); the token itself is still verified. Per row; the batch's draft loop
+                    stops when every row has stopped.
+  fallback_alpha    when the mean estimate of the active rows falls below it, the batch rests: no draft call, a
+                    1-token target call (plain decoding), and it probes again, with its scheduled length, after
+                    `probe_interval` resting iterations; each probe that leaves it resting doubles the next
+                    interval (up to 2^MAX_BACKOFF times), a drafting iteration outside a probe resets it. A useless
+                    draft then costs a few probes in all.
+  prior_alpha       what a row's estimate starts from: PRIOR_POSITIONS pseudo-positions of beta = prior_alpha.
+                    1 (the default) is optimistic: every row starts by drafting. A caller who has measured the
+                    draft's acceptance on this kind of input (jaxspec.tune does) passes it, so that a useless
+                    draft rests from the first iteration and a good one is not sent resting by an early miss.
 
 The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
 temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
-verified position (a memory of ~10 positions). Both start at PRIOR_POSITIONS pseudo-positions with beta 1, which
-decay like real ones: a = 1 before any evidence, so every row starts by drafting, and one early rejection moves a
-to 2/3 rather than to 0 (without the prior, a good draft's first miss sent its row to rest for most of a short
-output: measured 1.22x against constant gamma's 1.38x on docs/bench/adaptive); a useless draft still falls below
-0.25 within ~6 iterations.
+verified position (a memory of ~10 positions), both starting from the prior: one early rejection moves a from 1
+to 2/3 rather than to 0 (without a prior, a good draft's first miss sent its row to rest for most of a short
+output: measured 1.22x against constant gamma's 1.38x on docs/bench/adaptive).
 
-Exactness: every input of these rules is known before the target scores the tokens being verified: the row's
-past verdicts (a, the heuristic's length, the resting counter) and the draft's own probabilities while it drafts.
-A rule that looked at the target's verdict for the tokens being verified would bias the output
+Exactness: every input of these rules is known before the target scores the tokens being verified: the rows' past
+verdicts (a, the heuristic's length, the resting counters), the knobs, and the draft's own probabilities while it
+drafts. Another row's past verdicts are as much "the past" as the row's own: its draws are independent of this
+iteration's. A rule that looked at the target's verdict for the tokens being verified would bias the output
 (tests/test_sampling_lossless.py shows one failing).
 """
 
@@ -64,15 +72,17 @@ class SpeculationKnobs:
   fallback_alpha: jax.Array  # [] float32 in [0, 1], 0 = off.
   probe_interval: jax.Array  # [] int32 >= 1: resting iterations before a resting row drafts again.
   draft_cost: jax.Array  # [] float32 >= 0: c in the "adaptive" rule.
+  prior_alpha: jax.Array  # [] float32 in [0, 1]: the estimate before any verified position.
 
   @classmethod
   def create(cls, draft_confidence: float = 0.0, fallback_alpha: float = 0.0, probe_interval: int = 4,
-             draft_cost: float = DEFAULT_DRAFT_COST) -> "SpeculationKnobs":
+             draft_cost: float = DEFAULT_DRAFT_COST, prior_alpha: float = 1.0) -> "SpeculationKnobs":
     return cls(draft_confidence=np.float32(draft_confidence), fallback_alpha=np.float32(fallback_alpha),
-               probe_interval=np.int32(probe_interval), draft_cost=np.float32(draft_cost))
+               probe_interval=np.int32(probe_interval), draft_cost=np.float32(draft_cost),
+               prior_alpha=np.float32(prior_alpha))
 
 
-def check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost) -> None:
+def check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha=1.0) -> None:
   """ValueError naming the argument for any bad speculation setting."""
   if schedule not in SCHEDULES:
     raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
@@ -84,6 +94,8 @@ def check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost
     raise ValueError(f"probe_interval must be an integer >= 1, got {probe_interval!r}.")
   if draft_cost is not None and (not _is_real(draft_cost) or not math.isfinite(draft_cost) or draft_cost < 0):
     raise ValueError(f"draft_cost must be a finite number >= 0 (or None), got {draft_cost!r}.")
+  if not _is_real(prior_alpha) or not 0 <= prior_alpha <= 1:
+    raise ValueError(f"prior_alpha must be in [0, 1] (1 = optimistic), got {prior_alpha!r}.")
   if schedule == "constant" and (draft_confidence > 0 or fallback_alpha > 0):
     raise ValueError("draft_confidence and fallback_alpha need schedule='heuristic' or 'adaptive': "
                      "schedule='constant' drafts gamma tokens every iteration.")
@@ -100,22 +112,31 @@ class ScheduleState:
   probes: jax.Array  # [B] int32 probes since the row last drafted outside a probe (its backoff exponent).
 
   @classmethod
-  def create(cls, batch: int, gamma: int) -> "ScheduleState":
-    prior = jnp.full((batch,), PRIOR_POSITIONS, jnp.float32)
-    return cls(beta_sum=prior, beta_count=prior, length=jnp.full((batch,), gamma, jnp.int32),
+  def create(cls, batch: int, gamma: int, prior_alpha: jax.Array | float = 1.0) -> "ScheduleState":
+    count = jnp.full((batch,), PRIOR_POSITIONS, jnp.float32)
+    return cls(beta_sum=count * jnp.asarray(prior_alpha, jnp.float32), beta_count=count,
+               length=jnp.full((batch,), gamma, jnp.int32),
                idle=jnp.zeros((batch,), jnp.int32), probes=jnp.zeros((batch,), jnp.int32))
 
   @property
   def alpha(self) -> jax.Array:
-    """[B] running acceptance estimate; 1 before any verified position (the prior)."""
+    """[B] running acceptance estimate; prior_alpha before any verified position."""
     return jnp.where(self.beta_count > 0, self.beta_sum / jnp.maximum(self.beta_count, 1e-30), 1.0)
 
 
-def theory_length(alpha: jax.Array, draft_cost: jax.Array, gamma: int) -> jax.Array:
-  """[B] the k in [1, G] maximising (1 + a + ... + a^k) / (1 + k c) (Theorem 3.8 for one row); ties: shortest."""
+def _expected_tokens(alpha: jax.Array, gamma: int) -> jax.Array:
+  """[B, G]: 1 + a + ... + a^k for k = 1..G, per row (Theorem 3.8's expected tokens per iteration)."""
   a = jnp.clip(alpha, 0.0, 1.0)[:, None]
-  powers = a ** jnp.arange(1, gamma + 1)[None]  # [B, G]: a^1 .. a^G
-  expected = 1.0 + jnp.cumsum(powers, axis=1)  # [B, G] expected tokens for k = 1..G
+  return 1.0 + jnp.cumsum(a ** jnp.arange(1, gamma + 1)[None], axis=1)
+
+
+def theory_length(alpha: jax.Array, draft_cost: jax.Array, gamma: int, rows: jax.Array | None = None) -> jax.Array:
+  """The k in [1, G] maximising sum over rows of (1 + a + ... + a^k), over (1 + k c) (Theorem 3.8); ties: the
+  shortest. alpha [B]; rows [B] bool, the rows that count (None: each row alone). Returns [B] int32: each row's
+  own k when rows is None, else the batch's k in every entry."""
+  expected = _expected_tokens(alpha, gamma)  # [B, G]
+  if rows is not None:
+    expected = jnp.broadcast_to(jnp.sum(jnp.where(rows[:, None], expected, 0.0), axis=0), expected.shape)
   value = expected / (1.0 + jnp.arange(1, gamma + 1)[None] * draft_cost)
   return (jnp.argmax(value, axis=1) + 1).astype(jnp.int32)
 
@@ -124,18 +145,21 @@ def limits(schedule: str, gamma: int, knobs: SpeculationKnobs, state: ScheduleSt
            active: jax.Array) -> tuple[jax.Array, jax.Array]:
   """This iteration's most draft tokens per row, from the past only: (limit [B] int32 in [0, G], resting [B] bool).
 
-  resting rows (fallback) and finished rows get 0; a resting row whose idle count reached its interval
-  (probe_interval * 2**min(probes, MAX_BACKOFF)) probes.
+  One decision for the batch (the module docstring): every active row gets the same length, or the batch rests
+  (fallback): then every active row is resting and gets 0, unless its idle count reached its interval
+  (probe_interval * 2**min(probes, MAX_BACKOFF)): a probe, and the batch drafts. Finished rows get 0.
   """
   if schedule == "heuristic":
-    scheduled = state.length
+    scheduled = jnp.max(jnp.where(active, state.length, 1))
   elif schedule == "adaptive":
-    scheduled = theory_length(state.alpha, knobs.draft_cost, gamma)
+    scheduled = theory_length(state.alpha, knobs.draft_cost, gamma, active)[0]
   else:
-    raise ValueError(f"no per-row limits for schedule {schedule!r}")
-  low = (knobs.fallback_alpha > 0) & (state.alpha < knobs.fallback_alpha)
+    raise ValueError(f"no limits for schedule {schedule!r}")
+  mean = jnp.sum(jnp.where(active, state.alpha, 0.0)) / jnp.maximum(jnp.sum(active), 1)
+  low = (knobs.fallback_alpha > 0) & (mean < knobs.fallback_alpha)
   # idle < interval * 2**m, written as a shift of idle so that a large probe_interval cannot overflow.
-  resting = active & low & ((state.idle >> jnp.minimum(state.probes, MAX_BACKOFF)) < knobs.probe_interval)
+  due = active & ((state.idle >> jnp.minimum(state.probes, MAX_BACKOFF)) >= knobs.probe_interval)
+  resting = active & low & ~jnp.any(due)
   return jnp.where(active & ~resting, scheduled, 0).astype(jnp.int32), resting
 
 

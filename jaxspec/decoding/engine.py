@@ -6,8 +6,8 @@
 Prompts are padded to a few length buckets (powers of two from 16), so a new prompt of a bucket already seen
 does not recompile; batch size, max_new_tokens, gamma, greedy-vs-sampling, whether top-k/top-p are on, the
 schedule, the drafter's kind (a model or an NGramDraft) and whether on_tokens is given are static (one compilation
-each); temperature, top_k, top_p, seed, draft_confidence, fallback_alpha, probe_interval, draft_cost and the
-on_tokens callable itself are runtime values and never recompile.
+each); temperature, top_k, top_p, seed, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha
+and the on_tokens callable itself are runtime values and never recompile.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = 
              max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed=0,
              max_input_length: int = MAX_INPUT_LENGTH, on_failure: str = "raise", schedule: str = "constant",
              draft_confidence: float = 0.0, fallback_alpha: float = 0.0, probe_interval: int = 4,
-             draft_cost: float | None = None,
+             draft_cost: float | None = None, prior_alpha: float = 1.0,
              on_tokens: Callable[[streaming.TokenChunk], object] | None = None) -> GenerateOutput:
   """Decodes `inputs` with `target`, speculatively when `draft` is given.
 
@@ -86,17 +86,23 @@ def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = 
       naming the rows) or "mark" (their output stops before the bad step; `failed` says which rows).
     schedule: how many tokens each row drafts per iteration (jaxspec.decoding.adaptive): "constant" (gamma
       every iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma])
-      or "adaptive" (per row, the length that maximises Theorem 3.8's tokens per cost from the row's running
-      acceptance estimate). Output is exact under every schedule.
+      or "adaptive" (the length that maximises Theorem 3.8's tokens per cost from the rows' running acceptance
+      estimates). At batch > 1 the length is the batch's (the draft steps and the verify call are the batch's).
+      Output is exact under every schedule; when sampling, a row's particular sample under "heuristic" or
+      "adaptive" depends on its batch neighbours' histories (its distribution does not), so per-row seeds
+      reproduce a row on its own only with "constant".
     draft_confidence: in [0, 1), 0 = off; a row stops drafting after a token whose draft distribution's top
       probability is below it (schedules other than "constant").
-    fallback_alpha: in [0, 1], 0 = off; a row whose running acceptance estimate is below it decodes plainly and
-      drafts again after `probe_interval` such iterations (schedules other than "constant"); an iteration in which
-      no row drafts makes no draft call and a 1-token target call.
-    probe_interval: resting iterations between a resting row's probes (>= 1).
+    fallback_alpha: in [0, 1], 0 = off; when the active rows' mean running acceptance estimate is below it, the
+      batch decodes plainly (no draft call, a 1-token target call) and drafts again after `probe_interval` such
+      iterations (schedules other than "constant").
+    probe_interval: resting iterations between probes (>= 1); doubles after each failed probe.
     draft_cost: c, a draft step's cost relative to a verify call, read by schedule="adaptive"; None: 0 for
-      NGramDraft, adaptive.DEFAULT_DRAFT_COST for a draft model. draft_confidence, fallback_alpha,
-      probe_interval and draft_cost are runtime values: changing them never recompiles.
+      NGramDraft, adaptive.DEFAULT_DRAFT_COST for a draft model.
+    prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: optimistic, every row starts
+      by drafting); pass the draft's measured acceptance (jaxspec.tune does) so that a useless draft rests from
+      the start. draft_confidence, fallback_alpha, probe_interval, draft_cost and prior_alpha are runtime values:
+      changing them never recompiles.
     on_tokens: None, or a callable receiving, once per loop iteration and in order, a `TokenChunk`: `tokens`
       [B, gamma + 1] and `counts` [B] (row b's new tokens are tokens[b, :counts[b]], in output order, EOS
       included; concatenated over chunks they are the row's output), `iteration`, and `time` (host
@@ -108,12 +114,12 @@ def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = 
   """
   if on_failure not in ("raise", "mark"):
     raise ValueError(f"on_failure must be 'raise' or 'mark', got {on_failure!r}.")
-  adaptive.check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost)
+  adaptive.check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha)
   settings, ids, input_lengths = _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k,
                                           top_p, max_input_length, schedule, on_tokens is not None)
   if draft_cost is None:
     draft_cost = 0.0 if settings.ngram else adaptive.DEFAULT_DRAFT_COST
-  spec = adaptive.SpeculationKnobs.create(draft_confidence, fallback_alpha, probe_interval, draft_cost)
+  spec = adaptive.SpeculationKnobs.create(draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha)
   seeds, row_ids = arguments.seeds_for_rows(seed, ids.shape[0])
   # On a mesh: sharded programs, the batch padded to a multiple of `data` (fetch drops the padding rows).
   call = placement.prepare(_prefill, _run, target, draft if isinstance(draft, Model) else None, ids,

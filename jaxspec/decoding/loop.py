@@ -238,7 +238,7 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   no = jnp.zeros((batch,), bool)
   schedule = None
   if settings.draft is not None and settings.schedule != "constant":
-    schedule = adaptive.ScheduleState.create(batch, settings.gamma)
+    schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec.prior_alpha)
   state = LoopState(
       sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
       draft_cache=draft_cache, schedule=schedule, keys=keys, step=jnp.int32(0),
