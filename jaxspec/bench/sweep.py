@@ -71,14 +71,14 @@ def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, bucke
   return probe
 
 
-def _acceptance(target, drafts: dict, variants: Sequence[Variant], batch: list[list[int]], kw: dict) -> dict:
-  """{draft name: alpha} of each draft with a non-constant variant, from one constant-gamma call (its largest
-  gamma) on `batch`: the calibration the adaptive knobs start from (prior_alpha)."""
+def _acceptance(target, drafts: dict, variants: Sequence[Variant], batches: list, kw: dict) -> dict:
+  """{(draft name, gamma): alpha} for each non-constant variant: the draft's acceptance with constant gamma over
+  every batch (None when nothing was drafted), the calibration its knobs start from (prior_alpha)."""
   out = {}
-  for name in {v.draft for v in variants if v.schedule != "constant"}:
-    gamma = max(v.gamma for v in variants if v.draft == name)
-    alpha = jaxspec.generate(target, batch, draft=drafts[name], gamma=gamma, **kw).stats.alpha
-    out[name] = None if np.isnan(alpha) else alpha
+  for key in sorted({(v.draft, v.gamma) for v in variants if v.schedule != "constant"}):
+    stats = [jaxspec.generate(target, b, draft=drafts[key[0]], gamma=key[1], **kw).stats for b in batches]
+    alpha = jaxspec.DecodeStats.concatenate(stats).alpha
+    out[key] = None if np.isnan(alpha) else alpha
   return out
 
 
@@ -176,9 +176,9 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
   Args:
     drafts: {name: jaxspec.Model or jaxspec.NGramDraft}; each variant names one.
     knobs: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes, with "alpha": the
-      draft's acceptance in one constant-gamma call on the first batch, None when nothing was drafted) -> more
-      keyword arguments of its generate calls (e.g. schedule="adaptive"'s draft_cost, fallback_alpha and
-      prior_alpha).
+      draft's acceptance at the variant's gamma, constant schedule, over the inputs; None when nothing was
+      drafted) -> more keyword arguments of its generate calls (e.g. schedule="adaptive"'s draft_cost,
+      fallback_alpha and prior_alpha).
     sampling: more keyword arguments of every generate call (top_k, top_p).
     score: texts of the real inputs, in order -> quality scores (rows get "quality" and "plain_quality").
     verbose: print one line per row.
@@ -207,8 +207,8 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
       return cached.pop() if cached else probe()
     for temp in temperatures:
       kw = dict(max_new_tokens=max_new, temperature=temp, seed=0, **(sampling or {}))
-      seen = _acceptance(target, drafts, variants, batches[0], kw) if knobs else {}
-      extra = {v: dict(knobs(v, dict(first[v.draft][v.gamma], alpha=seen.get(v.draft))) if knobs else {},
+      seen = _acceptance(target, drafts, variants, batches, kw) if knobs else {}
+      extra = {v: dict(knobs(v, dict(first[v.draft][v.gamma], alpha=seen.get((v.draft, v.gamma)))) if knobs else {},
                        **({"schedule": v.schedule} if v.schedule != "constant" else {})) for v in variants}
       fns = {"plain": lambda b, **o: jaxspec.generate(target, b, **kw, **o)}
       fns.update({v: (lambda b, v=v, **o: jaxspec.generate(target, b, draft=drafts[v.draft], gamma=v.gamma,

@@ -11,8 +11,10 @@ interleaved passes after a warm-up pass, medians; c and r timed in isolation in 
 "adaptive" rows run with knobs set from the costs measured in the same run (`adaptive_knobs`): draft_cost = c / r
 (a draft step per verify call of width gamma + 1), fallback_alpha = the acceptance rate below which every
 draft length is expected to be FALLBACK_VALUE times plain decoding's speed or slower at those costs (Theorem 3.8
-with r), so a batch whose draft stops helping decodes plainly, and prior_alpha = the draft's acceptance in one
-constant-gamma call on the first batch (a useless draft then rests from its first iteration). A row's quality columns are sacrebleu's BLEU and chrF against `references` when given.
+with r), so a batch whose draft stops helping decodes plainly, and prior_alpha = the draft's acceptance at that
+gamma, constant schedule, over the inputs (a useless draft then rests from its first iteration; a one-pass
+calibration, untimed). A row's quality
+columns are sacrebleu's BLEU and chrF against `references` when given.
 """
 
 from __future__ import annotations
@@ -171,7 +173,8 @@ def _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, s
 def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] = (1, 2, 3, 4, 6),
          batch_sizes: Sequence[int] = (1,), temperatures: Sequence[float] = (0.0,),
          schedules: Sequence[str] = ("constant", "adaptive"), references: Sequence[str] | None = None,
-         top_k: int = 0, top_p: float = 1.0, repeats: int = 3, max_new_tokens: int = 64, itl: bool = True, min_speedup: float = MIN_SPEEDUP,
+         top_k: int = 0, top_p: float = 1.0, repeats: int = 3, max_new_tokens: int = 64, itl: bool = True,
+         min_speedup: float = MIN_SPEEDUP,
          max_input_length: int = MAX_INPUT_LENGTH, verbose: bool = True) -> TuneResult:
   """Times every draft x gamma x schedule x batch size x temperature against plain decoding on `inputs`.
 
@@ -200,8 +203,8 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
   variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
   start, load = time.time(), os.getloadavg()
   rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,
-                       knobs=_knobs, sampling=dict(top_k=top_k, top_p=top_p), itl=itl, score=None if references is None else _scorer(references),
-                       verbose=verbose)
+                       knobs=_knobs, sampling=dict(top_k=top_k, top_p=top_p), itl=itl,
+                       score=None if references is None else _scorer(references), verbose=verbose)
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "backend": jax.default_backend(), "target": repr(target),
           "drafts": {n: repr(d) for n, d in drafts.items()}, "inputs": len(ids), "repeats": repeats,

@@ -35,9 +35,10 @@ Knobs (runtime: changing them never recompiles; 0 = off; "constant" refuses the 
 
 The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
 temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
-verified position (a memory of ~10 positions), both starting from the prior: one early rejection moves a from 1
-to 2/3 rather than to 0 (without a prior, a good draft's first miss sent its row to rest for most of a short
-output: measured 1.22x against constant gamma's 1.38x on docs/bench/adaptive).
+verified position (a memory of ~10 positions), both starting from the prior: one early rejection moves a from
+prior_alpha to 0.82 of it rather than to 0 (without a prior, a good draft's first miss sent its row to rest for
+most of a short output: measured 1.22x against constant gamma's 1.38x on docs/bench/adaptive; with 2 positions
+and a calibrated prior, two early misses still did).
 
 Exactness: every input of these rules is known before the target scores the tokens being verified: the rows' past
 verdicts (a, the heuristic's length, the resting counters), the knobs, and the draft's own probabilities while it
@@ -60,7 +61,7 @@ from jaxspec.decoding.arguments import _is_int, _is_real
 SCHEDULES = ("constant", "heuristic", "adaptive")
 ALPHA_DECAY = 0.9  # per verified position, in the running acceptance estimate
 DEFAULT_DRAFT_COST = 0.05  # c for a draft model when none is given (CPU ~0.03, H100 ~0.06 for T5-small pairs)
-PRIOR_POSITIONS = 2.0  # pseudo-positions of beta 1 the running estimate starts from (decayed like real ones)
+PRIOR_POSITIONS = 5.0  # pseudo-positions of beta = prior_alpha the estimate starts from (decayed like real ones)
 MAX_BACKOFF = 4  # a resting row's probe interval doubles after each failed probe, up to probe_interval * 2**4
 
 

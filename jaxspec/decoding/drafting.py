@@ -118,10 +118,10 @@ def propose_fixed(settings: LoopSettings, params: Any, cache: Any, sequences: ja
 
 def propose_variable(settings: LoopSettings, params: Any, cache: Any, sequences: jax.Array, lengths: jax.Array,
                      limit: jax.Array, knobs: sampling.SamplingKnobs, confidence: jax.Array,
-                     keys: jax.Array) -> Proposal:
+                     keys: jax.Array, drafts: bool = False) -> Proposal:
   """At most limit[b] tokens for row b ([B] int32 in [0, G], 0 = none), each row stopping after a token whose
   distribution's top probability is below `confidence` ([] float32). Rows still behind after the catch-up call
-  draft nothing. With no row to draft, no draft call at all."""
+  draft nothing. With no row to draft, no draft call at all; `drafts` (static) says some row does: no `lax.cond`."""
   gamma, batch = settings.gamma, lengths.shape[0]
 
   def draft(cache):
@@ -158,6 +158,8 @@ def propose_variable(settings: LoopSettings, params: Any, cache: Any, sequences:
     return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), q=q, counts=zeros, cache=cache,
                     base=cache.positions, steps=jnp.int32(0))
 
+  if drafts:
+    return draft(cache)
   return jax.lax.cond(jnp.any(limit > 0), draft, skip, cache)
 
 

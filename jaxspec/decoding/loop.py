@@ -73,6 +73,13 @@ class LoopSettings:
     """Rows may draft fewer than gamma tokens (then a 1-token target call replaces one with nothing drafted)."""
     return self.draft is not None and (self.schedule != "constant" or self.ngram)
 
+  @property
+  def phased(self) -> bool:
+    """A draft model with a schedule that may rest: drafting and resting iterations run in two inner loops (`run`),
+    each with one static target-call width, instead of a `lax.cond` per iteration on the width (through which XLA
+    copies every cache leaf each iteration)."""
+    return self.variable and not self.ngram
+
 
 @struct.dataclass
 class LoopState:
@@ -117,12 +124,15 @@ def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.
 
 
 def _draft(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
-           state: LoopState, active: jax.Array, keys: jax.Array):
+           state: LoopState, active: jax.Array, keys: jax.Array, phase: str | None = None):
   """This iteration's proposals: (tokens [B, G], q [B, G, V] or None, counts [B] (None: every row drafted G),
-  drafting.Proposal or None, resting [B] or None)."""
+  drafting.Proposal or None, resting [B] or None). phase (settings.phased): "rest" drafts nothing, "draft" knows
+  that the batch drafts (no `lax.cond` around the draft model's calls)."""
   batch, gamma = state.lengths.shape[0], settings.gamma
   if settings.draft is None:
     return jnp.zeros((batch, 0), jnp.int32), None, None, None, None
+  if phase == "rest":
+    return jnp.zeros((batch, gamma), jnp.int32), None, jnp.zeros((batch,), jnp.int32), None, active
   if settings.schedule == "constant":
     limit, resting = jnp.where(active, gamma, 0).astype(jnp.int32), None
   else:
@@ -135,15 +145,17 @@ def _draft(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, s
                                knobs, keys)
     return p.tokens, p.q, None, p, None
   p = drafting.propose_variable(settings, params, state.draft_cache, state.sequences, state.lengths, limit, knobs,
-                                spec.draft_confidence, keys)
+                                spec.draft_confidence, keys, drafts=phase == "draft")
   return p.tokens, p.q, p.counts, p, resting
 
 
 def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, tokens: jax.Array,
-            q: jax.Array | None, counts: jax.Array | None, knobs: sampling.SamplingKnobs, keys: jax.Array):
+            q: jax.Array | None, counts: jax.Array | None, knobs: sampling.SamplingKnobs, keys: jax.Array,
+            phase: str | None = None):
   """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache).
 
-  last [B, 1], tokens [B, G], q [B, G, V] or None (deterministic proposals), counts [B] or None (all G)."""
+  last [B, 1], tokens [B, G], q [B, G, V] or None (deterministic proposals), counts [B] or None (all G); phase
+  "rest" / "draft" fixes the call's width at 1 / gamma + 1 (else: picked per iteration)."""
   gamma = settings.gamma
 
   def score(cache, width: int):
@@ -162,22 +174,26 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, to
     beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
     return verdict.replace(beta=beta), bad, cache
 
-  if not settings.variable:
+  if not settings.variable or phase == "draft":
     return score(cache, gamma + 1)
+  if phase == "rest":
+    return score(cache, 1)
   return jax.lax.cond(jnp.any(counts > 0), lambda c: score(c, gamma + 1), lambda c: score(c, 1), cache)
 
 
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
-               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, state: LoopState) -> LoopState:
+               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, state: LoopState,
+               phase: str | None = None) -> LoopState:
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
   step_keys = _fold(state.keys, state.step)
   draft_keys, verify_keys = _fold(step_keys, 0), _fold(step_keys, 1)
 
-  tokens, q, counts, proposal, resting = _draft(settings, draft_params, knobs, spec, state, active, draft_keys)
+  tokens, q, counts, proposal, resting = _draft(settings, draft_params, knobs, spec, state, active, draft_keys,
+                                                phase)
   last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
   verdict, bad, target_cache = _verify(settings, target_params, state.target_cache, last, tokens, q, counts, knobs,
-                                       verify_keys)
+                                       verify_keys, phase)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted
@@ -204,7 +220,7 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   elif proposal is not None:
     draft_cache = drafting.settle(proposal.cache, proposal, state.lengths, lengths, n)
   else:
-    draft_cache = None
+    draft_cache = state.draft_cache  # None, or a resting iteration's (it fed nothing)
   schedule = state.schedule
   if schedule is not None:
     schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)
@@ -247,7 +263,18 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   def cond(state: LoopState):
     return jnp.any(~state.done) & (state.step <= settings.max_new_tokens)
 
-  def body(state: LoopState):
-    return _iteration(settings, target_params, draft_params, knobs, spec, stream_id, state)
+  def step(phase: str | None):
+    return lambda state: _iteration(settings, target_params, draft_params, knobs, spec, stream_id, state, phase)
 
-  return jax.lax.while_loop(cond, body, state)
+  if not settings.phased:
+    return jax.lax.while_loop(cond, step(None), state)
+
+  def resting(state: LoopState):
+    """Whether the batch rests this iteration (adaptive.limits: all active rows or none)."""
+    return jnp.any(adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1])
+
+  def phases(state: LoopState):
+    state = jax.lax.while_loop(lambda s: cond(s) & ~resting(s), step("draft"), state)
+    return jax.lax.while_loop(lambda s: cond(s) & resting(s), step("rest"), state)
+
+  return jax.lax.while_loop(cond, phases, state)
