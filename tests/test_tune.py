@@ -66,6 +66,15 @@ def test_adaptive_knobs_come_from_theorem_3_8():
   assert tune.break_even_alpha(0.0, 0.9, 3) == 0.0  # a verify call cheaper than a step: always worth drafting
   assert tune.break_even_alpha(1.0, 3.0, 2) == 1.0  # never worth it
   assert tune.break_even_alpha(0.1, 2.0, 3) > tune.break_even_alpha(0.1, 1.2, 3)  # costlier verify, higher bar
+  # With the draft's measured alpha: a paying draft rests only NOISE_MARGIN below it; a losing one as before.
+  c, r, gamma = 0.2, 2.1, 3
+  plain_rule = tune.adaptive_knobs(c, r, gamma)["fallback_alpha"]
+  paying = tune.adaptive_knobs(c, r, gamma, alpha=0.87)
+  assert paying["prior_alpha"] == 0.87 and tune.break_even_alpha(c, r, gamma) < 0.87
+  assert paying["fallback_alpha"] == pytest.approx(min(plain_rule, 0.87 - tune.NOISE_MARGIN))
+  assert paying["fallback_alpha"] < plain_rule
+  losing = tune.adaptive_knobs(c, r, gamma, alpha=0.5)
+  assert losing["fallback_alpha"] == plain_rule > losing["prior_alpha"]  # starts below it: rests at once
 
 
 def test_tune_script_writes_a_complete_table(models, tmp_path):
