@@ -187,7 +187,17 @@ def test_adaptive_length_is_the_batch_s_theorem_3_8_choice():
   # Alone, each row would choose its own k: the batch's choice differs from the weak row's.
   alone = np.asarray(adaptive.theory_length(alpha, c, gamma))
   assert alone[1] < limit[0] and alone[0] == gamma
-  assert float(adaptive.ScheduleState.create(2, gamma, 0.25).alpha[0]) == 0.25  # prior_alpha
+  warm = adaptive.ScheduleState.create(2, gamma, adaptive.SpeculationKnobs.create(prior_alpha=0.25))
+  assert float(warm.alpha[0]) == 0.25 and warm.probes.tolist() == [0, 0]  # prior_alpha; fallback off
+  cold = adaptive.ScheduleState.create(2, gamma, adaptive.SpeculationKnobs.create(prior_alpha=0.25,
+                                                                                 fallback_alpha=0.3))
+  assert cold.probes.tolist() == [adaptive.COLD_BACKOFF] * 2  # calibrated below the threshold: probes come late
+  knobs = adaptive.SpeculationKnobs.create(prior_alpha=0.25, fallback_alpha=0.3, probe_interval=2)
+  interval = 2 * 2**adaptive.COLD_BACKOFF
+  for idle, rests in ((interval - 1, True), (interval, False)):
+    _, resting = adaptive.limits("adaptive", gamma, knobs, cold.replace(idle=jnp.full((2,), idle, jnp.int32)),
+                                 jnp.ones((2,), bool))
+    assert resting.tolist() == [rests] * 2
 
 
 def _same_cache(decoder, params, got, want, sequences):

@@ -32,6 +32,9 @@ Knobs (runtime: changing them never recompiles; 0 = off; "constant" refuses the 
                     1 (the default) is optimistic: every row starts by drafting. A caller who has measured the
                     draft's acceptance on this kind of input (jaxspec.tune does) passes it, so that a useless
                     draft rests from the first iteration and a good one is not sent resting by an early miss.
+                    A batch that starts below fallback_alpha has in effect failed its calibration: its first
+                    probe comes after probe_interval * 2**COLD_BACKOFF iterations (a probe at batch 4 costs
+                    ~2 plain iterations: measured, probing every 4, 8, 16 left resting at 0.77x plain).
 
 The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
 temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
@@ -62,7 +65,8 @@ SCHEDULES = ("constant", "heuristic", "adaptive")
 ALPHA_DECAY = 0.9  # per verified position, in the running acceptance estimate
 DEFAULT_DRAFT_COST = 0.05  # c for a draft model when none is given (CPU ~0.03, H100 ~0.06 for T5-small pairs)
 PRIOR_POSITIONS = 5.0  # pseudo-positions of beta = prior_alpha the estimate starts from (decayed like real ones)
-MAX_BACKOFF = 4  # a resting row's probe interval doubles after each failed probe, up to probe_interval * 2**4
+MAX_BACKOFF = 4  # the probe interval doubles after each failed probe, up to probe_interval * 2**4
+COLD_BACKOFF = 2  # a batch whose prior is already below fallback_alpha starts with this many failed probes
 
 
 @struct.dataclass
@@ -71,7 +75,7 @@ class SpeculationKnobs:
 
   draft_confidence: jax.Array  # [] float32 in [0, 1), 0 = off.
   fallback_alpha: jax.Array  # [] float32 in [0, 1], 0 = off.
-  probe_interval: jax.Array  # [] int32 >= 1: resting iterations before a resting row drafts again.
+  probe_interval: jax.Array  # [] int32 >= 1: resting iterations before the batch probes (drafts) again.
   draft_cost: jax.Array  # [] float32 >= 0: c in the "adaptive" rule.
   prior_alpha: jax.Array  # [] float32 in [0, 1]: the estimate before any verified position.
 
@@ -113,11 +117,15 @@ class ScheduleState:
   probes: jax.Array  # [B] int32 probes since the row last drafted outside a probe (its backoff exponent).
 
   @classmethod
-  def create(cls, batch: int, gamma: int, prior_alpha: jax.Array | float = 1.0) -> "ScheduleState":
+  def create(cls, batch: int, gamma: int, knobs: SpeculationKnobs | None = None) -> "ScheduleState":
+    """Every row at the prior; a draft whose prior is below fallback_alpha (calibrated as losing) starts resting
+    with COLD_BACKOFF failed probes behind it (first probe after probe_interval * 2**COLD_BACKOFF iterations)."""
+    knobs = SpeculationKnobs.create() if knobs is None else knobs
     count = jnp.full((batch,), PRIOR_POSITIONS, jnp.float32)
-    return cls(beta_sum=count * jnp.asarray(prior_alpha, jnp.float32), beta_count=count,
-               length=jnp.full((batch,), gamma, jnp.int32),
-               idle=jnp.zeros((batch,), jnp.int32), probes=jnp.zeros((batch,), jnp.int32))
+    cold = (knobs.fallback_alpha > 0) & (knobs.prior_alpha < knobs.fallback_alpha)
+    return cls(beta_sum=count * jnp.asarray(knobs.prior_alpha, jnp.float32), beta_count=count,
+               length=jnp.full((batch,), gamma, jnp.int32), idle=jnp.zeros((batch,), jnp.int32),
+               probes=jnp.full((batch,), jnp.where(cold, COLD_BACKOFF, 0), jnp.int32))
 
   @property
   def alpha(self) -> jax.Array:

@@ -6,7 +6,7 @@ has fed dlen = draft_cache.positions[b] <= L - 1 of them, so it lags by lag = L 
 Catch-up: ONE draft call feeds each row's tokens from dlen on and gives the distribution after the last token.
 Its width W is static, picked per iteration (`lax.switch`) from the largest lag among the rows that draft:
   1 token (lag 0) or 2 (lag 1: the row accepted all its drafts and never fed the last one, REFERENCE.md pitfall
-  1); with per-row limits also gamma + 1 tokens (lag <= gamma: a short fallback stretch) and, for longer lags,
+  1); with variable lengths also gamma + 1 tokens (lag <= gamma: a short fallback stretch) and, for longer lags,
   a re-feed of the whole sequence from position 0 (cache_len tokens, a rare call after a long fallback). A wider
   call never writes past the cache: dlen + gamma + 1 <= cache_len, and the re-feed starts at 0.
 A row that does not draft this iteration may lag more than W - 1; it is fed what fits and stays behind.

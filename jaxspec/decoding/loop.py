@@ -10,7 +10,10 @@ Each iteration, for every unfinished row:
      calls) or prompt lookup (ngram.py); k = gamma always with schedule "constant" and a draft model, else k
      comes from the row's schedule, fallback and draft confidence (adaptive.py), or from the lookup;
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
-     drafted anything: the iteration is then plain decoding);
+     drafted anything: the iteration is then plain decoding). With a draft model under "heuristic" / "adaptive"
+     the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always gamma + 1 positions) while
+     the batch drafts, resting ones (1 position, no draft call) while it rests; prompt lookup picks the width per
+     iteration with a `lax.cond`;
   3. `verify` keeps the longest acceptable prefix of each row's k drafts and picks the correction or bonus token;
   4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), both caches are rolled back per
      row by setting their positions, and with `streaming` the new tokens go to the host (streaming.py).
@@ -254,7 +257,7 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   no = jnp.zeros((batch,), bool)
   schedule = None
   if settings.draft is not None and settings.schedule != "constant":
-    schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec.prior_alpha)
+    schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec)
   state = LoopState(
       sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
       draft_cache=draft_cache, schedule=schedule, keys=keys, step=jnp.int32(0),
