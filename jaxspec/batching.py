@@ -103,7 +103,7 @@ def generate_all(target, items: Sequence[Sequence[int]], *, draft=None, gamma: i
                  max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
                  seed: int = 0, max_input_length: int = MAX_INPUT_LENGTH, compare: bool = False, start: int = 0,
                  on_batch: Callable[[list[int], list[str]], None] | None = None, desc: str = "generate",
-                 bar: bool = True) -> BatchRun:
+                 bar: bool = True, speculation: dict | None = None) -> BatchRun:
   """Decodes items[start:] (token-id lists; [] = empty item) with `target`, speculatively when `draft` is given.
 
   Args:
@@ -112,6 +112,8 @@ def generate_all(target, items: Sequence[Sequence[int]], *, draft=None, gamma: i
     start: items before it are already done (a resumed run); their seeds and outputs are not touched.
     on_batch: called after every batch with (item indices, output texts), in order (to write or print them).
     desc, bar: the progress bar's label; bar=False shows none.
+    speculation: more jaxspec.generate arguments of the speculative calls only (schedule and its knobs, e.g. a
+      tuner's choice).
   """
   if batch_size < 1:
     raise InputError(f"batch_size must be >= 1, got {batch_size}.")
@@ -119,7 +121,8 @@ def generate_all(target, items: Sequence[Sequence[int]], *, draft=None, gamma: i
   knobs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                max_input_length=max_input_length)
   decode = _Decoder(target, knobs)
-  decoders = {"speculative": dict(draft=draft, gamma=gamma)} if draft is not None else {"plain": {}}
+  decoders = ({"speculative": dict(draft=draft, gamma=gamma, **(speculation or {}))} if draft is not None
+              else {"plain": {}})
   if compare and draft is not None:
     decoders["plain"] = {}
   main = next(iter(decoders))

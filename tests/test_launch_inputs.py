@@ -193,6 +193,20 @@ def test_generate_all_drops_padding_and_keeps_one_output_per_item(pair):
   assert one.texts == run.texts
 
 
+def test_speculation_knobs_reach_the_speculative_calls(pair):
+  """A tuner's choice (schedule and knobs) goes to the speculative calls: the pool in translate.py crashed on the
+  first adaptive choice (generate_all took no such argument)."""
+  target, draft = pair
+  ids = [[5, 6, 7, 1], [8, 9, 1], [10, 11, 12, 13, 1]]
+  kw = dict(draft=draft, gamma=2, batch_size=2, max_new_tokens=6, compare=True, bar=False)
+  base = batching.generate_all(target, ids, **kw)
+  resting = batching.generate_all(target, ids, speculation=dict(schedule="adaptive", fallback_alpha=1.0,
+                                                                prior_alpha=0.0, probe_interval=1000), **kw)
+  assert resting.texts == base.texts and resting.identical is True
+  assert resting.stats.fallback_iterations.sum() == resting.stats.iterations.sum() > 0  # every iteration rested
+  assert base.stats.fallback_iterations.sum() == 0
+
+
 def test_sampled_outputs_depend_on_seed_and_index_only(pair):
   target, draft = pair
   ids = [[5 + i, 6, 7, 1] for i in range(5)]
