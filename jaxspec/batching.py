@@ -6,8 +6,9 @@
 Every call has the same batch size (a short last batch is filled with copies of its last row, whose outputs and
 stats are dropped), so each prompt-length bucket compiles once; the first batch of every bucket is decoded once
 untimed (the warm-up, compilation included, timed apart in `compile_s`). Item i is sampled with the seed
-`item_seed(seed, i)`, so neither the batch size nor a resume point changes its output. Empty items ([]) give
-empty outputs without a model call.
+`item_seed(seed, i)`, so neither the batch size nor a resume point changes its output (except when sampling
+under schedule "heuristic" / "adaptive", whose draft length is the batch's: docs/reliability.md). Empty items
+([]) give empty outputs without a model call.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ encodes and decodes text; `chat` applies the tokenizer's chat template to every 
 from __future__ import annotations
 
 import dataclasses
-
 import sys
 
 import jax

@@ -112,7 +112,7 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
     if r["schedule"] == "adaptive":
       assert {"draft_cost", "fallback_alpha"} <= set(r["knobs"]) <= {"draft_cost", "fallback_alpha", "prior_alpha"}
       assert 0 <= r["knobs"]["fallback_alpha"] <= 1
-      if r["draft"] == same:  # calibrated on the first batch: the target as its own draft is always accepted
+      if r["draft"] == same:  # calibrated on the inputs: the target as its own draft is always accepted
         assert r["knobs"]["prior_alpha"] == pytest.approx(1.0, abs=1e-5)
     else:
       assert r["knobs"] == {}

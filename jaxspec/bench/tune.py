@@ -52,7 +52,7 @@ class Choice:
   draft: str | None  # a key of the tuner's drafts; None: plain decoding
   gamma: int = 0
   schedule: str = "constant"
-  knobs: dict = dataclasses.field(default_factory=dict)  # more generate arguments (draft_cost, fallback_alpha)
+  knobs: dict = dataclasses.field(default_factory=dict)  # more generate arguments (adaptive: draft_cost, ...)
   speedup: float = 1.0  # measured over plain decoding (1.0 for plain)
   why: str = ""
 

@@ -16,9 +16,10 @@ The decision is the batch's, from every active row's history: the draft steps ru
 verify call's width is the batch's, so a row drafting less than the others would save nothing and only give up
 tokens (measured: at batch 4 a lone resting row lost 48-60% of its iterations' tokens, docs/bench/adaptive). So
 "heuristic" drafts the longest active row's length and "adaptive" the k above, for every active row; at batch 1
-this is the row's own rule. Prompt lookup (NGramDraft) still proposes per row what it finds.
+this is the row's own rule. Prompt lookup (NGramDraft) still proposes per row what it finds. Padding rows
+(a short last batch filled with copies, mesh padding) count like the rows they copy: a matter of speed only.
 
-Knobs (runtime: changing them never recompiles; 0 = off; "constant" refuses the first two):
+Knobs (runtime: changing them never recompiles; for the first two 0 = off, and "constant" refuses them):
   draft_confidence  a row stops drafting after a token whose draft distribution has a top probability below it
                     (transformers' assistant_confidence_threshold, with the top probability: at temperature 0 the
                     proposed token's own); the token itself is still verified. Per row; the batch's draft loop
@@ -123,10 +124,11 @@ class ScheduleState:
     with COLD_BACKOFF failed probes behind it (first probe after probe_interval * 2**COLD_BACKOFF iterations)."""
     knobs = SpeculationKnobs.create() if knobs is None else knobs
     count = jnp.full((batch,), PRIOR_POSITIONS, jnp.float32)
-    cold = (knobs.fallback_alpha > 0) & (knobs.prior_alpha < knobs.fallback_alpha)
-    return cls(beta_sum=count * jnp.asarray(knobs.prior_alpha, jnp.float32), beta_count=count,
-               length=jnp.full((batch,), gamma, jnp.int32), idle=jnp.zeros((batch,), jnp.int32),
-               probes=jnp.full((batch,), jnp.where(cold, COLD_BACKOFF, 0), jnp.int32))
+    state = cls(beta_sum=count * jnp.asarray(knobs.prior_alpha, jnp.float32), beta_count=count,
+                length=jnp.full((batch,), gamma, jnp.int32), idle=jnp.zeros((batch,), jnp.int32),
+                probes=jnp.zeros((batch,), jnp.int32))
+    cold = (knobs.fallback_alpha > 0) & (state.alpha < knobs.fallback_alpha)  # the estimate `limits` compares
+    return state.replace(probes=jnp.where(cold, COLD_BACKOFF, 0).astype(jnp.int32))
 
   @property
   def alpha(self) -> jax.Array:

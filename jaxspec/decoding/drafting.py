@@ -7,7 +7,8 @@ Catch-up: ONE draft call feeds each row's tokens from dlen on and gives the dist
 Its width W is static, picked per iteration (`lax.switch`) from the largest lag among the rows that draft:
   1 token (lag 0) or 2 (lag 1: the row accepted all its drafts and never fed the last one, REFERENCE.md pitfall
   1); with variable lengths also gamma + 1 tokens (lag <= gamma: a short fallback stretch) and, for longer lags,
-  a re-feed of the whole sequence from position 0 (cache_len tokens, a rare call after a long fallback). A wider
+  a re-feed of the whole sequence from position 0 (cache_len tokens: the first probe after a rest longer than
+  gamma iterations makes one). A wider
   call never writes past the cache: dlen + gamma + 1 <= cache_len, and the re-feed starts at 0.
 A row that does not draft this iteration may lag more than W - 1; it is fed what fits and stays behind.
 

@@ -1,4 +1,5 @@
-"""The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance.
+"""The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance (for
+draft models under "heuristic" / "adaptive", two inner loops within it: drafting and resting iterations).
 
 The loop sees models only through `jaxspec.models.contract.Decoder` (prefill, step) and their caches'
 `positions` / `rollback`: it imports no model family. Its own tokens live in `sequences`: position 0 holds the
@@ -8,7 +9,8 @@ generated tokens; a cache's `positions` count how many of them it has fed.
 Each iteration, for every unfinished row:
   1. the drafter proposes k <= gamma tokens: a draft model (drafting.py: a catch-up call, then single-token
      calls) or prompt lookup (ngram.py); k = gamma always with schedule "constant" and a draft model, else k
-     comes from the row's schedule, fallback and draft confidence (adaptive.py), or from the lookup;
+     comes from the batch's schedule and fallback and the row's draft confidence (adaptive.py), or from the
+     lookup;
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
      drafted anything: the iteration is then plain decoding). With a draft model under "heuristic" / "adaptive"
      the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always gamma + 1 positions) while
@@ -96,6 +98,7 @@ class LoopState:
   keys: jax.Array  # [B] PRNG keys, one per row (from its seed); the iteration number is folded in each step.
   step: jax.Array  # [] int32 iteration counter.
   stats: LoopStats
+  rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (adaptive.limits).
 
 
 def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.Array, input_lengths: jax.Array):
@@ -272,12 +275,17 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   if not settings.phased:
     return jax.lax.while_loop(cond, step(None), state)
 
-  def resting(state: LoopState):
-    """Whether the batch rests this iteration (adaptive.limits: all active rows or none)."""
-    return jnp.any(adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1])
+  def flagged(state: LoopState) -> LoopState:
+    """The state with its next decision: whether the batch rests (adaptive.limits: all active rows or none).
+    Stored once, so that both inner loops' conditions read the same value and one of them always advances."""
+    rest = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1]
+    return state.replace(rest=jnp.any(rest))
+
+  def phase(name: str):
+    return lambda state: flagged(step(name)(state))
 
   def phases(state: LoopState):
-    state = jax.lax.while_loop(lambda s: cond(s) & ~resting(s), step("draft"), state)
-    return jax.lax.while_loop(lambda s: cond(s) & resting(s), step("rest"), state)
+    state = jax.lax.while_loop(lambda s: cond(s) & ~s.rest, phase("draft"), state)
+    return jax.lax.while_loop(lambda s: cond(s) & s.rest, phase("rest"), state)
 
-  return jax.lax.while_loop(cond, phases, state)
+  return jax.lax.while_loop(cond, phases, flagged(state))
