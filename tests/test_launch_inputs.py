@@ -14,6 +14,7 @@ import pytest
 
 import jaxspec
 from jaxspec import batching, cli_flags, inputs, outputs
+from jaxspec.bench import report
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
 
@@ -205,6 +206,9 @@ def test_speculation_knobs_reach_the_speculative_calls(pair):
   assert resting.texts == base.texts and resting.identical is True
   assert resting.stats.fallback_iterations.sum() == resting.stats.iterations.sum() > 0  # every iteration rested
   assert base.stats.fallback_iterations.sum() == 0
+  # The job's summary of a run in which nothing was verified (alpha undefined) says so instead of failing.
+  summary = "\n".join(report.speed_summary(resting, target, draft, 2, 2, 0.0))
+  assert "no draft token was verified" in summary and "identical to plain greedy output: True" in summary
 
 
 def test_sampled_outputs_depend_on_seed_and_index_only(pair):

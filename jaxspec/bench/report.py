@@ -4,6 +4,7 @@ with every column padded to its widest cell (`jaxspec.outputs`)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import jaxspec
@@ -227,14 +228,19 @@ def speed_summary(run, target, draft, gamma: int, batch_size: int, temperature: 
   if not run.seconds["plain"]:
     return lines
   plain_ms, spec_ms = run.ms_per_token("plain"), run.ms_per_token("speculative")
-  costs = _costs(target, draft, gamma, batch_size)
-  expected = jaxspec.expected_speedup(a, gamma, costs["c"], costs["r"])
-  lines += [f"plain:       {plain_ms:.2f} ms/token",
-            f"speedup {plain_ms / spec_ms:.2f}x measured | expected {expected:.2f}x from Theorem 3.8 with the "
-            f"measured alpha {alpha:.2f}, c {costs['c']:.3f}, r {costs['r']:.2f} "
-            f"({jaxspec.expected_speedup(a, gamma, costs['c']):.2f}x if r were 1); "
-            f"{jaxspec.expected_speedup(a, gamma, costs['c_alternating'], costs['r']):.2f}x with the draft's cost "
-            f"between target calls (c {costs['c_alternating']:.3f})"]
+  lines.append(f"plain:       {plain_ms:.2f} ms/token")
+  if math.isnan(alpha):  # nothing was verified: every iteration rested (fallback) or no lookup matched
+    lines.append(f"speedup {plain_ms / spec_ms:.2f}x measured | no draft token was verified (the batch rested "
+                 "or prompt lookup found nothing): no alpha, no Theorem 3.8 prediction")
+  else:
+    costs = _costs(target, draft, gamma, batch_size)
+    expected = jaxspec.expected_speedup(a, gamma, costs["c"], costs["r"])
+    lines += [
+        f"speedup {plain_ms / spec_ms:.2f}x measured | expected {expected:.2f}x from Theorem 3.8 with the "
+        f"measured alpha {alpha:.2f}, c {costs['c']:.3f}, r {costs['r']:.2f} "
+        f"({jaxspec.expected_speedup(a, gamma, costs['c']):.2f}x if r were 1); "
+        f"{jaxspec.expected_speedup(a, gamma, costs['c_alternating'], costs['r']):.2f}x with the draft's cost "
+        f"between target calls (c {costs['c_alternating']:.3f})"]
   if temperature == 0:
     lines.append(f"temperature 0: speculative output identical to plain greedy output: {run.identical}")
   return lines
