@@ -14,12 +14,9 @@ import logging
 import os
 import sys
 import zlib
+from jaxspec.errors import InputError
 
 STDIN = "-"
-
-
-class InputError(ValueError):
-  """A user's input cannot be used as given (missing file, bad encoding, bad header, bad value)."""
 
 
 def _read_bytes(spec: str) -> bytes:

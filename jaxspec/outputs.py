@@ -20,10 +20,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from jaxspec.inputs import InputError
-
-
-class OutputError(InputError):
-  """An existing output file that cannot be resumed for this input."""
+from jaxspec.errors import OutputError
 
 
 def escape_line(text: str) -> str:

@@ -6,12 +6,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+from jaxspec.errors import NoChatTemplateError
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
-
-
-class NoChatTemplateError(ValueError):
-  """`apply_chat_template` on a tokenizer that has none (T5, base models)."""
 
 
 class Tokenizer:

@@ -37,10 +37,7 @@ from jaxspec.inputs import InputError
 from jaxspec.models import t5
 from jaxspec.outputs import atomic_write_json, progress
 from jaxspec.tokenizer import load_tokenizer
-
-
-class ConfigError(InputError):
-  """A training config that cannot be run as given."""
+from jaxspec.errors import ConfigError
 
 
 def tokenizer_dir(spec: str) -> str:

@@ -19,7 +19,7 @@ from huggingface_hub import utils as hub_utils
 
 import jaxspec
 from jaxspec.checkpoint import hub
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 
 from conftest import write_hf_t5
 from hub_cache import read_files, repo_folder, write_fake_hub_cache

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from typing import Iterator
 
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100

@@ -26,7 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from jaxspec.checkpoint import atomic
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}

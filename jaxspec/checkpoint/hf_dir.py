@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec import sharding
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile
 from jaxspec.checkpoint.sharded_read import SliceReader
 from jaxspec.models import hf_table

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 
 # Files fetched for every model: configs and every tokenizer format transformers' AutoTokenizer reads.
 _BASE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

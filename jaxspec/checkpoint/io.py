@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jaxspec import sharding
 from jaxspec.checkpoint import atomic, hf_dir, hub
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
 from jaxspec.model import Model
 from jaxspec.models import registry

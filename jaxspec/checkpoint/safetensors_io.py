@@ -17,7 +17,7 @@ import struct
 import ml_dtypes
 import numpy as np
 
-from jaxspec.checkpoint.errors import CheckpointError
+from jaxspec.errors import CheckpointError
 
 _DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,

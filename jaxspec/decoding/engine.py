@@ -21,12 +21,9 @@ from jaxspec.decoding import adaptive, arguments, loop, memory_guard, ngram, pla
 from jaxspec.decoding.arguments import bucket_length  # noqa: F401  (part of this module's interface)
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
 from jaxspec.model import Model
+from jaxspec.errors import NonFiniteLogitsError
 
 MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
-
-
-class NonFiniteLogitsError(ValueError):
-  """The target produced NaN or +inf logits for some rows (broken weights or inputs)."""
 
 
 def _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p, max_input_length,

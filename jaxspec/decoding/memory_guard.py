@@ -12,10 +12,7 @@ import jax
 
 from jaxspec.memory_plan import memory_plan
 from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, mesh_of, rules_of
-
-
-class CacheTooLargeError(ValueError):
-  """The caches of a generate call would not fit in the device's free memory."""
+from jaxspec.errors import CacheTooLargeError
 
 
 def free_bytes(device: jax.Device | None = None) -> int | None:

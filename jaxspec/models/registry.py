@@ -20,10 +20,7 @@ import numpy as np
 
 from jaxspec.models.contract import Decoder, ModelConfig
 from jaxspec.models.hf_table import Row
-
-
-class UnknownModelType(ValueError):
-  """A `model_type` (or config class) that no registered family handles."""
+from jaxspec.errors import UnknownModelType
 
 
 @dataclasses.dataclass(frozen=True)

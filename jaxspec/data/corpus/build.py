@@ -19,10 +19,7 @@ from absl import logging
 from jaxspec.data.corpus import catalogs, sources
 from jaxspec.data.corpus.text import ProseFilter, StringFilter, english_key
 from jaxspec.data.ende import Pair, read_pairs, write_pairs
-
-
-class CorpusError(ValueError):
-  """A corpus cannot be built from the given inputs (too few pairs, a missing base file)."""
+from jaxspec.errors import CorpusError
 
 
 @dataclasses.dataclass
