@@ -1,6 +1,6 @@
 """The paper's T5 setups (Leviathan et al. 2023, Table 2): `--paper=configs/paper_t5.py:ende_small_t0` etc.
 
-Row names: {ende,cnndm}_{small,base,large}_t{0,1} (`jaxspec.presets.TABLE2`, where the paper's numbers live).
+Row names: {ende,cnndm}_{small,base,large}_t{0,1} (`jaxspec.bench.presets.TABLE2`, where the paper's numbers live).
 Each gives the public checkpoints (T5-11B target, T5-small / base / large draft: the original T5 1.0 models,
 trained on a mixture that includes WMT En-De and CNN/DM), the task prefix, the paper's gamma and temperature, and
 the paper's measured alpha and speedup for comparison. `checkpoint_dir` (required) is where the downloaded
@@ -12,7 +12,7 @@ Run: python launch/benchmark.py --paper=configs/paper_t5.py:ende_small_t0 --pape
 import ml_collections
 from ml_collections import config_dict
 
-from jaxspec import presets
+from jaxspec.bench import presets
 
 
 def get_config(row: str = "ende_small_t0") -> ml_collections.ConfigDict:

@@ -1,20 +1,36 @@
-"""jaxspec: exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) in JAX, for T5 and decoder-only LLMs."""
+"""jaxspec: exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) in JAX, for T5 and decoder-only LLMs.
 
-from jaxspec.checkpoint import CheckpointError, load, save
-from jaxspec.decoding import (CacheTooLargeError, DecodeStats, GenerateOutput, NGramDraft, NonFiniteLogitsError,
-                              TokenChunk, best_gamma, expected_iterations, expected_speedup,
-                              expected_speedup_for_workload, expected_tokens_per_iteration, generate)
+The public core: `load` / `save`, `generate`, the settings it takes, the errors it raises, the theory of Theorem
+3.8, and meshes. `tune` (the tuner, jaxspec.bench) is loaded on first use: `import jaxspec` imports no training,
+measurement or command-line code (docs/layers.md).
+"""
+
+from jaxspec.checkpoint import load, save
+from jaxspec.decoding import (DecodeStats, GenerateOutput, NGramDraft, TokenChunk, best_gamma, expected_iterations,
+                              expected_speedup, expected_speedup_for_workload, expected_tokens_per_iteration,
+                              generate)
+from jaxspec.errors import (CacheTooLargeError, CheckpointError, InputError, JaxspecError, NonFiniteLogitsError,
+                            OutputError, SettingsError)
 from jaxspec.model import Model
 from jaxspec.models.contract import Decoder, DecoderCache, ModelConfig
 from jaxspec.models.t5 import T5Config
-from jaxspec.memory_plan import MemoryPlan, memory_plan
 from jaxspec.sharding import (DEFAULT_RULES, DRAFT_RULES, initialize_distributed, is_main_process, make_mesh,
                               mesh_from_flag, shard)
+from jaxspec.sharding.memory_plan import MemoryPlan, memory_plan
 from jaxspec.version import __version__
-from jaxspec.bench.tune import tune  # noqa: E402  (after the names it uses)
 
-__all__ = ["__version__", "CacheTooLargeError", "CheckpointError", "DecodeStats", "Decoder", "DecoderCache", "GenerateOutput",
-           "Model", "ModelConfig", "NGramDraft", "NonFiniteLogitsError", "T5Config", "TokenChunk", "best_gamma",
+
+def __getattr__(name: str):
+  """`jaxspec.tune` on first use (the tuner imports the measurement layer)."""
+  if name == "tune":
+    from jaxspec.bench.tune import tune  # pylint: disable=import-outside-toplevel
+    return tune
+  raise AttributeError(f"module 'jaxspec' has no attribute {name!r}")
+
+
+__all__ = ["__version__", "CacheTooLargeError", "CheckpointError", "DecodeStats", "Decoder", "DecoderCache",
+           "GenerateOutput", "InputError", "JaxspecError", "Model", "ModelConfig", "NGramDraft",
+           "NonFiniteLogitsError", "OutputError", "SettingsError", "T5Config", "TokenChunk", "best_gamma",
            "expected_iterations", "expected_speedup", "expected_speedup_for_workload",
            "expected_tokens_per_iteration", "generate", "load", "save", "tune",
            # Scaling out (docs/scaling.md).

@@ -30,11 +30,11 @@ import jax
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags
-from jaxspec.batching import MAX_INPUT_LENGTH
+from jaxspec.cli import flags as cli_flags
+from jaxspec.cli.batching import MAX_INPUT_LENGTH
 from jaxspec.bench import peer, report, sweep, tune
 from jaxspec.data.ende import split_path
-from jaxspec.inputs import InputError, encode_texts, parse_token_ids, read_corpus_texts, read_lines
+from jaxspec.cli.inputs import InputError, encode_texts, parse_token_ids, read_corpus_texts, read_lines
 
 cli_flags.define_models()
 cli_flags.define_mesh()

@@ -12,7 +12,8 @@ import numpy as np
 from absl import logging
 
 import jaxspec
-from jaxspec import cli_flags, timing
+from jaxspec.cli import flags as cli_flags
+from jaxspec.bench import timing
 from jaxspec.models import t5
 
 CONFIG = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "demo.py"))

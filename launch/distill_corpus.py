@@ -13,10 +13,10 @@ continues after the last complete row in --output (a row cut short by a kill is 
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 from jaxspec.data.ende import DOMAINS, default_data_dir, distillation_sources, read_pairs, split_path
-from jaxspec.outputs import LineWriter
-from jaxspec.train_loop import distill
+from jaxspec.cli.outputs import LineWriter
+from jaxspec.training.loop import distill
 
 cli_flags.define_models(draft=None)
 _TRAIN = flags.DEFINE_string("train", "train", "Source pairs (only 'en' is used): 'train' of --data_dir or a TSV.")

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 
 _SOURCE = flags.DEFINE_string("source", None, "Model directory to embed (e.g. WORKDIR/export from train.py).",
                               required=True)

@@ -5,7 +5,7 @@ r"""Text generation with any target and draft jaxspec loads, speculatively, next
         --temperature=0.7 --top_p=0.9 --batch_size=8
 
 Every line of --input (a text file, or '-' for stdin) is one prompt and gives exactly one output line (an empty
-prompt, an empty line); newlines inside an output are written as \n (`jaxspec.outputs.escape_line`). With --chat
+prompt, an empty line); newlines inside an output are written as \n (`jaxspec.cli.outputs.escape_line`). With --chat
 each prompt goes through the target tokenizer's chat template first (decoder-only instruction models). With
 --output, lines are written as they are made and a rerun resumes after the last complete line. Then the same
 speed summary as translate.py. Prompt i is sampled with a seed derived from --seed and i.
@@ -13,8 +13,8 @@ speed summary as translate.py. Prompt i is sampled with a seed derived from --se
 
 from absl import flags
 
-from jaxspec import cli_flags, jobs
-from jaxspec.inputs import STDIN, read_texts
+from jaxspec.cli import flags as cli_flags, jobs
+from jaxspec.cli.inputs import STDIN, read_texts
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
 cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512)

@@ -3,7 +3,7 @@ r"""The paper's cost ratios on this machine for its model shapes: c and r with r
     python launch/hardware_costs.py                        # T5-XXL (t5-11b) target, t5-small/base/large drafts
     python launch/hardware_costs.py --target=t5-large --drafts=t5-small --dtype=float32 --batch_sizes=1
 
-Random weights have the real shapes (`jaxspec.presets.T5_SHAPES`), so they cost what the real checkpoints cost.
+Random weights have the real shapes (`jaxspec.models.t5.shapes.T5_SHAPES`), so they cost what the real checkpoints cost.
 For each batch size: the target's decoder step on 1 and on gamma + 1 tokens (r), each draft's 1-token step (c),
 Theorem 3.8's expected speedup at the paper's alpha next to the paper's speedup, and the real speculative loop
 on the random pair against the cost model gamma * t_draft + t_verify (`jaxspec.bench.hardware`). Writes
@@ -16,12 +16,13 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
-from jaxspec import cli_flags, presets
-from jaxspec.bench import hardware
-from jaxspec.outputs import atomic_write, atomic_write_json
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.cli import flags as cli_flags
+from jaxspec.bench import presets, hardware
+from jaxspec.cli.outputs import atomic_write, atomic_write_json
 
-_TARGET = flags.DEFINE_enum("target", "t5-11b", list(presets.T5_SHAPES), "Target shape.")
-_DRAFTS = flags.DEFINE_multi_enum("drafts", ["t5-small", "t5-base", "t5-large"], list(presets.T5_SHAPES),
+_TARGET = flags.DEFINE_enum("target", "t5-11b", list(T5_SHAPES), "Target shape.")
+_DRAFTS = flags.DEFINE_multi_enum("drafts", ["t5-small", "t5-base", "t5-large"], list(T5_SHAPES),
                                   "Draft shapes (repeat the flag or separate by commas).")
 cli_flags.define_number_list("gammas", [1, 2, 3, 5, 7], "Gammas (r is timed for each).", lower_bound=1)
 cli_flags.define_number_list("batch_sizes", [1, 16], "Batch sizes.", lower_bound=1)

@@ -17,11 +17,11 @@ import jax
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import loop
 from jaxspec.data.ende import split_path
-from jaxspec.inputs import read_corpus_texts
-from jaxspec.outputs import atomic_write, atomic_write_json
+from jaxspec.cli.inputs import read_corpus_texts
+from jaxspec.cli.outputs import atomic_write, atomic_write_json
 
 cli_flags.define_models()
 _INPUT = flags.DEFINE_string("input", "dev", "EN-DE TSV ('en' column; natural sentences first), text file, or "

@@ -17,12 +17,13 @@ import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-from jaxspec import presets
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.bench import presets
 from jaxspec.bench import paper_speedups
-from jaxspec.outputs import markdown_table
+from jaxspec.cli.outputs import markdown_table
 
 _ROWS = flags.DEFINE_list("rows", ["ende_small_t0", "ende_base_t0", "ende_large_t0"], "Table 2 rows (temperature 0).")
-_TARGET = flags.DEFINE_enum("target", "t5-11b", list(presets.T5_SHAPES), "Target shape.")
+_TARGET = flags.DEFINE_enum("target", "t5-11b", list(T5_SHAPES), "Target shape.")
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float32"], "Parameter dtype.")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens per input (no EOS: every input runs them all).")
 _INPUTS = flags.DEFINE_integer("inputs", 2, "Batch-1 inputs, each with its own acceptance pattern.")

@@ -11,7 +11,7 @@ machine (tpu-v5e-8, tpu-v4-8, 8xh100, ...), whose device count fills a mesh axis
 from absl import app, flags
 
 from jaxspec import sharding
-from jaxspec.memory_plan import DEVICE_MEMORY, MACHINES, GiB, memory_plan
+from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB, memory_plan
 
 _MODEL = flags.DEFINE_string("model", "t5-11b", "Target: a T5 shape name, an embedded name or a model directory.")
 _DRAFT = flags.DEFINE_string("draft", "t5-small", "Draft ('' = plain decoding).")

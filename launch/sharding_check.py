@@ -3,8 +3,8 @@ r"""Times `jaxspec.generate` on one device against the same models placed on a m
     python launch/sharding_check.py --output=sharding_check.json                      # 1 x 1 mesh, T5-11B + T5-small
     python launch/sharding_check.py --target=t5-3b --mesh=data:1,model:8 --batch=8    # 8 devices
 
-Random weights of the public T5 shapes (`jaxspec.presets.T5_SHAPES`), bfloat16, random input ids. Contenders,
-interleaved round by round (`jaxspec.timing.interleaved_passes`): plain and speculative decoding unsharded and on
+Random weights of the public T5 shapes (`jaxspec.models.t5.shapes.T5_SHAPES`), bfloat16, random input ids. Contenders,
+interleaved round by round (`jaxspec.bench.timing.interleaved_passes`): plain and speculative decoding unsharded and on
 the mesh; with several devices also a draft sharded by the default rules next to the replicated draft that
 `generate` uses (docs/scaling.md: where the draft goes). Prints ms per token, and whether every contender gave the
 unsharded tokens; --output writes the same as JSON.
@@ -19,11 +19,13 @@ import numpy as np
 from absl import app, flags
 
 import jaxspec
-from jaxspec import presets, sharding, timing
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec import sharding
+from jaxspec.bench import presets, timing
 from jaxspec.models.t5.model import init_params
 
-_TARGET = flags.DEFINE_enum("target", "t5-11b", sorted(presets.T5_SHAPES), "Target shape.")
-_DRAFT = flags.DEFINE_enum("draft", "t5-small", sorted(presets.T5_SHAPES), "Draft shape.")
+_TARGET = flags.DEFINE_enum("target", "t5-11b", sorted(T5_SHAPES), "Target shape.")
+_DRAFT = flags.DEFINE_enum("draft", "t5-small", sorted(T5_SHAPES), "Draft shape.")
 _MESH = flags.DEFINE_string("mesh", "data:1,model:1", "Mesh 'data:D,model:M' (an axis left out fills the devices).")
 _BATCH = flags.DEFINE_integer("batch", 1, "Rows per call.", lower_bound=1)
 _INPUT = flags.DEFINE_integer("input_length", 128, "Input tokens per row.", lower_bound=1)
@@ -35,7 +37,7 @@ _OUTPUT = flags.DEFINE_string("output", "", "Write the results here as JSON.")
 
 def _model(shape: str, seed: int) -> jaxspec.Model:
   # EOS out of reach: every row decodes max_new_tokens tokens, so every contender does the same work.
-  cfg = jaxspec.T5Config(**presets.T5_SHAPES[shape], eos_token_id=32127)
+  cfg = jaxspec.T5Config(**T5_SHAPES[shape], eos_token_id=32127)
   return jaxspec.Model(cfg, init_params(cfg, jax.random.key(seed), jnp.bfloat16), name=shape)
 
 

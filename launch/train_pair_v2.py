@@ -25,12 +25,12 @@ import jax.numpy as jnp
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import quality
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 from jaxspec.data.ende import DOMAINS, by_domain, distillation_sources, evenly_spaced, read_splits, write_pairs
-from jaxspec.outputs import atomic_write_json
-from jaxspec.train_loop import distill, train_and_evaluate
+from jaxspec.cli.outputs import atomic_write_json
+from jaxspec.training.loop import distill, train_and_evaluate
 
 CONFIGS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs"))
 _TARGET = cli_flags.define_config_file("target_config", os.path.join(CONFIGS, "ende.py:target_v2"), "Target.")

@@ -13,7 +13,7 @@ import tempfile
 import sentencepiece as spm
 from absl import flags
 
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 from jaxspec.data.ende import default_data_dir, read_pairs, split_path
 from jaxspec.tokenizer import write_sentencepiece_tokenizer
 

@@ -7,7 +7,7 @@ r"""The main job: English -> German with a T5 target and a T5 draft, speculative
         --prefix="translate English to German: " --input=newstest2014.en
     python launch/translate.py --draft=ende-draft,ngram --gamma=auto     # a pool: the choice measured first
 
-Inputs (`jaxspec.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
+Inputs (`jaxspec.cli.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
 column), is one input and gives exactly one output line (an empty input, an empty line). Prints the
 translations, or writes them to --output as they are made (a rerun resumes after the last complete line), then a
 summary: alpha, tokens per iteration, acceptance per draft position, wall time per token of plain and speculative
@@ -17,7 +17,7 @@ derived from --seed and i, so neither the batch size nor a resume point changes 
 
 --draft takes comma-separated drafts: model names or directories, 'ngram' (prompt lookup, `jaxspec.NGramDraft`)
 or 'random:NAME' (NAME's shape with random weights). With several drafts or --gamma=auto the tuner
-(`jaxspec.tune`, via `jaxspec.jobs.calibrate`) first times every draft x gamma (--tune_gammas, or --gamma) x
+(`jaxspec.tune`, via `jaxspec.cli.jobs.calibrate`) first times every draft x gamma (--tune_gammas, or --gamma) x
 schedule (constant, adaptive) against plain decoding on up to --calibration_inputs of the inputs at this batch
 size and temperature, prints its table, the choice and why, and translates everything with that choice (plain
 decoding when no variant is faster).
@@ -28,8 +28,8 @@ import os
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags, jobs
-from jaxspec.inputs import InputError, read_texts
+from jaxspec.cli import flags as cli_flags, jobs
+from jaxspec.cli.inputs import InputError, read_texts
 
 cli_flags.define_models()
 cli_flags.define_decoding(gamma=3, batch_size=1, max_new_tokens=64, max_input_length=128, auto_gamma=True)

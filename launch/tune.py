@@ -17,10 +17,10 @@ speedup_vs_gamma.png and acceptance.png to --output_dir and prints where they ar
 from absl import flags
 
 import jaxspec
-from jaxspec import cli_flags, jobs
+from jaxspec.cli import flags as cli_flags, jobs
 from jaxspec.bench import report, tune
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
+from jaxspec.cli.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
 
 flags.DEFINE_string("target", "ende-target", "Target model: an embedded name or a model directory.")
 _DRAFTS = flags.DEFINE_string("drafts", "ende-draft,ngram", "Comma-separated drafts: embedded names, model "

@@ -128,7 +128,7 @@ def sharded_weight_sizes(model) -> list[int]:
 
 def run_programs() -> dict:
   from jaxspec.decoding import engine
-  from jaxspec.memory_plan import memory_plan
+  from jaxspec.sharding.memory_plan import memory_plan
   from jaxspec.models.t5 import T5Config
   # Sizes chosen so that no activation has a weight's element count: 4 heads (split by model=4), d_ff 40.
   cfg = T5Config(vocab_size=104, d_model=24, d_kv=5, d_ff=40, num_layers=1, num_decoder_layers=2, num_heads=4,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec import training
+from jaxspec.training import steps
 from jaxspec.data.ende import Pair, bucketed_batches, distillation_sources, length_buckets, read_pairs, write_pairs
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
@@ -93,15 +93,15 @@ def test_distillation_loss_is_zero_for_identical_models_and_training_learns():
   params = t5.init_params(cfg, jax.random.key(0))
   inputs = jnp.asarray(np.random.RandomState(0).randint(2, 20, size=(4, 6)), jnp.int32)
   labels = jnp.asarray(np.random.RandomState(1).randint(2, 20, size=(4, 5)), jnp.int32)
-  teacher_logits = t5.forward(params, cfg, inputs, training.shift_right(labels, 0))
-  _, m = training.loss_fn(params, cfg, inputs, labels, teacher_logits, 0.5)
+  teacher_logits = t5.forward(params, cfg, inputs, steps.shift_right(labels, 0))
+  _, m = steps.loss_fn(params, cfg, inputs, labels, teacher_logits, 0.5)
   assert float(m["kl"]) == pytest.approx(0.0, abs=1e-5)
-  opt = training.make_optimizer(1e-2, 2, 50)
+  opt = steps.make_optimizer(1e-2, 2, 50)
   state = opt.init(params)
-  settings = training.StepConfig(model=cfg)
+  settings = steps.StepConfig(model=cfg)
   first = None
   for _ in range(30):
-    params, state, metrics = training.train_step(settings, opt, params, state, inputs, labels)
+    params, state, metrics = steps.train_step(settings, opt, params, state, inputs, labels)
     first = first if first is not None else float(metrics["ce"])
   assert float(metrics["ce"]) < 0.5 * first
 
@@ -258,7 +258,7 @@ def _tiny_batch():
 
 def test_dropout_is_training_only():
   cfg, params, inputs, labels = _tiny_batch()
-  dec = training.shift_right(labels, 0)
+  dec = steps.shift_right(labels, 0)
   plain = t5.forward(params, cfg, inputs, dec)
   key = jax.random.key(3)
   np.testing.assert_array_equal(plain, t5.forward(params, cfg, inputs, dec, dropout_rate=0.0, dropout_rng=key))
@@ -276,35 +276,35 @@ def test_dropout_is_training_only():
   assert any("random" in op or "threefry" in op
              for op in ops(lambda p, c, t: t5.decode(p, cfg, c, t, dropout=Dropout(0.1, key))))
   # In a train step, dropout changes the loss; evaluation (no dropout) is the same whatever the step's settings.
-  opt = training.make_optimizer(1e-3, 1, 10)
+  opt = steps.make_optimizer(1e-3, 1, 10)
   ce = {}
   for rate in (0.0, 0.5):
-    settings = training.StepConfig(model=cfg, dropout_rate=rate)
+    settings = steps.StepConfig(model=cfg, dropout_rate=rate)
     p = jax.tree.map(jnp.copy, params)
-    _, _, m = training.train_step(settings, opt, p, opt.init(p), inputs, labels, None, 7)
+    _, _, m = steps.train_step(settings, opt, p, opt.init(p), inputs, labels, None, 7)
     ce[rate] = float(m["ce"])
   assert ce[0.0] != pytest.approx(ce[0.5], abs=1e-4)
-  ref = training.token_losses(plain, labels, 0)[0].sum(axis=1)
-  np.testing.assert_allclose(training.eval_step(cfg, params, inputs, labels)[0], ref, rtol=1e-5)
+  ref = steps.token_losses(plain, labels, 0)[0].sum(axis=1)
+  np.testing.assert_allclose(steps.eval_step(cfg, params, inputs, labels)[0], ref, rtol=1e-5)
   assert ce[0.0] == pytest.approx(float(ref.sum() / (labels != 0).sum()), rel=1e-5)
 
 
 def test_label_smoothing_mixed_precision_and_budget_schedule():
   cfg, params, inputs, labels = _tiny_batch()
-  logits = t5.forward(params, cfg, inputs, training.shift_right(labels, 0))
+  logits = t5.forward(params, cfg, inputs, steps.shift_right(labels, 0))
   logp = jax.nn.log_softmax(logits)
   nll = -jnp.take_along_axis(logp, labels[..., None], -1).mean()
-  loss, m = training.loss_fn(params, cfg, inputs, labels, label_smoothing=0.2)
+  loss, m = steps.loss_fn(params, cfg, inputs, labels, label_smoothing=0.2)
   assert float(m["ce"]) == pytest.approx(float(nll), rel=1e-5)  # the metric stays the plain cross-entropy
   assert float(loss) == pytest.approx(float(0.8 * nll - 0.2 * logp.mean()), rel=1e-5)
-  settings = training.StepConfig(model=cfg, compute_dtype="bfloat16", label_smoothing=0.1, dropout_rate=0.1)
-  opt = training.make_optimizer(1e-2, 2, None)
+  settings = steps.StepConfig(model=cfg, compute_dtype="bfloat16", label_smoothing=0.1, dropout_rate=0.1)
+  opt = steps.make_optimizer(1e-2, 2, None)
   state, first = opt.init(params), None
   for step in range(20):
-    params, state, metrics = training.train_step(settings, opt, params, state, inputs, labels, None, step)
+    params, state, metrics = steps.train_step(settings, opt, params, state, inputs, labels, None, step)
     first = first if first is not None else float(metrics["ce"])
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(params))  # master weights stay float32
   assert float(metrics["ce"]) < first
-  scales = [training.budget_lr_scale(f) for f in (-1, 0, 0.25, 0.5, 1, 2)]
+  scales = [steps.budget_lr_scale(f) for f in (-1, 0, 0.25, 0.5, 1, 2)]
   assert scales[0] == scales[1] == pytest.approx(1) and scales[-1] == scales[-2] == pytest.approx(0.05)
   assert scales[1] > scales[2] > scales[3] > scales[4]

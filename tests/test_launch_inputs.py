@@ -13,7 +13,7 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec import batching, cli_flags, inputs, outputs
+from jaxspec.cli import batching, flags as cli_flags, inputs, outputs
 from jaxspec.bench import report
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer

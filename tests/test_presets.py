@@ -1,9 +1,10 @@
-"""jaxspec.presets: the paper's Table 2 is consistent with Theorem 3.8, and the T5 shapes are the public ones."""
+"""jaxspec.bench.presets: the paper's Table 2 is consistent with Theorem 3.8, and the T5 shapes are the public ones."""
 
 import pytest
 
 import jaxspec
-from jaxspec import presets
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.bench import presets
 
 
 def _reproduces(speedup, row) -> bool:
@@ -42,5 +43,5 @@ def test_t5_shapes_match_the_public_parameter_counts():
     dec = num_decoder_layers * (2 * attn + 2 * d_model * d_ff + 3 * d_model)
     return vocab * d_model + enc + dec
   published = {"t5-small": 60e6, "t5-base": 220e6, "t5-large": 770e6, "t5-3b": 2.8e9, "t5-11b": 11e9}
-  for name, shape in presets.T5_SHAPES.items():
+  for name, shape in T5_SHAPES.items():
     assert params(**shape) == pytest.approx(published[name], rel=0.05), name

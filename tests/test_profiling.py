@@ -1,10 +1,10 @@
-"""jaxspec.profiling: the loop's wall time split into target, draft, loop kernels and idle time."""
+"""jaxspec.bench.profiling: the loop's wall time split into target, draft, loop kernels and idle time."""
 
 import jax
 import pytest
 
 import jaxspec
-from jaxspec import profiling
+from jaxspec.bench import profiling
 from jaxspec.decoding.engine import compiled_loop_hlo
 from jaxspec.models import t5
 

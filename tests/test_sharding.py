@@ -22,7 +22,7 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 
 import jaxspec
 from jaxspec import sharding
-from jaxspec.memory_plan import DEVICE_MEMORY, memory_plan
+from jaxspec.sharding.memory_plan import DEVICE_MEMORY, memory_plan
 from jaxspec.models import registry
 from jaxspec.models.t5 import T5Config
 

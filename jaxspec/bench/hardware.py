@@ -1,9 +1,9 @@
 """The paper's cost ratios on this machine for its model shapes: c and r with random weights, no checkpoints.
 
-Random weights have the real shapes (`jaxspec.presets.T5_SHAPES`), so they cost what the real checkpoints cost;
+Random weights have the real shapes (`jaxspec.models.t5.shapes.T5_SHAPES`), so they cost what the real checkpoints cost;
 only alpha needs trained models. For each draft shape and batch size: the target's decoder step on 1 and on
 gamma + 1 tokens (r), each draft's 1-token step (c), Theorem 3.8's expected speedup at the paper's alpha for that
-pair (Table 2, `jaxspec.presets`) next to the paper's speedup; and, at batch 1, the real speculative loop on the
+pair (Table 2, `jaxspec.bench.presets`) next to the paper's speedup; and, at batch 1, the real speculative loop on the
 random pair against the cost model gamma * t_draft + t_verify (what the loop adds beyond the models).
 """
 
@@ -15,9 +15,10 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec import benchmarking, presets, timing
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.bench import costs, presets, timing
 from jaxspec.models import t5
-from jaxspec.outputs import markdown_table, progress
+from jaxspec.cli.outputs import markdown_table, progress
 
 COST_HEADER = ["batch", "draft", "gamma", "target step (ms)", "r", "draft step (ms)", "c", "paper alpha",
                "expected (c, r)", "expected (r = 1)", "paper speedup"]
@@ -26,7 +27,7 @@ LOOP_HEADER = ["draft", "gamma", "plain ms/step (loop)", "target step (model)", 
 
 
 def random_model(shape: str, dtype, seed: int = 0) -> jaxspec.Model:
-  cfg = t5.T5Config(**presets.T5_SHAPES[shape])
+  cfg = t5.T5Config(**T5_SHAPES[shape])
   params = t5.init_params(cfg, jax.random.key(seed), dtype)  # Leaf by leaf: float32 temporaries stay small.
   return jaxspec.Model(cfg, params, None, shape)
 
@@ -59,7 +60,7 @@ def sweep(target_shape: str, draft_shapes: Sequence[str], gammas: Sequence[int],
     bar.write(repr(draft))
     paper = presets.paper_row_for("ende", draft_shape, 0)
     for batch in batch_sizes:
-      costs = benchmarking.cost_table(target, draft, gammas, batch, repeats=repeats, rounds=1, alternating=False)
+      costs = costs.cost_table(target, draft, gammas, batch, repeats=repeats, rounds=1, alternating=False)
       for g, m in costs.items():
         row = {"batch": batch, "draft": draft_shape, "gamma": g, **m,
                "paper_alpha": paper.alpha if paper else float("nan"),

@@ -2,7 +2,7 @@
 
 For plain decoding (gamma 0) and each gamma, decodes the same inputs under `jax.profiler` and splits the loop
 program's wall time into the target's kernels, the draft's, the loop's own (verification, sampling, writes,
-counters) and idle time (`jaxspec.profiling.loop_time_breakdown`). From the same traces: c and r as the loop sees
+counters) and idle time (`jaxspec.bench.profiling.loop_time_breakdown`). From the same traces: c and r as the loop sees
 them (the target's time per iteration over the plain loop's; the draft's per call over the plain loop's target
 step), and the loop's measured speedup (encoders excluded) next to Theorem 3.8 and
 `expected_speedup_for_workload` at the measured alpha. Only inputs of the most common prompt-length bucket are
@@ -15,9 +15,9 @@ import collections
 from typing import Sequence
 
 import jaxspec
-from jaxspec import profiling
-from jaxspec.batching import MAX_INPUT_LENGTH, bucket_length
-from jaxspec.outputs import markdown_table, progress
+from jaxspec.bench import profiling
+from jaxspec.cli.batching import MAX_INPUT_LENGTH, bucket_length
+from jaxspec.cli.outputs import markdown_table, progress
 
 HEADER = ["gamma", "iterations", "wall ms/iter", "target", "draft", "loop kernels", "idle", "models' share",
           "ms/token", "alpha", "tok/iter", "c in loop", "r in loop", "loop speedup", "Exp (r)", "meas/exp",

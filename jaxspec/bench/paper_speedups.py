@@ -20,7 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import presets
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.bench import presets
 from jaxspec.bench import oracle
 from jaxspec.decoding import loop, sampling, theory
 from jaxspec.models import t5
@@ -28,7 +29,7 @@ from jaxspec.models import t5
 
 def random_t5(shape: str, dtype, seed: int) -> tuple[t5.T5Decoder, dict]:
   """A T5 decoder of a public checkpoint's shape ('t5-small' ... 't5-11b') with random weights."""
-  cfg = t5.T5Config(**presets.T5_SHAPES[shape])
+  cfg = t5.T5Config(**T5_SHAPES[shape])
   return t5.T5Decoder(cfg), t5.init_params(cfg, jax.random.key(seed), dtype)
 
 

@@ -5,7 +5,7 @@ Encoder-decoder (T5) and decoder-only pairs. The transformers models are read fr
 format="hf")` (embedded and Orbax models), always in float32 on torch's CPU. Batch 1, greedy: both models get a
 fresh `GenerationConfig` (a directory's defaults, such as a repetition penalty, do not apply); assisted
 generation drafts exactly `gamma` tokens per iteration (constant schedule, assistant_confidence_threshold 0).
-Same inputs and the same timing as jaxspec's sweep (`jaxspec.timing.interleaved_passes`: a warm-up pass, then
+Same inputs and the same timing as jaxspec's sweep (`jaxspec.bench.timing.interleaved_passes`: a warm-up pass, then
 interleaved rounds, medians). Outputs are the new tokens only (EOS included): assisted generation's must equal
 transformers' plain greedy output, and that must equal jaxspec's plain greedy output when it is given.
 """
@@ -17,7 +17,7 @@ import tempfile
 from typing import Sequence, Union
 
 import jaxspec
-from jaxspec import timing
+from jaxspec.bench import timing
 from jaxspec.decoding.theory import expected_tokens_per_iteration
 
 Source = Union[jaxspec.Model, str]  # a loaded model or an HF directory

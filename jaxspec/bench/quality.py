@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from jaxspec.batching import MAX_INPUT_LENGTH, generate_all
+from jaxspec.cli.batching import MAX_INPUT_LENGTH, generate_all
 from jaxspec.data.ende import by_domain, evenly_spaced
-from jaxspec.inputs import encode_texts
-from jaxspec.outputs import markdown_table
+from jaxspec.cli.inputs import encode_texts
+from jaxspec.cli.outputs import markdown_table
 
 DECODERS = ("target", "draft", "speculative")
 

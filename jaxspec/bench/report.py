@@ -1,6 +1,6 @@
 """Reports of the benchmark sweep (results.json, results.md, speedup.png), of the tuner (tune.json, tune.md,
 speedup_vs_gamma.png, acceptance.png) and the speed summary of translate.py and generate.py. Tables are markdown
-with every column padded to its widest cell (`jaxspec.outputs`)."""
+with every column padded to its widest cell (`jaxspec.cli.outputs`)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 import os
 
 import jaxspec
-from jaxspec import benchmarking
-from jaxspec.outputs import atomic_write, atomic_write_json, markdown_table
+from jaxspec.bench import costs
+from jaxspec.cli.outputs import atomic_write, atomic_write_json, markdown_table
 
 BENCH_HEADER = ["Temp", "Batch", "gamma", "alpha", "tok/iter", "c", "c alt", "r", "plain ms/tok", "spec ms/tok",
                 "Speedup", "Exp", "Exp (r)", "meas/exp", "Exp (workload)", "meas/exp workload", "meas/cost model",
@@ -207,8 +207,8 @@ def write_tune(out_dir: str, result) -> dict[str, str]:
 def _costs(target, draft, gamma: int, batch: int) -> dict:
   """c, r and c_alternating for the summary; an n-gram drafter costs nothing (c = 0)."""
   if isinstance(draft, jaxspec.Model):
-    return benchmarking.cost_ratios(target, draft, gamma, batch=batch)
-  r = benchmarking.decoder_step_time(target, batch, gamma + 1) / benchmarking.decoder_step_time(target, batch, 1)
+    return costs.cost_ratios(target, draft, gamma, batch=batch)
+  r = costs.decoder_step_time(target, batch, gamma + 1) / costs.decoder_step_time(target, batch, 1)
   return {"c": 0.0, "r": r, "c_alternating": 0.0}
 
 

@@ -21,9 +21,9 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec import benchmarking, timing
-from jaxspec.batching import MAX_INPUT_LENGTH, bucket_length
-from jaxspec.outputs import progress
+from jaxspec.bench import costs, timing
+from jaxspec.cli.batching import MAX_INPUT_LENGTH, bucket_length
+from jaxspec.cli.outputs import progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +46,10 @@ def fixed_batches(ids: Sequence[list[int]], batch: int) -> list[list[list[int]]]
 
 def _lookup_costs(target, gammas: Sequence[int], batch: int, repeats: int) -> dict:
   """cost_table's entries for a drafter without a model (c = 0): only the target's steps are timed."""
-  t1 = benchmarking.decoder_step_time(target, batch, 1, repeats=repeats)
+  t1 = costs.decoder_step_time(target, batch, 1, repeats=repeats)
   out = {}
   for g in gammas:
-    tg = benchmarking.decoder_step_time(target, batch, g + 1, repeats=repeats)
+    tg = costs.decoder_step_time(target, batch, g + 1, repeats=repeats)
     out[g] = {"target_step_s": t1, "target_verify_s": tg, "draft_step_s": 0.0, "c": 0.0, "r": tg / t1,
               "draft_step_alternating_s": 0.0, "c_alternating": 0.0}
   return out
@@ -61,11 +61,11 @@ def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, bucke
 
   def probe():
     """c and r per draft and gamma (one interleaved round of `cost_table`) and the encoders' times, in isolation."""
-    costs = {n: benchmarking.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
+    costs = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
              for n, d in models.items()}
     costs.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
-    encoder_s = {n: {"target": benchmarking.encoder_time(target, batch, n, repeats=repeats),
-                     **{m: benchmarking.encoder_time(d, batch, n, repeats=repeats) for m, d in models.items()}}
+    encoder_s = {n: {"target": costs.encoder_time(target, batch, n, repeats=repeats),
+                     **{m: costs.encoder_time(d, batch, n, repeats=repeats) for m, d in models.items()}}
                  for n in sorted(set(buckets))}
     return {"costs": costs, "encoder_s": encoder_s}
   return probe

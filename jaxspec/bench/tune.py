@@ -30,9 +30,9 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec.batching import MAX_INPUT_LENGTH
+from jaxspec.cli.batching import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
-from jaxspec.inputs import encode_texts
+from jaxspec.cli.inputs import encode_texts
 
 SCHEDULES = ("constant", "adaptive", "heuristic")
 MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured at least this much faster

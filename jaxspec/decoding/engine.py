@@ -172,7 +172,7 @@ def compiled_loop(target: Model, inputs, **kwargs) -> jax.stages.Compiled:
 def compiled_loop_hlo(target: Model, inputs, **kwargs) -> str:
   """The optimised HLO text of the decoding-loop program that `generate` runs for these arguments.
 
-  For profiling (`jaxspec.profiling`): the same shapes and settings give the same compiled program, whose
+  For profiling (`jaxspec.bench.profiling`): the same shapes and settings give the same compiled program, whose
   instruction names the profiler's kernel events carry. Compiles (or reuses) the program; decodes nothing.
   Keyword arguments: those of `compiled_loop`.
   """

@@ -1,7 +1,7 @@
 """A check before allocating: what a `generate` call is about to allocate must fit its devices.
 
 Without it, `max_new_tokens=10**6` preallocates tens of GB before doing anything and the kernel kills the
-process. The bytes come from `jaxspec.memory_plan` (abstract evaluation: no allocation): per device, the caches,
+process. The bytes come from `jaxspec.sharding.memory_plan` (abstract evaluation: no allocation): per device, the caches,
 the loop's state and the activations of the call's programs (the parameters are already resident); the free
 memory from the devices that hold the target (`memory_stats()` on accelerators, MemAvailable on the CPU host).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxspec.memory_plan import memory_plan
+from jaxspec.sharding.memory_plan import memory_plan
 from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, mesh_of, rules_of
 from jaxspec.errors import CacheTooLargeError
 

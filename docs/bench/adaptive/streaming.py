@@ -5,7 +5,7 @@ r"""What streaming costs: generate(..., on_tokens=callback) against on_tokens=No
 The embedded pair (ende-target / ende-draft), the first --sentences natural sentences of dev.tsv, one sentence per
 call (batch 1) and in batches of 4. For plain decoding, constant gamma 4 and adaptive gamma 4 (knobs off), each
 with on_tokens=None and with a callback that only collects the chunks: one warm-up pass each (compilation), then
---repeats interleaved rounds (jaxspec.timing.interleaved_passes), the median pass. Prints ms/token for both, the
+--repeats interleaved rounds (jaxspec.bench.timing.interleaved_passes), the median pass. Prints ms/token for both, the
 cost of streaming in percent, and the inter-token latency (ms between a row's deliveries) seen by the callback;
 checks that the chunks concatenate to the output.
 """
@@ -20,10 +20,10 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec import timing
+from jaxspec.bench import timing
 from jaxspec.bench.sweep import fixed_batches
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.inputs import encode_texts
+from jaxspec.cli.inputs import encode_texts
 
 
 def main():

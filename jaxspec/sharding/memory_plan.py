@@ -1,4 +1,4 @@
-"""`jaxspec.memory_plan`: bytes per device of a decoding run on a ("data", "model") mesh, before loading anything.
+"""`jaxspec.sharding.memory_plan`: bytes per device of a decoding run on a ("data", "model") mesh, before loading anything.
 
     plan = jaxspec.memory_plan("t5-11b", (1, 8), batch=32, max_input_length=128, max_new_tokens=128, gamma=7,
                                dtype="bfloat16", draft="t5-small")
@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
-from jaxspec import presets
 from jaxspec.models import registry
 from jaxspec.models.t5 import T5Config
-from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, is_axes, local_shape, resolve_rules, spec_for
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.sharding.rules import DEFAULT_RULES, DRAFT_RULES, is_axes, local_shape, resolve_rules, spec_for
 
 GiB = 2**30
 # Memory of one JAX device. TPU v2/v3 show each core as a device (v3-8: 8 devices); v4 and v5p show a chip.
@@ -100,8 +100,8 @@ def config_of(name_or_config):
     return name_or_config.config
   if not isinstance(name_or_config, str):
     return name_or_config
-  if name_or_config in presets.T5_SHAPES:
-    return T5Config(**presets.T5_SHAPES[name_or_config])
+  if name_or_config in T5_SHAPES:
+    return T5Config(**T5_SHAPES[name_or_config])
   from jaxspec.checkpoint import io  # pylint: disable=import-outside-toplevel
   directory, _ = io._resolve(name_or_config, None, None)  # pylint: disable=protected-access
   return io.read_config(directory)[1]

@@ -9,7 +9,7 @@ WORKDIR/export in Orbax format; with `export_best`, the model of the evaluation 
 (WORKDIR/export_meta.json says which step).
 
 With `time_budget_s`, training stops when that many seconds have passed since the call (setup included), the
-learning rate decays by the fraction of the budget spent (`training.budget_lr_scale`), and the best model is
+learning rate decays by the fraction of the budget spent (`steps.budget_lr_scale`), and the best model is
 held in device memory and exported once at the end (no export per improvement).
 """
 
@@ -27,15 +27,15 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import jaxspec
-from jaxspec import training
-from jaxspec.batching import generate_all
+from jaxspec.training import steps
+from jaxspec.cli.batching import generate_all
 from jaxspec.checkpoint import embedded_names
 from jaxspec.data.ende import (DISTILLED, Pair, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
                                read_splits, split_path)
 from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
-from jaxspec.inputs import InputError
+from jaxspec.cli.inputs import InputError
 from jaxspec.models import t5
-from jaxspec.outputs import atomic_write_json, progress
+from jaxspec.cli.outputs import atomic_write_json, progress
 from jaxspec.tokenizer import load_tokenizer
 from jaxspec.errors import ConfigError
 
@@ -149,7 +149,7 @@ def train_and_evaluate(c, workdir: str) -> dict:
   dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
   dev_loss_pairs = evenly_spaced(dev_all, c.dev_loss_pairs)
   budgeted = c.time_budget_s > 0
-  optimizer = training.make_optimizer(c.learning_rate, c.warmup_steps, None if budgeted else c.train_steps,
+  optimizer = steps.make_optimizer(c.learning_rate, c.warmup_steps, None if budgeted else c.train_steps,
                                       c.weight_decay)
   params = t5.init_params(cfg, jax.random.key(c.seed))
   if c.init_from:  # Continue from a saved model (e.g. an embedded one), with a fresh optimizer state.
@@ -174,10 +174,10 @@ def train_and_evaluate(c, workdir: str) -> dict:
       print("the training data or tokenizer changed since that checkpoint: continuing with a new epoch", flush=True)
       epoch, batch_in_epoch = epoch + 1, 0
 
-  settings = training.StepConfig(model=cfg, teacher=teacher.config if teacher else None,
+  settings = steps.StepConfig(model=cfg, teacher=teacher.config if teacher else None,
                                  distill_weight=c.distill_weight, dropout_rate=c.dropout_rate,
                                  label_smoothing=c.label_smoothing, compute_dtype=c.compute_dtype, seed=c.seed)
-  teacher_params = training.cast(teacher.params, c.compute_dtype) if teacher else None
+  teacher_params = steps.cast(teacher.params, c.compute_dtype) if teacher else None
   epoch_batches = lambda e: bucketed_batches(src, tgt, c.tokens_per_batch, c.max_len,
                                              np.random.RandomState(c.seed * 1000 + e), buckets=buckets)
   batches = epoch_batches(epoch)
@@ -202,8 +202,8 @@ def train_and_evaluate(c, workdir: str) -> dict:
         epoch, batch_in_epoch = epoch + 1, 0
         batches = epoch_batches(epoch)
         continue
-      lr_scale = training.budget_lr_scale((time.time() - t_start) / max(deadline - t_start, 1e-9)) if budgeted else 1.0
-      params, opt_state, m = training.train_step(settings, optimizer, params, opt_state, inputs, labels,
+      lr_scale = steps.budget_lr_scale((time.time() - t_start) / max(deadline - t_start, 1e-9)) if budgeted else 1.0
+      params, opt_state, m = steps.train_step(settings, optimizer, params, opt_state, inputs, labels,
                                                  teacher_params, step, lr_scale)
       step, batch_in_epoch = step + 1, batch_in_epoch + 1
       tokens_since += float((labels != 0).sum() + (inputs != 0).sum())
@@ -226,7 +226,7 @@ def train_and_evaluate(c, workdir: str) -> dict:
     if (step % c.eval_every == 0 or stop) and step != last_eval:
       last_eval = step
       model = jaxspec.Model(cfg, params, tokenizer)
-      dev = training.dev_metrics(cfg, params, tokenizer, dev_loss_pairs, c.max_len, c.compute_dtype)
+      dev = steps.dev_metrics(cfg, params, tokenizer, dev_loss_pairs, c.max_len, c.compute_dtype)
       metrics = {"step": step, "dev_loss": dev["loss"], **{f"dev_{k}": v for k, v in dev.items() if k != "loss"}}
       domains = ", ".join(f"{k[5:]} {v:.3f}" for k, v in dev.items() if k.startswith("loss_"))
       line = f"eval step {step}: dev loss {dev['loss']:.3f} ({domains}) | top-1 {dev['acc']:.3f}"

@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 import jaxspec
-from jaxspec.inputs import InputError
-from jaxspec.outputs import progress
+from jaxspec.cli.inputs import InputError
+from jaxspec.cli.outputs import progress
 
 try:
   from jaxspec.decoding.engine import MAX_INPUT_LENGTH, bucket_length

@@ -21,13 +21,11 @@ from typing import Callable
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxspec.batching import MAX_SEED
-from jaxspec.checkpoint import CheckpointError
-from jaxspec.decoding import CacheTooLargeError, NonFiniteLogitsError
-from jaxspec.inputs import InputError
+from jaxspec.cli.batching import MAX_SEED
+from jaxspec.errors import JaxspecError
+from jaxspec.sharding.mesh import MESH_AXES
 
 FLAGS = flags.FLAGS
-MESH_AXES = ("data", "model")
 AUTO = "auto"  # --gamma=auto
 
 
@@ -57,7 +55,7 @@ def define_models(target: str = "ende-target", draft: str | None = "ende-draft")
 
 
 class _GammaParser(flags.ArgumentParser):
-  """An integer >= 1, or 'auto' (the launch script measures the best choice: `jaxspec.jobs.calibrate`)."""
+  """An integer >= 1, or 'auto' (the launch script measures the best choice: `jaxspec.cli.jobs.calibrate`)."""
 
   def parse(self, argument):
     if argument == AUTO or (isinstance(argument, int) and argument >= 1):
@@ -91,7 +89,7 @@ def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: i
 
 
 def define_sampling() -> None:
-  """--temperature, --top_k, --top_p and --seed (per-item seeds derive from it: `jaxspec.batching.item_seed`)."""
+  """--temperature, --top_k, --top_p and --seed (per-item seeds derive from it: `jaxspec.cli.batching.item_seed`)."""
   flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactly the target's greedy output); > 0 samples.")
   flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).", lower_bound=0)
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1 = off).")
@@ -168,12 +166,13 @@ def sampling_kwargs() -> dict:
 
 
 def run(main: Callable[[list[str]], None]) -> None:
-  """app.run(main); the library's user errors (bad input, bad checkpoint, caches too large for the devices,
-  non-finite logits) end the script with one line on stderr and exit status 1."""
+  """app.run(main); the library's user errors (any `jaxspec.JaxspecError`: bad input, bad checkpoint, bad
+  settings, caches too large for the devices, non-finite logits) end the script with one line on stderr and exit
+  status 1."""
   def wrapped(argv):
     try:
       main(argv)
-    except (InputError, CheckpointError, CacheTooLargeError, NonFiniteLogitsError) as e:
+    except JaxspecError as e:
       print(f"error: {e}", file=sys.stderr)
       sys.exit(1)
   app.run(wrapped, flags_parser=_parse)

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from jaxspec.inputs import InputError
+from jaxspec.cli.inputs import InputError
 from jaxspec.errors import OutputError
 
 

@@ -1,4 +1,4 @@
-"""The paper's cost ratios, timed: c, r and the encoders (medians after warm-up; see jaxspec.timing).
+"""The paper's cost ratios, timed: c, r and the encoders (medians after warm-up; see jaxspec.bench.timing).
 
 c = draft decoder step / target decoder step (1 token each); r = target step on gamma + 1 tokens / on 1 token.
 Both are measured in isolation, on caches filled to a typical length, with compilation excluded. c_alternating
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from jaxspec.model import Model
 from jaxspec.models.contract import Decoder
-from jaxspec.timing import median_time
+from jaxspec.bench.timing import median_time
 
 
 @functools.partial(jax.jit, static_argnums=0)

@@ -8,8 +8,8 @@
     choice = calibrate(target, drafts, texts, gammas=(1, 2, 3, 4), batch_size=1, temperature=0.0)
     run = generate_texts(texts, target, **choice.generate_kwargs(drafts), batch_size=1)
 
-One output line per input item (`jaxspec.inputs` for the rule), printed next to its input or appended to
-`output` as batches finish (`jaxspec.outputs.LineWriter`: resumable, only complete lines count), then the speed
+One output line per input item (`jaxspec.cli.inputs` for the rule), printed next to its input or appended to
+`output` as batches finish (`jaxspec.cli.outputs.LineWriter`: resumable, only complete lines count), then the speed
 summary (`jaxspec.bench.report.speed_summary`). Family-agnostic: any model `jaxspec.load` reads whose tokenizer
 encodes and decodes text; `chat` applies the tokenizer's chat template to every input.
 """
@@ -24,12 +24,12 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
-from jaxspec.batching import MAX_INPUT_LENGTH, BatchRun, generate_all
+from jaxspec.cli.batching import MAX_INPUT_LENGTH, BatchRun, generate_all
 from jaxspec.bench import loop as bench_loop
 from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table
-from jaxspec.inputs import InputError, encode_texts
-from jaxspec.outputs import LineWriter
+from jaxspec.cli.inputs import InputError, encode_texts
+from jaxspec.cli.outputs import LineWriter
 
 SPECULATION_KNOBS = ("schedule", "draft_confidence", "fallback_alpha", "probe_interval", "draft_cost",
                      "prior_alpha")
