@@ -1,14 +1,15 @@
 """jaxspec: exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) in JAX, for T5 and decoder-only LLMs.
 
-The public core: `load` / `save`, `generate`, the settings it takes, the errors it raises, the theory of Theorem
+The public core: `load` / `save`, `generate` (and `lower`: its programs), the settings it takes (`Sampling`,
+`Speculation`), the errors it raises, the theory of Theorem
 3.8, and meshes. `tune` (the tuner, jaxspec.bench) is loaded on first use: `import jaxspec` imports no training,
 measurement or command-line code (docs/layers.md).
 """
 
 from jaxspec.checkpoint import load, save
-from jaxspec.decoding import (DecodeStats, GenerateOutput, NGramDraft, TokenChunk, best_gamma, expected_iterations,
-                              expected_speedup, expected_speedup_for_workload, expected_tokens_per_iteration,
-                              generate)
+from jaxspec.decoding import (DecodeStats, GenerateOutput, LoweredCall, NGramDraft, Sampling, Speculation, TokenChunk,
+                              best_gamma, expected_iterations, expected_speedup, expected_speedup_for_workload,
+                              expected_tokens_per_iteration, generate, lower)
 from jaxspec.errors import (CacheTooLargeError, CheckpointError, InputError, JaxspecError, NonFiniteLogitsError,
                             OutputError, SettingsError)
 from jaxspec.model import Model
@@ -29,10 +30,11 @@ def __getattr__(name: str):
 
 
 __all__ = ["__version__", "CacheTooLargeError", "CheckpointError", "DecodeStats", "Decoder", "DecoderCache",
-           "GenerateOutput", "InputError", "JaxspecError", "Model", "ModelConfig", "NGramDraft",
-           "NonFiniteLogitsError", "OutputError", "SettingsError", "T5Config", "TokenChunk", "best_gamma",
+           "GenerateOutput", "InputError", "JaxspecError", "LoweredCall", "Model", "ModelConfig", "NGramDraft",
+           "NonFiniteLogitsError", "OutputError", "Sampling", "SettingsError", "Speculation", "T5Config", "TokenChunk",
+           "best_gamma",
            "expected_iterations", "expected_speedup", "expected_speedup_for_workload",
-           "expected_tokens_per_iteration", "generate", "load", "save", "tune",
+           "expected_tokens_per_iteration", "generate", "load", "lower", "save", "tune",
            # Scaling out (docs/scaling.md).
            "DEFAULT_RULES", "DRAFT_RULES", "MemoryPlan", "initialize_distributed", "is_main_process", "make_mesh",
            "memory_plan", "mesh_from_flag", "shard"]

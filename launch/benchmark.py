@@ -121,7 +121,7 @@ def main(argv):
           "date": time.strftime("%Y-%m-%d %H:%M")}
   variants = [sweep.Variant(FLAGS.draft, g, s) for s in _SCHEDULES.value for g in FLAGS.gammas]
   rows = sweep.measure(target, {FLAGS.draft: draft}, variants, ids, FLAGS.temperatures, FLAGS.batch_sizes,
-                       _REPEATS.value, _MAX_NEW.value, knobs=tune._knobs,  # pylint: disable=protected-access
+                       _REPEATS.value, _MAX_NEW.value, speculation=tune.calibrated({FLAGS.draft: draft}),
                        probe_repeats=_PROBE_REPEATS.value, keep_tokens=_PEER.value)
   peer_rows = []
   if _PEER.value:

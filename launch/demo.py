@@ -44,11 +44,11 @@ def main(argv):
   draft = random_model("draft", c.vocab_size, c.draft, c.seed + 1)
   rng = np.random.RandomState(c.seed)
   prompts = [list(rng.randint(2, c.vocab_size, size=c.prompt_length)) + [1] for _ in range(c.batch_size)]
-  knobs = dict(max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_k=c.top_k, top_p=c.top_p,
-               seed=c.seed)
-  plain, plain_first, plain_t = timed(lambda: jaxspec.generate(target, prompts, **knobs), c.repeats)
-  spec, spec_first, spec_t = timed(
-      lambda: jaxspec.generate(target, prompts, draft=draft, gamma=c.gamma, **knobs), c.repeats)
+  sampling = jaxspec.Sampling(temperature=c.temperature, top_k=c.top_k, top_p=c.top_p)
+  kw = dict(max_new_tokens=c.max_new_tokens, seed=c.seed)
+  plain, plain_first, plain_t = timed(lambda: jaxspec.generate(target, prompts, None, sampling, **kw), c.repeats)
+  speculation = jaxspec.Speculation(draft, gamma=c.gamma)
+  spec, spec_first, spec_t = timed(lambda: jaxspec.generate(target, prompts, speculation, sampling, **kw), c.repeats)
   s = spec.stats
   print(f"target: {target}\ndraft:  {draft}")
   print(f"batch {c.batch_size}, gamma {c.gamma}, temperature {c.temperature}, max_new_tokens {c.max_new_tokens}")

@@ -34,9 +34,9 @@ def main(argv):
   del argv
   pairs = read_splits(_SPLIT.value, _DATA.value)
   target, draft = jaxspec.load(flags.FLAGS.target), jaxspec.load(flags.FLAGS.draft)
-  kw = cli_flags.sampling_kwargs()
   results = quality.evaluate_pair(target, draft, pairs, natural_only=_NATURAL.value, limit=_LIMIT.value,
-                                  limit_per_domain=_PER_DOMAIN.value, **kw)
+                                  limit_per_domain=_PER_DOMAIN.value, gamma=flags.FLAGS.gamma,
+                                  sampling=cli_flags.sampling(), **cli_flags.run_kwargs())
   results["split"] = ",".join(split_path(s.strip(), _DATA.value) for s in _SPLIT.value.split(",") if s.strip())
   print("\n".join(quality.table(results)))
   print(f"speculative output identical to the target's on {results['speculative_identical_to_target']} sentences")

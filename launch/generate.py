@@ -36,9 +36,9 @@ def main(argv):
   texts = read_texts(_INPUT.value, column="en")
   writer = jobs.open_output(_OUTPUT.value, len(texts))
   target, draft = jobs.load_pair(flags.FLAGS.target, flags.FLAGS.draft, mesh)
-  run = jobs.generate_texts(texts, target, draft, writer=writer, prefix=_PREFIX.value, chat=_CHAT.value,
-                            long_inputs=_LONG.value, compare=_COMPARE.value, desc="generate",
-                            **cli_flags.sampling_kwargs())
+  run = jobs.generate_texts(texts, target, cli_flags.speculation(draft), cli_flags.sampling(), writer=writer,
+                            prefix=_PREFIX.value, chat=_CHAT.value, long_inputs=_LONG.value, compare=_COMPARE.value,
+                            desc="generate", **cli_flags.run_kwargs())
   if run is not None and run.identical is False:
     raise SystemExit("speculative and plain greedy outputs differ")
 

@@ -47,7 +47,7 @@ def main(argv):
   if not batches:
     raise SystemExit(f"{len(ids)} inputs in prompt bucket {bucket}: fewer than --batch_size={_BATCH.value}.")
   rows = loop.profile_sweep(target, draft, batches, flags.FLAGS.gammas, _ROUNDS.value,
-                            max_new_tokens=_MAX_NEW.value, temperature=_TEMPERATURE.value)
+                            jaxspec.Sampling(temperature=_TEMPERATURE.value), max_new_tokens=_MAX_NEW.value)
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "backend": jax.default_backend(), "target": repr(target), "draft": repr(draft), "inputs": len(ids),
           "prompt_bucket": bucket, "rounds": _ROUNDS.value, "batch_size": _BATCH.value,

@@ -53,15 +53,15 @@ def main(argv):
   placed = sharding.shard(target, mesh)
   rows = np.random.RandomState(0).randint(2, 32000, size=(_BATCH.value, _INPUT.value)).astype(np.int32)
   kw = dict(max_new_tokens=_NEW.value, max_input_length=_INPUT.value)
-  spec = dict(kw, draft=draft, gamma=_GAMMA.value)
-  replicated_draft = sharding.shard(draft, mesh, rules=sharding.DRAFT_RULES)  # What generate would do per call.
+  spec = jaxspec.Speculation(draft, gamma=_GAMMA.value)
+  replicated_draft = sharding.shard(draft, mesh, rules=sharding.DRAFT_RULES)  # What generate does (once).
   fns = {"plain": lambda b: jaxspec.generate(target, b, **kw),
          "plain_mesh": lambda b: jaxspec.generate(placed, b, **kw),
-         "speculative": lambda b: jaxspec.generate(target, b, **spec),
-         "speculative_mesh": lambda b: jaxspec.generate(placed, b, **dict(spec, draft=replicated_draft))}
+         "speculative": lambda b: jaxspec.generate(target, b, spec, **kw),
+         "speculative_mesh": lambda b: jaxspec.generate(placed, b, spec.replace(draft=replicated_draft), **kw)}
   if mesh.devices.size > 1:
-    sharded_draft = sharding.shard(draft, mesh)
-    fns["speculative_mesh_sharded_draft"] = lambda b: jaxspec.generate(placed, b, **dict(spec, draft=sharded_draft))
+    sharded = spec.replace(draft=sharding.shard(draft, mesh))
+    fns["speculative_mesh_sharded_draft"] = lambda b: jaxspec.generate(placed, b, sharded, **kw)
   passes, _ = timing.interleaved_passes(fns, [rows], _REPEATS.value)
   tokens = {name: p.outputs[0].lengths.sum() for name, p in passes.items()}
   reference = {"plain": passes["plain"].outputs[0].tokens, "speculative": passes["speculative"].outputs[0].tokens}

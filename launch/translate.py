@@ -58,19 +58,18 @@ def main(argv):
   writer = jobs.open_output(_OUTPUT.value, len(texts))
   target = jobs.load_target(FLAGS.target, mesh)
   drafts = jobs.load_drafts(FLAGS.draft, target, mesh)
-  kw = cli_flags.sampling_kwargs()
-  gamma = kw.pop("gamma")
+  kw, sampling, gamma = cli_flags.run_kwargs(), cli_flags.sampling(), FLAGS.gamma
   if gamma == cli_flags.AUTO or len(drafts) > 1:
     if not drafts:
       raise InputError("--gamma=auto needs at least one --draft to choose from.")
     choice = jobs.calibrate(target, drafts, texts, gammas=FLAGS.tune_gammas if gamma == cli_flags.AUTO else [gamma],
-                            prefix=_PREFIX.value, inputs=_CALIBRATION.value,
+                            prefix=_PREFIX.value, inputs=_CALIBRATION.value, sampling=sampling,
                             **{k: v for k, v in kw.items() if k != "seed"})
-    speculation = choice.generate_kwargs(drafts)
+    speculation = choice.speculation
   else:
-    speculation = dict(draft=next(iter(drafts.values()), None), gamma=gamma)
-  run = jobs.generate_texts(texts, target, writer=writer, prefix=_PREFIX.value, long_inputs=_LONG.value,
-                            compare=_COMPARE.value, desc="translate", **speculation, **kw)
+    speculation = cli_flags.speculation(next(iter(drafts.values()), None))
+  run = jobs.generate_texts(texts, target, speculation, sampling, writer=writer, prefix=_PREFIX.value,
+                            long_inputs=_LONG.value, compare=_COMPARE.value, desc="translate", **kw)
   if run is not None and run.identical is False:
     raise SystemExit("speculative and plain greedy outputs differ")
 

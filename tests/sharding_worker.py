@@ -31,8 +31,15 @@ from jaxspec.models import registry  # noqa: E402
 
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 MODES = {"greedy_plain": dict(), "greedy_speculative": dict(draft=True),
-         "sampled_speculative": dict(draft=True, temperature=1.0, seed=[11, 12, 13, 14, 15])}
-KW = dict(max_new_tokens=8, gamma=2)
+         "sampled_speculative": dict(draft=True, sampling=jaxspec.Sampling(temperature=1.0), seed=[11, 12, 13, 14, 15])}
+KW = dict(max_new_tokens=8)
+GAMMA = 2
+
+
+def _mode(kw: dict, draft) -> dict:
+  """A MODES entry as generate's keyword arguments, with `draft` as its speculation's draft."""
+  kw = dict(kw)
+  return dict(kw, speculation=jaxspec.Speculation(draft, gamma=GAMMA) if kw.pop("draft", False) else None)
 
 
 def tiny_configs() -> dict:
@@ -93,16 +100,14 @@ def run_tokens(families: list[str]) -> dict:
     rows = prompts(target.config.vocab_size)
     runs = {}
     for mode, kw in MODES.items():
-      kw = dict(kw, draft=draft if kw.get("draft") else None)
-      runs[mode] = {"reference": record(jaxspec.generate(target, rows, **KW, **kw))}
+      runs[mode] = {"reference": record(jaxspec.generate(target, rows, **KW, **_mode(kw, draft)))}
     for shape in MESHES:
       mesh = sharding.make_mesh(*shape)
       placed = sharding.shard(target, mesh)
       # One mesh also takes a draft placed by the default rules; elsewhere generate replicates it.
       placed_draft = sharding.shard(draft, mesh) if shape == (2, 4) else draft
       for mode, kw in MODES.items():
-        kw = dict(kw, draft=placed_draft if kw.get("draft") else None)
-        runs[mode][f"{shape[0]}x{shape[1]}"] = record(jaxspec.generate(placed, rows, **KW, **kw))
+        runs[mode][f"{shape[0]}x{shape[1]}"] = record(jaxspec.generate(placed, rows, **KW, **_mode(kw, placed_draft)))
     result[name] = runs
   return result
 
@@ -127,7 +132,6 @@ def sharded_weight_sizes(model) -> list[int]:
 
 
 def run_programs() -> dict:
-  from jaxspec.decoding import engine
   from jaxspec.sharding.memory_plan import memory_plan
   from jaxspec.models.t5 import T5Config
   # Sizes chosen so that no activation has a weight's element count: 4 heads (split by model=4), d_ff 40.
@@ -138,8 +142,9 @@ def run_programs() -> dict:
   out = {}
   mesh = sharding.make_mesh(2, 4)
   placed = sharding.shard(target, mesh)
-  kw = dict(draft=draft, gamma=3, max_new_tokens=12, temperature=1.0, max_input_length=16)
-  prefill, loop = (p.compile() for p in engine.lowered_programs(placed, rows, **kw))
+  lowered = jaxspec.lower(placed, rows, jaxspec.Speculation(draft, gamma=3), jaxspec.Sampling(temperature=1.0),
+                          max_new_tokens=12, max_input_length=16)
+  loop = lowered.loop.compile()
   out["all_gathers"] = loop_all_gathers(loop.as_text())
   out["weight_sizes"] = sharded_weight_sizes(placed)
   out["while_loops"] = loop.as_text().count(" while(")
@@ -180,7 +185,8 @@ def run_programs() -> dict:
   # A one-device mesh decodes as one device does (the sharded path against the unsharded one).
   one = sharding.shard(target, sharding.make_mesh(1, 1, devices=jax.devices()[:1]))
   out["one_by_one_same"] = []
-  for kw in (dict(max_new_tokens=6), dict(draft=draft, max_new_tokens=6, temperature=1.0, seed=3)):
+  for kw in (dict(max_new_tokens=6), dict(speculation=jaxspec.Speculation(draft, gamma=GAMMA),
+                                         sampling=jaxspec.Sampling(1.0), max_new_tokens=6, seed=3)):
     a, b = jaxspec.generate(target, rows, **kw), jaxspec.generate(one, rows, **kw)
     out["one_by_one_same"].append(record(a) == record(b))
   # Safetensors read into shards, and Orbax restores, give the arrays `shard` places.
@@ -218,10 +224,10 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
   draft = jaxspec.load(draft_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))  # The public path.
   rows = prompts(cfg.vocab_size)
   # A draft on another mesh is re-placed on the target's; then the target on data=2 x model=4.
-  out["greedy"] = jaxspec.generate(target, rows, draft=draft, **KW).tokens.tolist()
+  out["greedy"] = jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=GAMMA), **KW).tokens.tolist()
   target_2x4 = jaxspec.load(target_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))
-  out["sampled"] = jaxspec.generate(target_2x4, rows, draft=draft, temperature=1.0, seed=[1, 2, 3, 4, 5],
-                                    **KW).tokens.tolist()
+  out["sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(draft, gamma=GAMMA),
+                                    jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
   out["main"] = sharding.is_main_process()
   return out
 

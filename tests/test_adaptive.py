@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import adaptive, drafting, engine, loop, sampling, theory, verify
+from jaxspec.decoding import adaptive, arguments, loop, model_drafter, placement, sampling, theory, verify
+from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models import t5
 
 
@@ -222,8 +223,8 @@ def test_greedy_equals_plain_with_every_knob_on(pair, schedule, gamma):
   assert len(set(plain.lengths.tolist())) > 2 and plain.lengths.min() < MAX_NEW  # EOS ends rows raggedly
   switched = 0
   for draft in (good, bad):
-    out = jaxspec.generate(target, prompts, draft=draft, gamma=gamma, max_new_tokens=MAX_NEW, schedule=schedule,
-                           **KNOBS)
+    out = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=gamma, schedule=schedule, **KNOBS),
+                           max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(out.tokens, plain.tokens)
     np.testing.assert_array_equal(out.lengths, plain.lengths)
     s = out.stats
@@ -240,20 +241,21 @@ def test_catch_up_matches_a_fresh_prefill():
   params = t5.init_params(cfg, jax.random.key(3))
   decoder = t5.T5Decoder(cfg)
   gamma, max_new = 3, 20
-  settings = loop.LoopSettings(target=decoder, draft=decoder, gamma=gamma, max_new_tokens=max_new, greedy=True,
-                               filtering=False, eos_ids=(1,), pad_id=0, schedule="heuristic")
+  settings = loop.LoopSettings(target=decoder, drafter=ModelDrafter(decoder), gamma=gamma, max_new_tokens=max_new,
+                               greedy=True, filtering=False, eos_ids=(1,), pad_id=0, schedule="heuristic")
   rng = np.random.RandomState(0)
   ids = jnp.asarray(rng.randint(2, 30, size=(4, 6)), jnp.int32)
   input_lengths = jnp.full((4,), 6, jnp.int32)
   sequences = jnp.asarray(rng.randint(2, 30, size=(4, settings.seq_len)), jnp.int32)
-  catch_up = jax.jit(drafting.catch_up, static_argnums=(0, 6))
+  catch_up = jax.jit(model_drafter.catch_up, static_argnums=(0, 1, 7))
   for lags in ([0, 1, 0, 1], [0, gamma, 1, 2], [1, gamma + 4, 0, 9]):
     lengths = jnp.asarray([12, 9, 15, 13], jnp.int32)
     dlen = lengths - 1 - jnp.asarray(lags, jnp.int32)
     cache, _ = decoder.prefill(params, ids, input_lengths, settings.cache_len)
     _, cache = decoder.step(params, cache, sequences[:, :16])  # stale entries beyond dlen, as in the loop
     cache = cache.rollback(dlen)
-    logits, caught, base = catch_up(settings, params, cache, sequences, lengths, jnp.ones((4,), bool), True)
+    logits, caught, base = catch_up(decoder, settings.proposal, params, cache, sequences, lengths,
+                                    jnp.ones((4,), bool), True)
     np.testing.assert_array_equal(base, lengths)
     np.testing.assert_array_equal(caught.positions, lengths)
     fresh, _ = decoder.prefill(params, ids, input_lengths, settings.cache_len)
@@ -271,9 +273,12 @@ def test_draft_cache_is_consistent_after_long_fallback(pair, probe_interval):
   prompts = _prompts(1)
   gamma, max_new = 3, 40
   plain = jaxspec.generate(target, prompts, max_new_tokens=max_new)
-  settings, ids, input_lengths = engine._prepare(target, prompts, good, gamma, max_new, 0.0, 0, 1.0, 512,
-                                                 "heuristic")
-  tc, dc, first = engine._prefill(settings, target.params, good.params, ids, input_lengths)
+  ids, input_lengths = arguments.prepare_inputs(target, prompts, 512)
+  settings = loop.LoopSettings(target=target.decoder(), drafter=ModelDrafter(good.decoder()), gamma=gamma,
+                               max_new_tokens=max_new, greedy=True, filtering=False,
+                               eos_ids=tuple(target.config.eos_token_ids), pad_id=target.config.pad_token_id,
+                               schedule="heuristic")
+  tc, dc, first = jax.jit(loop.prefill, static_argnums=0)(settings, target.params, good.params, ids, input_lengths)
   spec = adaptive.SpeculationKnobs.create(fallback_alpha=1.0, probe_interval=probe_interval)
   seeds = np.zeros((len(prompts),), np.uint32)
   state = jax.jit(loop.run, static_argnums=0)(settings, target.params, good.params, tc, dc, first,
@@ -287,12 +292,12 @@ def test_draft_cache_is_consistent_after_long_fallback(pair, probe_interval):
   assert long.sum() >= 2
   assert np.all(stats.fallback_iterations[long] >= probe_interval)  # long resting stretches
   assert np.all(stats.draft_lengths[long, 1:].sum(1) >= 2)  # and drafting again after them
-  positions = np.asarray(state.draft_cache.positions)
+  positions = np.asarray(state.draft_state.positions)
   assert np.all(positions <= lengths - 1)
   decoder = good.decoder()
   fresh, _ = decoder.prefill(good.params, ids, input_lengths, settings.cache_len)
   _, fresh = decoder.step(good.params, fresh, state.sequences[:, :int(positions.max())])
-  _same_cache(decoder, good.params, state.draft_cache, fresh.rollback(state.draft_cache.positions), state.sequences)
+  _same_cache(decoder, good.params, state.draft_state, fresh.rollback(state.draft_state.positions), state.sequences)
 
 
 # --- stats, compilation, arguments ---------------------------------------------------------------------------------
@@ -301,8 +306,7 @@ def test_draft_cache_is_consistent_after_long_fallback(pair, probe_interval):
 def test_stats_count_what_was_drafted(pair):
   target, good, _ = pair
   gamma = 4
-  out = jaxspec.generate(target, _prompts(), draft=good, gamma=gamma, max_new_tokens=MAX_NEW, schedule="adaptive",
-                         draft_confidence=0.3, fallback_alpha=0.4, draft_cost=0.1)
+  out = jaxspec.generate(target, _prompts(), jaxspec.Speculation(good, gamma=gamma, schedule="adaptive", draft_confidence=0.3, fallback_alpha=0.4, draft_cost=0.1), max_new_tokens=MAX_NEW)
   s = out.stats
   assert np.all(s.draft_lengths.sum(1) == s.iterations)
   assert np.all(s.drafted == (s.draft_lengths * np.arange(gamma + 1)).sum(1))
@@ -314,7 +318,7 @@ def test_stats_count_what_was_drafted(pair):
   drafted = s.drafted_per_position.sum(0)
   np.testing.assert_allclose(per_position[drafted > 0], s.accepted_per_position.sum(0)[drafted > 0] /
                              drafted[drafted > 0])
-  constant = jaxspec.generate(target, _prompts(), draft=good, gamma=gamma, max_new_tokens=MAX_NEW).stats
+  constant = jaxspec.generate(target, _prompts(), jaxspec.Speculation(good, gamma=gamma), max_new_tokens=MAX_NEW).stats
   assert np.all(constant.drafted == gamma * constant.iterations) and constant.fallback_iterations.sum() == 0
   np.testing.assert_allclose(constant.acceptance_per_position,
                              constant.accepted_per_position.sum(0) / constant.iterations.sum())
@@ -322,12 +326,15 @@ def test_stats_count_what_was_drafted(pair):
 
 def test_runtime_knobs_do_not_recompile(pair):
   target, good, _ = pair
-  kw = dict(draft=good, gamma=3, max_new_tokens=6, schedule="adaptive", temperature=0.7)
-  jaxspec.generate(target, [[5, 6, 7, 1]], **kw)
-  size = engine._run._cache_size()
-  jaxspec.generate(target, [[9, 8, 7, 1]], draft_confidence=0.5, fallback_alpha=0.3, probe_interval=7,
-                   draft_cost=0.2, **kw)
-  assert engine._run._cache_size() == size
+  speculation, sampling_ = jaxspec.Speculation(good, gamma=3, schedule="adaptive"), jaxspec.Sampling(0.7)
+  jaxspec.generate(target, [[5, 6, 7, 1]], speculation, sampling_, max_new_tokens=6)
+  sizes = placement.compiled_counts()
+  jaxspec.generate(target, [[9, 8, 7, 1]], speculation.replace(draft_confidence=0.5, fallback_alpha=0.3,
+                                                               probe_interval=7, draft_cost=0.2, prior_alpha=0.4),
+                   jaxspec.Sampling(0.3), max_new_tokens=6, seed=9)
+  assert placement.compiled_counts() == sizes
+  jaxspec.generate(target, [[9, 8, 7, 1]], speculation.replace(schedule="heuristic"), sampling_, max_new_tokens=6)
+  assert placement.compiled_counts()[1] > sizes[1]  # a new schedule is a new program: the count can change
 
 
 def test_bad_arguments_are_clear_errors(pair):
@@ -342,7 +349,9 @@ def test_bad_arguments_are_clear_errors(pair):
       (dict(fallback_alpha=0.5), "need schedule='heuristic' or 'adaptive'"),
   ]
   for kwargs, message in cases:
-    with pytest.raises(ValueError, match=message):
-      jaxspec.generate(target, [[5, 6, 1]], draft=good, **kwargs)
-  with pytest.raises(ValueError, match="NGramDraft"):
-    jaxspec.generate(target, [[5, 6, 1]], draft="ngram")
+    with pytest.raises(jaxspec.SettingsError, match=message):
+      jaxspec.Speculation(good, **kwargs)
+  with pytest.raises(jaxspec.SettingsError, match="NGramDraft"):
+    jaxspec.Speculation("ngram")
+  with pytest.raises(jaxspec.SettingsError, match="wrap a draft as jaxspec.Speculation"):
+    jaxspec.generate(target, [[5, 6, 1]], good)

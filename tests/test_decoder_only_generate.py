@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import jaxspec
-from jaxspec.decoding import engine, loop, sampling
+from jaxspec.decoding import loop, placement, sampling
+from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models import decoder_only as do
 from jaxspec.models.decoder_only.llama import LlamaConfig
 from jaxspec.models.decoder_only.qwen import QwenConfig
@@ -80,7 +81,7 @@ def test_greedy_speculative_equals_plain_and_transformers(dirs, variant):
   plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
   _assert_rows_equal(plain, hf)
   assert all((row[n:] == target.config.pad_token_id).all() for row, n in zip(plain.tokens, plain.lengths))
-  spec = jaxspec.generate(target, prompts, draft=_noisy(target), gamma=3, max_new_tokens=MAX_NEW)
+  spec = jaxspec.generate(target, prompts, jaxspec.Speculation(_noisy(target), gamma=3), max_new_tokens=MAX_NEW)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   np.testing.assert_array_equal(spec.lengths, plain.lengths)
   assert spec.stats.accepted.sum() > 0 and spec.stats.accepted.sum() < spec.stats.drafted.sum()
@@ -91,7 +92,7 @@ def test_a_draft_of_another_family_with_the_same_tokenizer(dirs):
   target, draft = jaxspec.load(dirs["gemma3"]), jaxspec.load(dirs["llama2"])
   prompts = ragged_prompts(PROMPT_LENGTHS, seed=6)
   plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
-  spec = jaxspec.generate(target, prompts, draft=draft, gamma=2, max_new_tokens=MAX_NEW)
+  spec = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=2), max_new_tokens=MAX_NEW)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
 
 
@@ -99,7 +100,7 @@ def test_texts_in_only_new_tokens_out(dirs):
   target = jaxspec.load(dirs["qwen3"])
   hf_tok = target.tokenizer.hf_tokenizer
   texts = ["the cat reads a book.", "green water under the bright morning light over the small garden."]
-  out = jaxspec.generate(target, texts, draft=_noisy(target), gamma=2, max_new_tokens=MAX_NEW)
+  out = jaxspec.generate(target, texts, jaxspec.Speculation(_noisy(target), gamma=2), max_new_tokens=MAX_NEW)
   hf = _hf_greedy(load_hf_reference(dirs["qwen3"]), [hf_tok(t)["input_ids"] for t in texts], MAX_NEW, (EOS,))
   _assert_rows_equal(out, hf)
   assert out.texts == [hf_tok.decode(r, skip_special_tokens=True) for r in hf]
@@ -107,10 +108,11 @@ def test_texts_in_only_new_tokens_out(dirs):
 
 def test_same_bucket_does_not_recompile(dirs):
   target = jaxspec.load(dirs["gemma2"])
-  jaxspec.generate(target, [[1, 7, 8, 9]], draft=target, gamma=2, max_new_tokens=6)
-  sizes = engine._run._cache_size(), engine._prefill._cache_size()
-  jaxspec.generate(target, [[1, 9, 8, 7, 6, 10, 11, 12, 13, 14]], draft=target, gamma=2, max_new_tokens=6)
-  assert (engine._run._cache_size(), engine._prefill._cache_size()) == sizes
+  jaxspec.generate(target, [[1, 7, 8, 9]], jaxspec.Speculation(target, gamma=2), max_new_tokens=6)
+  sizes = placement.compiled_counts()
+  jaxspec.generate(target, [[1, 9, 8, 7, 6, 10, 11, 12, 13, 14]], jaxspec.Speculation(target, gamma=2),
+                   max_new_tokens=6)
+  assert placement.compiled_counts() == sizes
 
 
 def _resized(model: jaxspec.Model, vocab: int) -> jaxspec.Model:
@@ -136,21 +138,21 @@ def test_vocabularies_padded_beyond_the_tokenizer(dirs):
   plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
   for vocab in (124, 136):
     draft = _resized(_noisy(target), vocab)
-    spec = jaxspec.generate(target, prompts, draft=draft, gamma=3, max_new_tokens=MAX_NEW)
+    spec = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=3), max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     assert spec.stats.accepted.sum() > 0
   with pytest.raises(ValueError, match="vocabularies differ"):
-    jaxspec.generate(target, prompts, draft=_resized(target, TOKENIZER_SIZE - 8), gamma=3)
+    jaxspec.generate(target, prompts, jaxspec.Speculation(_resized(target, TOKENIZER_SIZE - 8), gamma=3))
 
 
 def test_bad_pairs_and_inputs_are_clear_errors(dirs):
   target = jaxspec.load(dirs["llama3"])
   t5 = jaxspec.load("ende-draft")
   with pytest.raises(ValueError, match="encoder-decoder and a decoder-only"):
-    jaxspec.generate(target, [[1, 5, 6]], draft=t5)
+    jaxspec.generate(target, [[1, 5, 6]], jaxspec.Speculation(t5))
   other_tokenizer = jaxspec.Model(target.config, target.params, t5.tokenizer)
   with pytest.raises(ValueError, match="tokenizers differ"):
-    jaxspec.generate(target, [[1, 5, 6]], draft=other_tokenizer)
+    jaxspec.generate(target, [[1, 5, 6]], jaxspec.Speculation(other_tokenizer))
   with pytest.raises(ValueError, match="more than max_input_length=8"):
     jaxspec.generate(target, [list(range(6, 16))], max_input_length=8)
 
@@ -175,7 +177,7 @@ def test_lossless_with_real_tiny_decoder_only_pair():
     return np_warp(np.asarray(logits[0, -1]), temperature)
 
   exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, LOSSLESS_EOS, PROMPT[-1])
-  settings = loop.LoopSettings(target=do.CausalDecoder(tcfg), draft=do.CausalDecoder(dcfg), gamma=2,
+  settings = loop.LoopSettings(target=do.CausalDecoder(tcfg), drafter=ModelDrafter(do.CausalDecoder(dcfg)), gamma=2,
                                max_new_tokens=LENGTH, greedy=False, filtering=False, eos_ids=(LOSSLESS_EOS,),
                                pad_id=0)
   ids = jnp.tile(jnp.asarray([PROMPT], jnp.int32), (ROWS, 1))

@@ -35,7 +35,7 @@ def test_speculative_translation_equals_the_targets(pair):
   target, draft = pair
   texts = ["The house is small.", "Open the file.", "I don't know what he wants."]
   plain = jaxspec.generate(target, texts, max_new_tokens=24)
-  spec = jaxspec.generate(target, texts, draft=draft, gamma=3, max_new_tokens=24)
+  spec = jaxspec.generate(target, texts, jaxspec.Speculation(draft, gamma=3), max_new_tokens=24)
   np.testing.assert_array_equal(plain.tokens, spec.tokens)
   assert all(t.strip() for t in spec.texts)
   assert spec.stats.accepted.sum() > 0

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import jaxspec
-from jaxspec.decoding import engine
+from jaxspec.decoding import arguments, placement
 
 from conftest import load_hf_reference, write_hf_t5
 
@@ -83,11 +83,11 @@ def test_greedy_speculative_equals_plain_and_transformers(pair, gamma):
     assert (row[n:] == 0).all()
     assert n == MAX_NEW or row[n - 1] == eos
   for draft in (noisy_e, other_e):
-    spec = jaxspec.generate(target_e, prompts, draft=draft, gamma=gamma, max_new_tokens=MAX_NEW)
+    spec = jaxspec.generate(target_e, prompts, jaxspec.Speculation(draft, gamma=gamma), max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(spec.tokens, plain_e.tokens)
     np.testing.assert_array_equal(spec.lengths, plain_e.lengths)
   # With the noisy draft, blocks of several tokens are accepted, so EOS lands inside accepted blocks.
-  spec = jaxspec.generate(target_e, prompts, draft=noisy_e, gamma=gamma, max_new_tokens=MAX_NEW)
+  spec = jaxspec.generate(target_e, prompts, jaxspec.Speculation(noisy_e, gamma=gamma), max_new_tokens=MAX_NEW)
   assert spec.stats.accepted.sum() > 0
   # Without an EOS cut, plain decoding also equals transformers.
   np.testing.assert_array_equal(plain.tokens, _hf_greedy(target_dir, prompts, 1, MAX_NEW)[:, :MAX_NEW])
@@ -99,7 +99,7 @@ def test_batch_of_one_equals_plain(pair):
   full = rejected = 0
   for prompt in _prompts(target.config.vocab_size):
     plain = jaxspec.generate(target, [prompt], max_new_tokens=MAX_NEW)
-    spec = jaxspec.generate(target, [prompt], draft=noisy, gamma=2, max_new_tokens=MAX_NEW)
+    spec = jaxspec.generate(target, [prompt], jaxspec.Speculation(noisy, gamma=2), max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(spec.tokens, plain.tokens)
     full += int(spec.stats.accepted_per_position[0, -1])  # iterations that accepted all gamma drafts
     rejected += int(spec.stats.iterations[0] - spec.stats.accepted_per_position[0, -1])
@@ -109,7 +109,7 @@ def test_batch_of_one_equals_plain(pair):
 def test_self_draft_accepts_everything(pair):
   _, target, _, _ = pair
   prompts = _prompts(target.config.vocab_size)
-  out = jaxspec.generate(target, prompts, draft=target, gamma=3, max_new_tokens=12)
+  out = jaxspec.generate(target, prompts, jaxspec.Speculation(target, gamma=3), max_new_tokens=12)
   s = out.stats
   assert s.alpha == 1.0 and s.acceptance_rate == 1.0
   full_rows = out.lengths == 12
@@ -119,7 +119,7 @@ def test_self_draft_accepts_everything(pair):
 
 def test_stats_are_consistent(pair):
   _, target, noisy, _ = pair
-  out = jaxspec.generate(target, _prompts(target.config.vocab_size), draft=noisy, gamma=4, max_new_tokens=MAX_NEW)
+  out = jaxspec.generate(target, _prompts(target.config.vocab_size), jaxspec.Speculation(noisy, gamma=4), max_new_tokens=MAX_NEW)
   s = out.stats
   assert np.all(s.generated == out.lengths)
   assert np.all(s.drafted == 4 * s.iterations)
@@ -140,7 +140,8 @@ def test_stats_are_consistent(pair):
 def test_sampling_is_reproducible_and_seed_dependent(pair):
   _, target, noisy, _ = pair
   prompts = _prompts(target.config.vocab_size)
-  kw = dict(draft=noisy, gamma=3, max_new_tokens=MAX_NEW, temperature=1.0, top_k=20, top_p=0.9)
+  kw = dict(speculation=jaxspec.Speculation(noisy, gamma=3), sampling=jaxspec.Sampling(1.0, top_k=20, top_p=0.9),
+            max_new_tokens=MAX_NEW)
   a = jaxspec.generate(target, prompts, seed=1, **kw)
   b = jaxspec.generate(target, prompts, seed=1, **kw)
   c = jaxspec.generate(target, prompts, seed=2, **kw)
@@ -150,15 +151,17 @@ def test_sampling_is_reproducible_and_seed_dependent(pair):
 
 def test_same_bucket_does_not_recompile(pair):
   _, target, noisy, _ = pair
-  jaxspec.generate(target, [[5, 6, 7, 1]], draft=noisy, gamma=2, max_new_tokens=6, temperature=0.5)
-  size = engine._run._cache_size()
-  prefill_size = engine._prefill._cache_size()
+  jaxspec.generate(target, [[5, 6, 7, 1]], jaxspec.Speculation(noisy, gamma=2), jaxspec.Sampling(temperature=0.5),
+                   max_new_tokens=6)
+  sizes = placement.compiled_counts()
   # Another prompt of another length in the same bucket, other sampling values and seed: no new compilation.
-  jaxspec.generate(target, [[9, 8, 7, 6, 5, 4, 3, 1]], draft=noisy, gamma=2, max_new_tokens=6, temperature=0.9,
-                   top_k=0, top_p=1.0, seed=5)
-  assert engine._run._cache_size() == size
-  assert engine._prefill._cache_size() == prefill_size
-  assert engine.bucket_length(8, 512) == 16 and engine.bucket_length(17, 512) == 32
+  jaxspec.generate(target, [[9, 8, 7, 6, 5, 4, 3, 1]], jaxspec.Speculation(noisy, gamma=2),
+                   jaxspec.Sampling(temperature=0.9, top_k=0, top_p=1.0), max_new_tokens=6, seed=5)
+  assert placement.compiled_counts() == sizes
+  # A new gamma is a new program: the count above can change.
+  jaxspec.generate(target, [[5, 6, 7, 1]], jaxspec.Speculation(noisy, gamma=7), max_new_tokens=6)
+  assert placement.compiled_counts()[1] > sizes[1]
+  assert arguments.bucket_length(8, 512) == 16 and arguments.bucket_length(17, 512) == 32
 
 
 def test_padded_array_inputs_equal_lists(pair):
@@ -177,18 +180,19 @@ def test_bad_input_is_a_clear_error(pair):
   prompts = [[5, 6, 1]]
   small_vocab = dataclasses.replace(other, config=dataclasses.replace(other.config, vocab_size=50))
   cases = [
-      (dict(draft=small_vocab), "vocabularies differ"),
-      (dict(draft=_with_eos(noisy, 7)), "special ids differ: eos_token_id"),
-      (dict(draft=noisy, gamma=0), "gamma must be an integer >= 1"),
-      (dict(temperature=-0.5), "temperature must be finite and >= 0"),
-      (dict(top_p=0.0), r"top_p must be in \(0, 1\]"),
-      (dict(top_p=1.5), r"top_p must be in \(0, 1\]"),
-      (dict(top_k=-1), "top_k must be an integer >= 0"),
-      (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
+      (lambda: jaxspec.generate(target, prompts, jaxspec.Speculation(small_vocab)), "vocabularies differ"),
+      (lambda: jaxspec.generate(target, prompts, jaxspec.Speculation(_with_eos(noisy, 7))),
+       "special ids differ: eos_token_id"),
+      (lambda: jaxspec.Speculation(noisy, gamma=0), r"gamma must be an integer in \[1, 256\]"),
+      (lambda: jaxspec.Sampling(temperature=-0.5), "temperature must be a finite number >= 0"),
+      (lambda: jaxspec.Sampling(top_p=0.0), r"top_p must be in \(0, 1\]"),
+      (lambda: jaxspec.Sampling(top_p=1.5), r"top_p must be in \(0, 1\]"),
+      (lambda: jaxspec.Sampling(top_k=-1), "top_k must be an integer >= 0"),
+      (lambda: jaxspec.generate(target, prompts, max_new_tokens=0), r"max_new_tokens must be an integer in \[1,"),
   ]
-  for kwargs, message in cases:
-    with pytest.raises(ValueError, match=message):
-      jaxspec.generate(target, prompts, **kwargs)
+  for call, message in cases:
+    with pytest.raises(jaxspec.JaxspecError, match=message):
+      call()
   with pytest.raises(ValueError, match="more than max_input_length=8"):
     jaxspec.generate(target, [list(range(2, 12))], max_input_length=8)
   with pytest.raises(ValueError, match="empty batch"):

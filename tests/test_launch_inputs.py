@@ -183,38 +183,39 @@ def test_generate_all_drops_padding_and_keeps_one_output_per_item(pair):
   target, draft = pair
   ids = [[5, 6, 7, 1], [], [8, 9, 1], [10, 11, 12, 13, 1], []]
   seen = []
-  run = batching.generate_all(target, ids, draft=draft, gamma=2, batch_size=2, max_new_tokens=5, compare=True,
-                              on_batch=lambda idx, texts: seen.append(idx), bar=False)
+  run = batching.generate_all(target, ids, jaxspec.Speculation(draft, gamma=2), batch_size=2, max_new_tokens=5, compare=True, on_batch=lambda idx, texts: seen.append(idx), bar=False)
   assert seen == [[0, 1], [2, 3], [4]]
   assert sorted(run.texts) == [0, 1, 2, 3, 4] and run.texts[1] == run.texts[4] == ""
   assert len(run.stats.generated) == 3  # the real rows only: no padding copies, no empty items
   assert run.tokens == int(run.stats.generated.sum()) and run.identical is True
   assert set(run.compile_s) == {"speculative", "plain"}
-  one = batching.generate_all(target, ids, draft=draft, gamma=2, batch_size=1, max_new_tokens=5, bar=False)
+  one = batching.generate_all(target, ids, jaxspec.Speculation(draft, gamma=2), batch_size=1, max_new_tokens=5, bar=False)
   assert one.texts == run.texts
 
 
-def test_speculation_knobs_reach_the_speculative_calls(pair):
-  """A tuner's choice (schedule and knobs) goes to the speculative calls: the pool in translate.py crashed on the
-  first adaptive choice (generate_all took no such argument)."""
+def test_speculation_settings_reach_the_speculative_calls(pair):
+  """A tuner's choice (a Speculation with a schedule and its values) goes to the speculative calls: the pool in
+  translate.py crashed on the first adaptive choice (generate_all took no such argument)."""
   target, draft = pair
   ids = [[5, 6, 7, 1], [8, 9, 1], [10, 11, 12, 13, 1]]
-  kw = dict(draft=draft, gamma=2, batch_size=2, max_new_tokens=6, compare=True, bar=False)
-  base = batching.generate_all(target, ids, **kw)
-  resting = batching.generate_all(target, ids, speculation=dict(schedule="adaptive", fallback_alpha=1.0,
+  kw = dict(batch_size=2, max_new_tokens=6, compare=True, bar=False)
+  constant = jaxspec.Speculation(draft, gamma=2)
+  base = batching.generate_all(target, ids, constant, **kw)
+  resting = batching.generate_all(target, ids, constant.replace(schedule="adaptive", fallback_alpha=1.0,
                                                                 prior_alpha=0.0, probe_interval=1000), **kw)
   assert resting.texts == base.texts and resting.identical is True
   assert resting.stats.fallback_iterations.sum() == resting.stats.iterations.sum() > 0  # every iteration rested
   assert base.stats.fallback_iterations.sum() == 0
   # The job's summary of a run in which nothing was verified (alpha undefined) says so instead of failing.
-  summary = "\n".join(report.speed_summary(resting, target, draft, 2, 2, 0.0))
+  summary = "\n".join(report.speed_summary(resting, target, constant, jaxspec.Sampling(), 2))
   assert "no draft token was verified" in summary and "identical to plain greedy output: True" in summary
 
 
 def test_sampled_outputs_depend_on_seed_and_index_only(pair):
   target, draft = pair
   ids = [[5 + i, 6, 7, 1] for i in range(5)]
-  kw = dict(draft=draft, gamma=2, max_new_tokens=6, temperature=1.0, seed=3, bar=False)
+  kw = dict(speculation=jaxspec.Speculation(draft, gamma=2), sampling=jaxspec.Sampling(temperature=1.0),
+            max_new_tokens=6, seed=3, bar=False)
   by3 = batching.generate_all(target, ids, batch_size=3, **kw).texts
   by1 = batching.generate_all(target, ids, batch_size=1, **kw).texts
   resumed = batching.generate_all(target, ids, batch_size=3, start=2, **kw).texts

@@ -90,8 +90,7 @@ def _prompts(seed=0):
 def test_greedy_ngram_equals_plain(target, schedule, gamma):
   prompts = _prompts()
   plain = jaxspec.generate(target, prompts, max_new_tokens=20)
-  out = jaxspec.generate(target, prompts, draft=jaxspec.NGramDraft(max_ngram=3), gamma=gamma, max_new_tokens=20,
-                         schedule=schedule)
+  out = jaxspec.generate(target, prompts, jaxspec.Speculation(jaxspec.NGramDraft(max_ngram=3), gamma=gamma, schedule=schedule), max_new_tokens=20)
   np.testing.assert_array_equal(out.tokens, plain.tokens)
   np.testing.assert_array_equal(out.lengths, plain.lengths)
   s = out.stats

@@ -91,5 +91,5 @@ def test_pipeline_end_to_end(corpus, tmp_path):
   assert target.config.d_model == 16 and target.tokenizer.same_as(draft.tokenizer)
   texts = [p.en for p in read_pairs(str(corpus / "test.tsv"))[:4]]
   plain = jaxspec.generate(target, texts, max_new_tokens=12)
-  spec = jaxspec.generate(target, texts, draft=draft, gamma=3, max_new_tokens=12)
+  spec = jaxspec.generate(target, texts, jaxspec.Speculation(draft, gamma=3), max_new_tokens=12)
   np.testing.assert_array_equal(plain.tokens, spec.tokens)

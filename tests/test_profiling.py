@@ -5,7 +5,6 @@ import pytest
 
 import jaxspec
 from jaxspec.bench import profiling
-from jaxspec.decoding.engine import compiled_loop_hlo
 from jaxspec.models import t5
 
 
@@ -51,8 +50,8 @@ def test_profile_of_real_decodes_maps_every_kernel():
   target = _random_model(0, d_model=32, d_ff=64, num_layers=2, num_decoder_layers=2)
   draft = _random_model(1, d_model=16, d_ff=32, num_layers=1, num_decoder_layers=1)
   prompts = [[5, 6, 7, 8, 1]]
-  for kw in ({}, {"draft": draft, "gamma": 3}):
-    hlo = compiled_loop_hlo(target, prompts, max_new_tokens=8, **kw)
+  for kw in ({}, {"speculation": jaxspec.Speculation(draft, gamma=3)}):
+    hlo = jaxspec.lower(target, prompts, max_new_tokens=8, **kw).loop_hlo()
     jaxspec.generate(target, prompts, max_new_tokens=8, **kw)  # compiles
     parts = profiling.loop_time_breakdown(
         lambda kw=kw: jaxspec.generate(target, prompts, max_new_tokens=8, **kw), hlo)

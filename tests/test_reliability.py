@@ -201,16 +201,16 @@ def test_nan_draft_still_gives_valid_exact_tokens(pair):
   target, _ = pair
   nan_draft = dataclasses.replace(target, params=jax.tree.map(lambda x: x * np.nan, target.params))
   plain = jaxspec.generate(target, PROMPTS, max_new_tokens=8)
-  spec = jaxspec.generate(target, PROMPTS, draft=nan_draft, gamma=3, max_new_tokens=8)
+  spec = jaxspec.generate(target, PROMPTS, jaxspec.Speculation(nan_draft, gamma=3), max_new_tokens=8)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)  # every NaN draft token is rejected
-  sampled = jaxspec.generate(target, PROMPTS, draft=nan_draft, gamma=3, max_new_tokens=8, temperature=1.0)
+  sampled = jaxspec.generate(target, PROMPTS, jaxspec.Speculation(nan_draft, gamma=3), jaxspec.Sampling(temperature=1.0), max_new_tokens=8)
   assert sampled.tokens.min() >= 0 and sampled.tokens.max() < target.config.vocab_size
 
 
 def test_nan_target_fails_its_rows_clearly(pair):
   target, noisy = pair
   broken = dataclasses.replace(target, params=jax.tree.map(lambda x: x * np.nan, target.params))
-  for kw in (dict(), dict(draft=noisy, gamma=2, temperature=1.0)):
+  for kw in (dict(), dict(speculation=jaxspec.Speculation(noisy, gamma=2), sampling=jaxspec.Sampling(1.0))):
     with pytest.raises(jaxspec.NonFiniteLogitsError, match=r"rows \[0, 1, 2\]"):
       jaxspec.generate(broken, PROMPTS, max_new_tokens=6, **kw)
     out = jaxspec.generate(broken, PROMPTS, max_new_tokens=6, on_failure="mark", **kw)
@@ -227,7 +227,7 @@ def test_huge_max_new_tokens_is_refused_before_allocating(pair):
 
 def test_per_row_seeds_make_rows_independent_of_their_batch(pair):
   target, noisy = pair
-  kw = dict(draft=noisy, gamma=2, max_new_tokens=10, temperature=1.0)
+  kw = dict(speculation=jaxspec.Speculation(noisy, gamma=2), sampling=jaxspec.Sampling(1.0), max_new_tokens=10)
   alone = [jaxspec.generate(target, [p], seed=[100 + i], **kw).tokens[0] for i, p in enumerate(PROMPTS)]
   together = jaxspec.generate(target, PROMPTS, seed=[100, 101, 102], **kw).tokens
   padded = jaxspec.generate(target, PROMPTS + [PROMPTS[0]] * 3, seed=[100, 101, 102, 7, 8, 9], **kw).tokens
@@ -258,18 +258,35 @@ def test_bad_inputs_name_the_argument(pair, inputs, message):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(temperature="1.0"), "temperature must be"), (dict(temperature=True), "temperature must be"),
     (dict(seed=None), "seed must be an integer"), (dict(seed=-1), r"seed must be an integer in \[0, 2147483647\]"),
     (dict(seed=2**32), "seed must be an integer in"), (dict(seed=[1, 2]), "seed has 2 entries for a batch of 1"),
     (dict(seed=[1.5]), r"seed\[0\] must be an integer"), (dict(seed="7"), "seed must be an integer or a sequence"),
-    (dict(gamma=True), "gamma must be an integer"), (dict(top_k=True), "top_k must be an integer"),
-    (dict(top_p=True), "top_p must be in"), (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
+    (dict(max_new_tokens=2**63), r"max_new_tokens must be an integer in \[1, 16777216\]"),
     (dict(on_failure="ignore"), "on_failure must be"), (dict(max_input_length=0), "max_input_length must be"),
+    (dict(sampling=dict(temperature=1.0)), "sampling must be a jaxspec.Sampling"),
 ])
-def test_bad_knobs_name_the_argument(pair, kwargs, message):
+def test_bad_arguments_name_the_argument(pair, kwargs, message):
   target, noisy = pair
-  with pytest.raises(ValueError, match=message):
-    jaxspec.generate(target, [[5, 1]], draft=noisy, max_new_tokens=kwargs.pop("max_new_tokens", 2), **kwargs)
+  with pytest.raises(jaxspec.SettingsError, match=message):
+    jaxspec.generate(target, [[5, 1]], jaxspec.Speculation(noisy), max_new_tokens=kwargs.pop("max_new_tokens", 2),
+                     **kwargs)
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: jaxspec.Sampling(temperature="1.0"), "temperature must be"),
+    (lambda d: jaxspec.Sampling(temperature=True), "temperature must be"),
+    (lambda d: jaxspec.Sampling(temperature=float("nan")), "temperature must be a finite"),
+    (lambda d: jaxspec.Sampling(top_k=True), "top_k must be an integer"),
+    (lambda d: jaxspec.Sampling(top_p=True), "top_p must be in"), (lambda d: jaxspec.Sampling(top_p=0), "top_p"),
+    (lambda d: jaxspec.Speculation(d, gamma=True), "gamma must be an integer"),
+    (lambda d: jaxspec.Speculation(d, gamma=0), "gamma must be an integer"),
+    (lambda d: jaxspec.Speculation(None), "draft must be a jaxspec.Model"),
+])
+def test_settings_check_themselves(pair, make, message):
+  """Sampling and Speculation refuse a bad value when made, with one SettingsError naming the field."""
+  with pytest.raises(jaxspec.SettingsError, match=message):
+    make(pair[1])
 
 
 def test_not_a_model_is_a_clear_error(pair):
@@ -277,4 +294,4 @@ def test_not_a_model_is_a_clear_error(pair):
   with pytest.raises(ValueError, match="jaxspec.Model"):
     jaxspec.generate("ende-target", [[5, 1]])
   with pytest.raises(ValueError, match="jaxspec.Model"):
-    jaxspec.generate(target, [[5, 1]], draft="ende-draft")
+    jaxspec.generate(target, [[5, 1]], jaxspec.Speculation("ende-draft"))

@@ -19,6 +19,8 @@ import pytest
 import torch
 
 from jaxspec.decoding import adaptive, loop, ngram, sampling, verify
+from jaxspec.decoding.drafter import PlainDrafter
+from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models import t5
 
 from stub_models import MarkovDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp
@@ -41,10 +43,13 @@ def _markov_params(seed, scale=2.0):
 
 
 def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=ROWS,
-         decoder=MarkovDecoder(), draft_decoder=None, input_ids=None, schedule="constant", spec=None, group=None):
+         decoder=MarkovDecoder(), drafter=None, input_ids=None, schedule="constant", spec=None, group=None):
   """Samples `rows` outputs: one batch, or with `group`, rows // group batches of `group` rows decoded side by side
-  (vmapped), so that batch-wide decisions (fallback, the adaptive length) are taken by small batches."""
-  settings = loop.LoopSettings(target=decoder, draft=(draft_decoder or decoder) if gamma else None, gamma=gamma,
+  (vmapped), so that batch-wide decisions (fallback, the adaptive length) are taken by small batches. drafter:
+  None drafts with `decoder` (a model drafter of the target's kind) when gamma > 0."""
+  if drafter is None:
+    drafter = ModelDrafter(decoder) if gamma else PlainDrafter()
+  settings = loop.LoopSettings(target=decoder, drafter=drafter, gamma=gamma,
                                max_new_tokens=LENGTH, greedy=False, filtering=top_k > 0 or top_p < 1,
                                eos_ids=(EOS,), pad_id=0, schedule=schedule)
   ids = jnp.ones((rows, 4), jnp.int32) if input_ids is None else input_ids
@@ -146,7 +151,7 @@ def _lookup_inputs(kind: str, rows=ROWS, width=6):
 def test_lossless_with_ngram_draft(schedule, gamma, inputs):
   """Prompt lookup: q is one-hot on each proposal (accepted with probability p(x), residual p without x)."""
   target = _markov_params(0, scale=1.0)
-  samples, state = _run(target, None, gamma, draft_decoder=ngram.NGramDraft(max_ngram=2),
+  samples, state = _run(target, None, gamma, drafter=ngram.NGramDraft(max_ngram=2),
                         input_ids=_lookup_inputs(inputs), schedule=schedule,
                         spec=ADAPTIVE_KNOBS if schedule != "constant" else None)
   _assert_matches(samples, _markov_exact(target))
@@ -163,7 +168,7 @@ def test_a_broken_rule_is_caught(monkeypatch, drafter):
     target, draft = _markov_params(0, scale=1.0), None
     # Fixed inputs: with proposals spread evenly over the vocabulary (random inputs), drawing from p after
     # rejecting a one-hot proposal happens to leave the marginal unbiased.
-    kw = dict(draft_decoder=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"))
+    kw = dict(drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"))
   exact = _markov_exact(target)
   jax.clear_caches()
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
@@ -248,7 +253,7 @@ def test_lossless_with_real_tiny_t5_pair():
   with jax.numpy_rank_promotion("allow"):  # the T5 model's code is not rank-strict
     exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, EOS, START)
     samples, state = _run(tparams, dparams, gamma=2, temperature=temperature, decoder=t5.T5Decoder(tcfg),
-                          draft_decoder=t5.T5Decoder(dcfg), input_ids=jnp.tile(prompt, (ROWS, 1)))
+                          drafter=ModelDrafter(t5.T5Decoder(dcfg)), input_ids=jnp.tile(prompt, (ROWS, 1)))
   _assert_matches(samples, exact)
   assert int(state.stats.accepted.sum()) > 0  # the draft's tokens were really used
 

@@ -166,7 +166,7 @@ def test_a_draft_on_a_mesh_needs_its_target_there_too():
   assert sharding.mesh_of(placed.params) == mesh and sharding.mesh_of(draft.params) is None
   assert dict(sharding.rules_of(placed))["heads"] is None  # Size-1 axes split nothing.
   with pytest.raises(ValueError, match="target is not"):
-    jaxspec.generate(target, [[5, 6]], draft=placed, max_new_tokens=4)
+    jaxspec.generate(target, [[5, 6]], jaxspec.Speculation(placed), max_new_tokens=4)
 
 
 # Tokens on every mesh, every family (8 simulated devices).
@@ -256,9 +256,11 @@ def distributed(tmp_path_factory, workers):
   procs = [Worker(tmp, f"process{i}", "distributed", ",".join(dirs), str(port), str(i)) for i in range(2)]
   rows = sharding_worker.prompts(cfg.vocab_size)
   target, draft = (jaxspec.load(d, dtype=jnp.float32) for d in dirs)
-  reference = {"greedy": jaxspec.generate(target, rows, draft=draft, **sharding_worker.KW).tokens.tolist(),
-               "sampled": jaxspec.generate(target, rows, draft=draft, temperature=1.0, seed=[1, 2, 3, 4, 5],
-                                           **sharding_worker.KW).tokens.tolist()}
+  reference = {"greedy": jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=sharding_worker.GAMMA),
+                                               **sharding_worker.KW).tokens.tolist(),
+               "sampled": jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=sharding_worker.GAMMA),
+                                                jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5],
+                                                **sharding_worker.KW).tokens.tolist()}
   return [p.result() for p in procs], reference
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import adaptive, engine, loop, sampling
+from jaxspec.decoding import placement
 from jaxspec.models import t5
 from test_adaptive import _ragged_eos
 
@@ -28,18 +28,20 @@ def pair():
   return jaxspec.Model(cfg, params, name="target"), jaxspec.Model(cfg, jax.tree.unflatten(treedef, noise))
 
 
-@pytest.mark.parametrize("kw", [
-    dict(),  # plain decoding
-    dict(gamma=3),
-    dict(gamma=2, temperature=0.9, top_k=10, seed=4),
-    dict(gamma=4, schedule="adaptive", draft_confidence=0.3, fallback_alpha=0.5, probe_interval=2),
-    dict(gamma=3, draft="ngram"),
+@pytest.mark.parametrize("spec,kw", [
+    (None, dict()),  # plain decoding
+    (dict(gamma=3), dict()),
+    (dict(gamma=2), dict(sampling=jaxspec.Sampling(0.9, top_k=10), seed=4)),
+    (dict(gamma=4, schedule="adaptive", draft_confidence=0.3, fallback_alpha=0.5, probe_interval=2), dict()),
+    (dict(gamma=3, draft="ngram"), dict()),
 ])
-def test_chunks_are_the_output_in_order(pair, kw):
+def test_chunks_are_the_output_in_order(pair, spec, kw):
   target, draft = pair
-  kw = dict(kw)
-  if "gamma" in kw:
-    kw["draft"] = jaxspec.NGramDraft() if kw.get("draft") == "ngram" else draft
+  gamma = 0
+  if spec is not None:
+    spec = dict(spec, draft=jaxspec.NGramDraft() if spec.get("draft") == "ngram" else draft)
+    gamma = spec["gamma"]
+    kw = dict(kw, speculation=jaxspec.Speculation(**spec))
   chunks = []
   out = jaxspec.generate(target, PROMPTS, max_new_tokens=15, on_tokens=chunks.append, **kw)
   assert [c.iteration for c in chunks] == list(range(len(chunks)))
@@ -47,7 +49,7 @@ def test_chunks_are_the_output_in_order(pair, kw):
   assert all(later.time >= earlier.time for earlier, later in zip(chunks, chunks[1:]))
   streamed = [[] for _ in PROMPTS]
   for c in chunks:
-    assert c.tokens.shape == (len(PROMPTS), kw.get("gamma", 0) + 1) and c.counts.shape == (len(PROMPTS),)
+    assert c.tokens.shape == (len(PROMPTS), gamma + 1) and c.counts.shape == (len(PROMPTS),)
     for row, new in enumerate(c.rows()):
       streamed[row] += new
   for row, tokens in enumerate(streamed):
@@ -57,12 +59,8 @@ def test_chunks_are_the_output_in_order(pair, kw):
 
 def _callback_targets(target, draft, stream: bool) -> set:
   """The host-callback custom calls in the compiled loop, streaming or not."""
-  settings, ids, lengths = engine._prepare(target, PROMPTS, draft, 3, 8, 0.0, 0, 1.0, 512, "constant", stream)
-  tc, dc, first = engine._prefill(settings, target.params, draft.params, ids, lengths)
-  hlo = jax.jit(loop.run, static_argnums=0).lower(
-      settings, target.params, draft.params, tc, dc, first, sampling.SamplingKnobs.create(0.0, 0, 1.0),
-      np.zeros((len(PROMPTS),), np.uint32), np.arange(len(PROMPTS), dtype=np.int32),
-      adaptive.SpeculationKnobs.create(), np.int32(1)).compile().as_text()
+  hlo = jaxspec.lower(target, PROMPTS, jaxspec.Speculation(draft, gamma=3), max_new_tokens=8,
+                      on_tokens=print if stream else None).loop_hlo()
   return {t for t in re.findall(r'custom_call_target="([^"]+)"', hlo) if "callback" in t}
 
 
@@ -74,16 +72,17 @@ def test_no_callback_is_compiled_without_on_tokens(pair):
 
 def test_a_new_callback_does_not_recompile_and_its_errors_surface(pair):
   target, draft = pair
-  jaxspec.generate(target, PROMPTS, draft=draft, gamma=2, max_new_tokens=8, on_tokens=lambda c: None)
-  size = engine._run._cache_size()
+  jaxspec.generate(target, PROMPTS, jaxspec.Speculation(draft, gamma=2), max_new_tokens=8, on_tokens=lambda c: None)
+  sizes = placement.compiled_counts()
   seen = []
-  jaxspec.generate(target, PROMPTS, draft=draft, gamma=2, max_new_tokens=8, on_tokens=lambda c: seen.append(c))
-  assert engine._run._cache_size() == size and seen
+  jaxspec.generate(target, PROMPTS, jaxspec.Speculation(draft, gamma=2), max_new_tokens=8,
+                   on_tokens=lambda c: seen.append(c))
+  assert placement.compiled_counts() == sizes and seen
 
   def broken(chunk):
     raise KeyError("from the callback")
 
   with pytest.raises(KeyError, match="from the callback"):
-    jaxspec.generate(target, PROMPTS, draft=draft, gamma=2, max_new_tokens=8, on_tokens=broken)
+    jaxspec.generate(target, PROMPTS, jaxspec.Speculation(draft, gamma=2), max_new_tokens=8, on_tokens=broken)
   with pytest.raises(ValueError, match="on_tokens must be a callable"):
     jaxspec.generate(target, PROMPTS, on_tokens="print")

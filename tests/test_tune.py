@@ -33,7 +33,7 @@ def models(tmp_path_factory):
 
 def _row(speedup, draft="d", gamma=2, schedule="constant", temperature=0.0, batch=1):
   return {"draft": draft, "gamma": gamma, "schedule": schedule, "temperature": temperature, "batch": batch,
-          "knobs": {"draft_cost": 0.1} if schedule == "adaptive" else {}, "speedup": speedup, "alpha": 0.5,
+          "speculation": {"draft_cost": 0.1} if schedule == "adaptive" else {}, "speedup": speedup, "alpha": 0.5,
           "plain_ms_per_token": 2.0, "spec_ms_per_token": 2.0 / speedup, "tokens_per_iteration": 1.5,
           "mean_draft_length": gamma, "c": 0.1, "r": 1.5, "expected_speedup_with_r": 1.0}
 
@@ -42,22 +42,23 @@ def test_choice_is_the_fastest_row_or_plain_decoding():
   rows = [_row(1.30, "a", 2), _row(1.45, "a", 3, "adaptive"), _row(0.90, "b", 2),
           _row(1.01, "a", 2, batch=4), _row(0.70, "b", 3, batch=4),
           _row(0.95, "a", 2, temperature=1.0)]
-  best = tune.choose(rows)
+  drafts = {"a": jaxspec.NGramDraft(), "b": jaxspec.NGramDraft(2)}
+  best = tune.choose(rows, drafts)
   assert sorted(best) == [(0.0, 1), (0.0, 4), (1.0, 1)]
   top = best[(0.0, 1)]
-  assert (top.draft, top.gamma, top.schedule, top.speedup) == ("a", 3, "adaptive", 1.45)
+  s = top.speculation  # the choice is a Speculation, passed to generate as it is
+  assert (top.draft_name, s.draft, s.gamma, s.schedule, s.draft_cost, top.speedup) == (
+      "a", drafts["a"], 3, "adaptive", 0.1, 1.45)
   assert "1.45x" in top.why and "next: a constant gamma 2 1.30x" in top.why
-  drafts = {"a": jaxspec.NGramDraft(), "b": jaxspec.NGramDraft(2)}
-  assert top.generate_kwargs(drafts) == dict(draft=drafts["a"], gamma=3, schedule="adaptive", draft_cost=0.1)
   for key in ((0.0, 4), (1.0, 1)):  # 1.01x is within noise of plain (MIN_SPEEDUP); 0.95x loses
-    assert best[key].draft is None and best[key].generate_kwargs(drafts) == {}
+    assert best[key].speculation is None and best[key].draft_name is None
     assert "no variant" in best[key].why
-  assert tune.choose(rows, min_speedup=1.0)[(0.0, 4)].draft == "a"
+  assert tune.choose(rows, drafts, min_speedup=1.0)[(0.0, 4)].draft_name == "a"
 
 
-def test_adaptive_knobs_come_from_theorem_3_8():
+def test_adaptive_fields_come_from_theorem_3_8():
   for c, r, gamma in ((0.05, 1.0, 4), (0.1, 2.0, 3), (0.0, 1.6, 2), (0.3, 2.5, 8)):
-    knobs = tune.adaptive_knobs(c, r, gamma)
+    knobs = tune.adaptive_fields(c, r, gamma)
     assert knobs["draft_cost"] == pytest.approx(c / r)
     a = knobs["fallback_alpha"]
     best = lambda x: max(jaxspec.expected_speedup(x, k, c, r) for k in range(1, gamma + 1))
@@ -68,12 +69,12 @@ def test_adaptive_knobs_come_from_theorem_3_8():
   assert tune.break_even_alpha(0.1, 2.0, 3) > tune.break_even_alpha(0.1, 1.2, 3)  # costlier verify, higher bar
   # With the draft's measured alpha: a paying draft rests only NOISE_MARGIN below it; a losing one as before.
   c, r, gamma = 0.2, 2.1, 3
-  plain_rule = tune.adaptive_knobs(c, r, gamma)["fallback_alpha"]
-  paying = tune.adaptive_knobs(c, r, gamma, alpha=0.87)
+  plain_rule = tune.adaptive_fields(c, r, gamma)["fallback_alpha"]
+  paying = tune.adaptive_fields(c, r, gamma, alpha=0.87)
   assert paying["prior_alpha"] == 0.87 and tune.break_even_alpha(c, r, gamma) < 0.87
   assert paying["fallback_alpha"] == pytest.approx(min(plain_rule, 0.87 - tune.NOISE_MARGIN))
   assert paying["fallback_alpha"] < plain_rule
-  losing = tune.adaptive_knobs(c, r, gamma, alpha=0.5)
+  losing = tune.adaptive_fields(c, r, gamma, alpha=0.5)
   assert losing["fallback_alpha"] == plain_rule > losing["prior_alpha"]  # starts below it: rests at once
 
 
@@ -109,13 +110,13 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
       assert r["alpha"] == pytest.approx(1.0, abs=1e-5)  # a block and a step may round apart at temperature 1
     if r["draft"] == "ngram":
       assert r["c"] == 0.0 and r["draft_step_ms"] == 0.0
+    fields = r["speculation"]
     if r["schedule"] == "adaptive":
-      assert {"draft_cost", "fallback_alpha"} <= set(r["knobs"]) <= {"draft_cost", "fallback_alpha", "prior_alpha"}
-      assert 0 <= r["knobs"]["fallback_alpha"] <= 1
+      assert fields["draft_cost"] is not None and 0 <= fields["fallback_alpha"] <= 1
       if r["draft"] == same:  # calibrated on the inputs: the target as its own draft is always accepted
-        assert r["knobs"]["prior_alpha"] == pytest.approx(1.0, abs=1e-5)
-    else:
-      assert r["knobs"] == {}
+        assert fields["prior_alpha"] == pytest.approx(1.0, abs=1e-5)
+    else:  # constant: the Speculation's defaults
+      assert fields["draft_cost"] is None and fields["fallback_alpha"] == 0 and fields["prior_alpha"] == 1
   assert sorted(result["best"]) == ["T=0,batch=2", "T=1,batch=2"]
   for choice in result["best"].values():
     assert choice["draft"] in (None, same, "ngram") and choice["why"]

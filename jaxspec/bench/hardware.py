@@ -37,7 +37,7 @@ def loop_overhead(target, draft, gamma: int, step: dict, repeats: int) -> dict:
   ids = np.random.RandomState(0).randint(3, 32000, size=(1, 24)).tolist()
   row = {}
   for name, d in (("plain", None), ("speculative", draft)):
-    run = lambda d=d: jaxspec.generate(target, ids, draft=d, gamma=gamma, max_new_tokens=64)
+    run = lambda d=d: jaxspec.generate(target, ids, jaxspec.Speculation(d, gamma=gamma), max_new_tokens=64)
     out = run()  # Compilation (and the iteration counts: greedy, so every call does the same).
     seconds = timing.median_time(run, repeats, warmup=0)
     it = int(out.stats.iterations.sum())

@@ -16,7 +16,8 @@ from typing import Sequence
 
 import jaxspec
 from jaxspec.bench import profiling
-from jaxspec.cli.batching import MAX_INPUT_LENGTH, bucket_length
+from jaxspec.decoding.arguments import bucket_length
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.cli.outputs import markdown_table, progress
 
 HEADER = ["gamma", "iterations", "wall ms/iter", "target", "draft", "loop kernels", "idle", "models' share",
@@ -55,14 +56,14 @@ def _row(g, parts, outs, rounds, plain):
 
 
 def profile_sweep(target, draft, batches: list[list[list[int]]], gammas: Sequence[int], rounds: int,
-                  **knobs) -> list[dict]:
+                  sampling: jaxspec.Sampling | None = None, max_new_tokens: int = 64) -> list[dict]:
   """One row per gamma (0 = plain, always first: the reference target step); see the module docstring."""
-  from jaxspec.decoding.engine import compiled_loop_hlo
   gammas = [0] + [g for g in gammas if g]
   configs = {}
   for g in gammas:
-    kw = dict(knobs, **({"draft": draft, "gamma": g} if g else {}))
-    hlo = compiled_loop_hlo(target, batches[0], **kw)  # Every batch has the same bucket: one program.
+    kw = dict(speculation=jaxspec.Speculation(draft, gamma=g) if g else None, sampling=sampling,
+              max_new_tokens=max_new_tokens)
+    hlo = jaxspec.lower(target, batches[0], **kw).loop_hlo()  # Every batch has the same bucket: one program.
     configs[g] = (kw, hlo, [jaxspec.generate(target, b, **kw) for b in batches])  # Warm-up, iteration counts.
   # Rounds of one profile per configuration, summed: slow spells of the machine fall on all of them alike.
   totals = {g: collections.Counter() for g in gammas}

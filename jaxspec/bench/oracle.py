@@ -28,7 +28,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding import loop, sampling
+from jaxspec.decoding import loop, placement, sampling
+from jaxspec.decoding.drafter import PlainDrafter
+from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models.contract import Decoder
 
 BIG = 1e9  # Above any real logit: the proposed token's logit (or minus it for a rejected position).
@@ -96,24 +98,20 @@ class OracleDecoder:
 
 def plain_settings(target: Decoder, max_new_tokens: int) -> loop.LoopSettings:
   """Greedy plain decoding that never stops early (no EOS id), as the oracle's benchmarks run it."""
-  return loop.LoopSettings(target=target, draft=None, gamma=0, max_new_tokens=max_new_tokens, greedy=True,
-                           filtering=False, eos_ids=(-1,), pad_id=0)
+  return loop.LoopSettings(target=target, drafter=PlainDrafter(), gamma=0, max_new_tokens=max_new_tokens,
+                           greedy=True, filtering=False, eos_ids=(-1,), pad_id=0)
 
 
 def oracle_settings(target: Decoder, draft: OracleDecoder, gamma: int, max_new_tokens: int) -> loop.LoopSettings:
   """Greedy speculative decoding with the oracle draft, no EOS id (every row runs max_new_tokens)."""
-  return dataclasses.replace(plain_settings(target, max_new_tokens), draft=draft, gamma=gamma)
-
-
-_prefill = jax.jit(loop.prefill, static_argnums=0)
-_run = jax.jit(loop.run, static_argnums=0, donate_argnums=(3, 4))  # As the engine runs it.
+  return dataclasses.replace(plain_settings(target, max_new_tokens), drafter=ModelDrafter(draft), gamma=gamma)
 
 
 def decode(settings: loop.LoopSettings, target_params, draft_params, ids: jax.Array, lengths: jax.Array):
   """Prefill and loop as `jaxspec.generate` runs them; returns the final `LoopState` (blocked on)."""
   batch = ids.shape[0]
-  target_cache, draft_cache, first = _prefill(settings, target_params, draft_params, ids, lengths)
-  state = _run(settings, target_params, draft_params, target_cache, draft_cache, first,
+  target_cache, draft_cache, first = placement.PREFILL(settings, target_params, draft_params, ids, lengths)
+  state = placement.RUN(settings, target_params, draft_params, target_cache, draft_cache, first,
                sampling.SamplingKnobs.create(0.0, 0, 1.0), jnp.zeros((batch,), jnp.uint32),
                jnp.arange(batch, dtype=jnp.int32))
   return jax.block_until_ready(state)

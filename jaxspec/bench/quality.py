@@ -14,7 +14,9 @@ import time
 
 import numpy as np
 
-from jaxspec.cli.batching import MAX_INPUT_LENGTH, generate_all
+import jaxspec
+from jaxspec.cli.batching import generate_all
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.data.ende import by_domain, evenly_spaced
 from jaxspec.cli.inputs import encode_texts
 from jaxspec.cli.outputs import markdown_table
@@ -52,9 +54,11 @@ def scores(hyps: list[str], refs: list[str], domains: np.ndarray) -> dict:
 
 
 def evaluate_pair(target, draft, pairs, *, natural_only: bool = False, limit: int = 0, limit_per_domain: int = 0,
-                  gamma: int = 3, decoders: tuple[str, ...] = DECODERS, **kw) -> dict:
+                  gamma: int = 3, sampling: jaxspec.Sampling | None = None, decoders: tuple[str, ...] = DECODERS,
+                  **kw) -> dict:
   """{"pairs", "pairs_per_domain", "machine", and per decoder: {bleu, chrf, per domain, seconds, ...},
-  "speculative_identical_to_target"}. decoders: a subset of DECODERS (speculative needs target's outputs)."""
+  "speculative_identical_to_target"}. decoders: a subset of DECODERS (speculative needs target's outputs);
+  kw: `generate_all`'s batch_size, max_new_tokens, max_input_length, seed, bar."""
   pairs = select_pairs(pairs, natural_only=natural_only, limit=limit, limit_per_domain=limit_per_domain)
   refs = [p.de for p in pairs]
   domains = np.array([p.domain for p in pairs])
@@ -63,12 +67,12 @@ def evaluate_pair(target, draft, pairs, *, natural_only: bool = False, limit: in
   results = {"pairs": len(pairs), "pairs_per_domain": {d: int((domains == d).sum()) for d in dict.fromkeys(domains)},
              "machine": platform.processor() or platform.machine()}
   outputs = {}
-  for name, model, spec in (("target", target, {}), ("draft", draft, {}),
-                            ("speculative", target, {"draft": draft, "gamma": gamma})):
+  speculation = None if draft is None else jaxspec.Speculation(draft, gamma=gamma)
+  for name, model, spec in (("target", target, None), ("draft", draft, None), ("speculative", target, speculation)):
     if name not in decoders:
       continue
     start = time.time()
-    run = generate_all(model, ids, desc=name, **spec, **kw)
+    run = generate_all(model, ids, spec, sampling, desc=name, **kw)
     hyps = outputs[name] = [run.texts[i] for i in range(len(pairs))]
     entry = {**scores(hyps, refs, domains), "seconds": time.time() - start}
     if spec:

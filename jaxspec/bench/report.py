@@ -212,9 +212,11 @@ def _costs(target, draft, gamma: int, batch: int) -> dict:
   return {"c": 0.0, "r": r, "c_alternating": 0.0}
 
 
-def speed_summary(run, target, draft, gamma: int, batch_size: int, temperature: float) -> list[str]:
+def speed_summary(run, target, speculation: jaxspec.Speculation | None, sampling: jaxspec.Sampling,
+                  batch_size: int) -> list[str]:
   """Lines of translate.py's / generate.py's summary of a `batching.generate_all` run (compare=True for speeds)."""
-  stats = run.stats
+  stats, temperature = run.stats, sampling.temperature
+  draft, gamma = (None, 0) if speculation is None else (speculation.draft, speculation.gamma)
   lines = [f"== summary: {int(stats.generated.sum())} tokens, batch {batch_size}, temperature {temperature} ==",
            "compile + first call, summed over the prompt-length buckets seen: "
            + ", ".join(f"{k} {v:.1f} s" for k, v in run.compile_s.items())]

@@ -1,7 +1,7 @@
 """The benchmark sweep: plain decoding and speculative variants over (batch size, temperature), timed side by side.
 
 A `Variant` is one speculative decoder: a named draft (a model or a `jaxspec.NGramDraft`), gamma and schedule,
-with runtime knobs that may depend on the costs measured in the same run (`knobs`). For every (batch size,
+whose `jaxspec.Speculation` may take values from the costs measured in the same run (`speculation`). For every (batch size,
 temperature, variant): alpha, tau, tokens per iteration, acceptance per draft position, draft lengths, wall time
 per generated token of plain and speculative decoding (medians over interleaved passes after a warm-up pass that
 includes compilation, timed apart), tokens/s, latency percentiles per sequence (every row of a batch waits for the
@@ -22,7 +22,8 @@ import numpy as np
 
 import jaxspec
 from jaxspec.bench import costs, timing
-from jaxspec.cli.batching import MAX_INPUT_LENGTH, bucket_length
+from jaxspec.decoding.arguments import bucket_length
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.cli.outputs import progress
 
 
@@ -32,7 +33,18 @@ class Variant:
 
   draft: str  # a key of the sweep's drafts
   gamma: int
-  schedule: str = "constant"  # jaxspec.generate's schedule
+  schedule: str = "constant"  # Speculation.schedule
+
+  def speculation(self, drafts: dict, **fields) -> jaxspec.Speculation:
+    """This variant's Speculation with drafts[self.draft]; fields: its other values (draft_cost, ...)."""
+    return jaxspec.Speculation(drafts[self.draft], gamma=self.gamma, schedule=self.schedule, **fields)
+
+
+def speculation_fields(speculation: jaxspec.Speculation) -> dict:
+  """A Speculation's values but the draft, for a JSON row (rebuilt with `Variant.speculation(drafts, **fields)`
+  minus gamma and schedule)."""
+  return {f.name: getattr(speculation, f.name) for f in dataclasses.fields(speculation)
+          if f.name not in ("draft", "gamma", "schedule")}
 
 
 def fixed_batches(ids: Sequence[list[int]], batch: int) -> list[list[list[int]]]:
@@ -61,24 +73,26 @@ def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, bucke
 
   def probe():
     """c and r per draft and gamma (one interleaved round of `cost_table`) and the encoders' times, in isolation."""
-    costs = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
+    table = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
              for n, d in models.items()}
-    costs.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
+    table.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
     encoder_s = {n: {"target": costs.encoder_time(target, batch, n, repeats=repeats),
                      **{m: costs.encoder_time(d, batch, n, repeats=repeats) for m, d in models.items()}}
                  for n in sorted(set(buckets))}
-    return {"costs": costs, "encoder_s": encoder_s}
+    return {"costs": table, "encoder_s": encoder_s}
   return probe
 
 
-def _acceptance(target, drafts: dict, variants: Sequence[Variant], batches: list, kw: dict) -> dict:
+def _acceptance(target, drafts: dict, variants: Sequence[Variant], batches: list, sampling: jaxspec.Sampling,
+                kw: dict) -> dict:
   """{(draft name, gamma): alpha} for each adaptive variant: the draft's acceptance with constant gamma over
-  every batch (None when nothing was drafted), the calibration its knobs start from (prior_alpha). The same
+  every batch (None when nothing was drafted), the calibration its Speculation starts from (prior_alpha). The same
   inputs are then timed: in a tune table adaptive starts from the inputs' own rate (translate.py's pool
   calibrates on its first inputs and decodes the rest)."""
   out = {}
   for key in sorted({(v.draft, v.gamma) for v in variants if v.schedule == "adaptive"}):
-    stats = [jaxspec.generate(target, b, draft=drafts[key[0]], gamma=key[1], **kw).stats for b in batches]
+    spec = jaxspec.Speculation(drafts[key[0]], gamma=key[1])
+    stats = [jaxspec.generate(target, b, spec, sampling, **kw).stats for b in batches]
     alpha = jaxspec.DecodeStats.concatenate(stats).alpha
     out[key] = None if np.isnan(alpha) else alpha
   return out
@@ -112,7 +126,7 @@ def _texts(passes: timing.Passes, n: int) -> list[str] | None:
   return [t for o in outs for t in o.texts][:n]
 
 
-def _row(temp, batch, v: Variant, knobs: dict, plain: timing.Passes, spec: timing.Passes, cg: dict, encoder_s,
+def _row(temp, batch, v: Variant, fields: dict, plain: timing.Passes, spec: timing.Passes, cg: dict, encoder_s,
          buckets, real: list[int], keep_tokens: bool = False) -> dict:
   tokens = sum(int(o.lengths.sum()) for o in spec.outputs)  # padding rows included: they were decoded too
   plain_tokens = sum(int(o.lengths.sum()) for o in plain.outputs)
@@ -137,7 +151,7 @@ def _row(temp, batch, v: Variant, knobs: dict, plain: timing.Passes, spec: timin
   if keep_tokens and temp == 0:  # plain decoding's new tokens per real input, in input order (EOS included)
     extra["plain_token_ids"] = [o.tokens[i, :o.lengths[i]].tolist() for o, n in zip(plain.outputs, real)
                                 for i in range(n)]
-  return {"draft": v.draft, "schedule": v.schedule, "knobs": knobs, "temperature": temp, "batch": batch, "gamma": g,
+  return {"draft": v.draft, "schedule": v.schedule, "speculation": fields, "temperature": temp, "batch": batch, "gamma": g,
           "alpha": alpha, "alpha_per_row": np.round(stats.alpha_per_row, 4).tolist(),
           "tokens_per_iteration": stats.tokens_per_iteration,
           "tau": float(stats.accepted.sum() / max(stats.iterations.sum(), 1)),  # accepted drafts per iteration
@@ -170,18 +184,19 @@ def _row(temp, batch, v: Variant, knobs: dict, plain: timing.Passes, spec: timin
 
 def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[list[int]],
             temperatures: Sequence[float], batch_sizes: Sequence[int], repeats: int, max_new: int,
-            knobs: Callable[[Variant, dict], dict] | None = None, sampling: dict | None = None, itl: bool = False,
+            speculation: Callable[[Variant, dict], jaxspec.Speculation] | None = None, top_k: int = 0,
+            top_p: float = 1.0, itl: bool = False,
             score: Callable[[list[str]], dict] | None = None, verbose: bool = True, probe_repeats: int = 5,
             keep_tokens: bool = False) -> list[dict]:
   """One row per (batch size, temperature, variant); see the module docstring.
 
   Args:
     drafts: {name: jaxspec.Model or jaxspec.NGramDraft}; each variant names one.
-    knobs: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes, with "alpha": the
-      draft's acceptance at the variant's gamma, constant schedule, over the inputs; None when nothing was
-      drafted) -> more keyword arguments of its generate calls (e.g. schedule="adaptive"'s draft_cost,
-      fallback_alpha and prior_alpha).
-    sampling: more keyword arguments of every generate call (top_k, top_p).
+    speculation: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes, with
+      "alpha": the draft's acceptance at the variant's gamma, constant schedule, over the inputs; None when
+      nothing was drafted) -> the variant's Speculation (e.g. schedule="adaptive" with draft_cost,
+      fallback_alpha and prior_alpha from the costs); None: `Variant.speculation(drafts)`.
+    top_k, top_p: every pass's sampling filters (with each temperature).
     score: texts of the real inputs, in order -> quality scores (rows get "quality" and "plain_quality").
     verbose: print one line per row.
     probe_repeats: timed calls (of n calls each) per cost measurement in a probe; 1 for models whose step takes
@@ -201,20 +216,21 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
     buckets = [bucket_length(max(len(r) for r in b), MAX_INPUT_LENGTH) for b in batches]
     common = max(set(buckets), key=buckets.count)
     probe = _probe(target, drafts, gammas, batch, buckets, probe_repeats)
-    cached = [probe()]  # compiles the probe; the knobs of adaptive variants come from it
+    cached = [probe()]  # compiles the probe; adaptive variants take values from it
     first = cached[0]["costs"]
     # interleaved_passes calls the probe once more before its warm-ups only to compile it: the first time, the
     # probe above has done that (later temperatures recompile: the caches are cleared after each group).
     def compiled_probe():
       return cached.pop() if cached else probe()
     for temp in temperatures:
-      kw = dict(max_new_tokens=max_new, temperature=temp, seed=0, **(sampling or {}))
-      seen = _acceptance(target, drafts, variants, batches, kw) if knobs else {}
-      extra = {v: dict(knobs(v, dict(first[v.draft][v.gamma], alpha=seen.get((v.draft, v.gamma)))) if knobs else {},
-                       **({"schedule": v.schedule} if v.schedule != "constant" else {})) for v in variants}
-      fns = {"plain": lambda b, **o: jaxspec.generate(target, b, **kw, **o)}
-      fns.update({v: (lambda b, v=v, **o: jaxspec.generate(target, b, draft=drafts[v.draft], gamma=v.gamma,
-                                                            **kw, **extra[v], **o)) for v in variants})
+      sampling = jaxspec.Sampling(temperature=temp, top_k=top_k, top_p=top_p)
+      kw = dict(max_new_tokens=max_new, seed=0)
+      seen = _acceptance(target, drafts, variants, batches, sampling, kw) if speculation else {}
+      specs = {v: speculation(v, dict(first[v.draft][v.gamma], alpha=seen.get((v.draft, v.gamma))))
+               if speculation else v.speculation(drafts) for v in variants}
+      fns = {"plain": lambda b, **o: jaxspec.generate(target, b, None, sampling, **kw, **o)}
+      fns.update({v: (lambda b, v=v, **o: jaxspec.generate(target, b, specs[v], sampling, **kw, **o))
+                  for v in variants})
       timed, probes = timing.interleaved_passes(fns, batches, repeats, compiled_probe,
                                                 on_round=lambda: bar.update(1))
       measured = timing.median_tree(probes)
@@ -227,7 +243,7 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
       if score is not None and (texts := _texts(timed["plain"], len(ids))) is not None:
         plain_quality = score(texts)
       for v in variants:
-        row = _row(temp, batch, v, {k: x for k, x in extra[v].items() if k != "schedule"}, timed["plain"],
+        row = _row(temp, batch, v, speculation_fields(specs[v]), timed["plain"],
                    timed[v], measured["costs"][v.draft][v.gamma], measured["encoder_s"], buckets, real,
                    keep_tokens)
         if itl:

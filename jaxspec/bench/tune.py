@@ -3,12 +3,13 @@
     result = jaxspec.tune(target, {"ende-draft": draft, "ngram": jaxspec.NGramDraft()}, texts,
                           gammas=(1, 2, 3, 4), batch_sizes=(1, 4), temperatures=(0.0, 1.0), references=refs)
     result.rows                  # one dict per draft x gamma x schedule x batch size x temperature
-    result.best[(0.0, 1)]        # a Choice: the fastest variant, or plain decoding when none wins
+    result.best[(0.0, 1)]        # a Choice: .speculation, the fastest variant's (None: plain decoding wins)
     print("\\n".join(result.table()))
 
 Every variant is timed against plain decoding side by side on the same inputs (`jaxspec.bench.sweep`:
 interleaved passes after a warm-up pass, medians; c and r timed in isolation in the same minutes). The
-"adaptive" rows run with knobs set from the costs measured in the same run (`adaptive_knobs`): draft_cost = c / r
+"adaptive" rows run with a Speculation whose values come from the costs measured in the same run
+(`adaptive_fields`): draft_cost = c / r
 (a draft step per verify call of width gamma + 1), fallback_alpha = the acceptance rate below which every
 draft length is expected to be FALLBACK_VALUE times plain decoding's speed or slower at those costs (Theorem 3.8
 with r; for a draft that pays on average, at most its measured alpha - NOISE_MARGIN), so a batch whose draft
@@ -30,7 +31,7 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec.cli.batching import MAX_INPUT_LENGTH
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
 from jaxspec.cli.inputs import encode_texts
 
@@ -45,29 +46,32 @@ NOISE_MARGIN = 0.25  # how far below a paying draft's measured alpha the running
 
 @dataclasses.dataclass(frozen=True)
 class Choice:
-  """The decoder to use at one (temperature, batch size): a variant of the table, or plain decoding."""
+  """The decoder to use at one (temperature, batch size): a variant's `jaxspec.Speculation`, or None for plain
+  decoding; pass `choice.speculation` to jaxspec.generate (or batching.generate_all) as it is."""
 
   temperature: float
   batch: int
-  draft: str | None  # a key of the tuner's drafts; None: plain decoding
-  gamma: int = 0
-  schedule: str = "constant"
-  knobs: dict = dataclasses.field(default_factory=dict)  # more generate arguments (adaptive: draft_cost, ...)
+  speculation: jaxspec.Speculation | None  # None: plain decoding
+  draft_name: str | None = None  # the tuner's key of its draft
   speedup: float = 1.0  # measured over plain decoding (1.0 for plain)
   why: str = ""
 
-  def generate_kwargs(self, drafts: dict) -> dict:
-    """Keyword arguments of jaxspec.generate for this choice ({} for plain decoding)."""
-    if self.draft is None:
-      return {}
-    extra = {"schedule": self.schedule} if self.schedule != "constant" else {}
-    return dict(draft=drafts[self.draft], gamma=self.gamma, **extra, **self.knobs)
-
   def describe(self) -> str:
-    if self.draft is None:
+    if self.speculation is None:
       return "plain decoding"
-    return f"{self.draft}, gamma {self.gamma}, {self.schedule}" + "".join(
-        f", {k} {v:.3g}" for k, v in self.knobs.items())
+    s = self.speculation
+    fields = sweep.speculation_fields(s)
+    return f"{self.draft_name}, gamma {s.gamma}, {s.schedule}" + "".join(
+        f", {k} {v:.3g}" for k, v in fields.items() if v is not None and v != _DEFAULTS[k])
+
+  def to_json(self) -> dict:
+    s = self.speculation
+    return {"temperature": self.temperature, "batch": self.batch, "draft": self.draft_name, "speedup": self.speedup,
+            "why": self.why, **({} if s is None else {"gamma": s.gamma, "schedule": s.schedule,
+                                                       **sweep.speculation_fields(s)})}
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(jaxspec.Speculation)}
 
 
 @dataclasses.dataclass
@@ -83,7 +87,7 @@ class TuneResult:
 
   def to_json(self) -> dict:
     return {"meta": self.meta, "rows": self.rows,
-            "best": {f"T={t:g},batch={b}": dataclasses.asdict(c) for (t, b), c in sorted(self.best.items())}}
+            "best": {f"T={t:g},batch={b}": c.to_json() for (t, b), c in sorted(self.best.items())}}
 
 
 def break_even_alpha(c: float, r: float, gamma: int, value: float = 1.0) -> float:
@@ -103,8 +107,8 @@ def break_even_alpha(c: float, r: float, gamma: int, value: float = 1.0) -> floa
   return hi
 
 
-def adaptive_knobs(c: float, r: float, gamma: int, alpha: float | None = None) -> dict:
-  """schedule="adaptive"'s knobs for measured costs: c (a draft step per target step, as the loop runs it) and
+def adaptive_fields(c: float, r: float, gamma: int, alpha: float | None = None) -> dict:
+  """schedule="adaptive"'s Speculation values for measured costs: c (a draft step per target step, as the loop runs it) and
   r (a verify call of gamma + 1 tokens per target step), and the draft's measured acceptance alpha (None: not
   measured) as the rows' starting estimate.
 
@@ -114,20 +118,24 @@ def adaptive_knobs(c: float, r: float, gamma: int, alpha: float | None = None) -
   batch 4, a threshold 0.14 below a good draft's rate rested 41% of the iterations on the estimate's dips, 0.22
   below it 6%."""
   fallback = break_even_alpha(c, r, gamma, FALLBACK_VALUE)
-  knobs = {"draft_cost": c / r}
+  fields = {"draft_cost": c / r}
   if alpha is not None:
     alpha = float(min(max(alpha, 0.0), 1.0))
     if alpha > break_even_alpha(c, r, gamma, 1.0):
       fallback = min(fallback, max(alpha - NOISE_MARGIN, 0.0))
-    knobs["prior_alpha"] = alpha
-  return {**knobs, "fallback_alpha": fallback}
+    fields["prior_alpha"] = alpha
+  return {**fields, "fallback_alpha": fallback}
 
 
-def _knobs(variant: sweep.Variant, cost: dict) -> dict:
-  if variant.schedule != "adaptive":
-    return {}
-  c = max(cost["c"], cost["c_alternating"])  # the alternating cost is what the loop pays; never below isolation
-  return adaptive_knobs(c, cost["r"], variant.gamma, cost.get("alpha"))
+def calibrated(drafts: dict):
+  """The sweep's `speculation` callback: each variant's Speculation, adaptive ones with `adaptive_fields` from
+  the costs and acceptance measured in the same run."""
+  def speculation(variant: sweep.Variant, cost: dict) -> jaxspec.Speculation:
+    if variant.schedule != "adaptive":
+      return variant.speculation(drafts)
+    c = max(cost["c"], cost["c_alternating"])  # the alternating cost is what the loop pays; never below isolation
+    return variant.speculation(drafts, **adaptive_fields(c, cost["r"], variant.gamma, cost.get("alpha")))
+  return speculation
 
 
 def _scorer(references: Sequence[str]):
@@ -139,9 +147,9 @@ def _scorer(references: Sequence[str]):
   return score
 
 
-def choose(rows: list[dict], min_speedup: float = MIN_SPEEDUP) -> dict:
+def choose(rows: list[dict], drafts: dict, min_speedup: float = MIN_SPEEDUP) -> dict:
   """{(temperature, batch): Choice}: the measured fastest row of each, or plain decoding when none is at least
-  min_speedup times faster than plain."""
+  min_speedup times faster than plain. drafts: the rows' drafts by name."""
   best = {}
   for key in sorted({(r["temperature"], r["batch"]) for r in rows}):
     group = sorted((r for r in rows if (r["temperature"], r["batch"]) == key), key=lambda r: -r["speedup"])
@@ -153,7 +161,8 @@ def choose(rows: list[dict], min_speedup: float = MIN_SPEEDUP) -> dict:
              f"tokens/iteration, {top['mean_draft_length']:.2f} drafted, c {top['c']:.3f}, r {top['r']:.2f}; "
              f"Theorem 3.8 with r predicts {top['expected_speedup_with_r']:.2f}x)")
     if top["speedup"] >= min_speedup:
-      best[key] = Choice(key[0], key[1], top["draft"], top["gamma"], top["schedule"], dict(top["knobs"]),
+      variant = sweep.Variant(top["draft"], top["gamma"], top["schedule"])
+      best[key] = Choice(key[0], key[1], variant.speculation(drafts, **top["speculation"]), top["draft"],
                          top["speedup"], f"fastest of {len(group)}: {facts}{runner}")
     else:
       best[key] = Choice(key[0], key[1], None, why=f"no variant is {min_speedup:.2f}x faster than plain decoding; "
@@ -194,7 +203,7 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     target: the model whose output is produced (every variant's output is the target's, exactly).
     drafts: {name: jaxspec.Model (same tokenizer) or jaxspec.NGramDraft}.
     inputs: texts (the target needs a tokenizer) or token-id lists; all of them are decoded in every pass.
-    schedules: among "constant", "adaptive" (knobs from the measured costs, see the module docstring) and
+    schedules: among "constant", "adaptive" (values from the measured costs, see the module docstring) and
       "heuristic".
     references: one reference text per input: rows get BLEU and chrF (sacrebleu) of their outputs and of plain
       decoding's.
@@ -215,11 +224,11 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
   variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
   start, load = time.time(), os.getloadavg()
   rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,
-                       knobs=_knobs, sampling=dict(top_k=top_k, top_p=top_p), itl=itl,
+                       speculation=calibrated(drafts), top_k=top_k, top_p=top_p, itl=itl,
                        score=None if references is None else _scorer(references), verbose=verbose)
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,
           "backend": jax.default_backend(), "target": repr(target),
           "drafts": {n: repr(d) for n, d in drafts.items()}, "inputs": len(ids), "repeats": repeats,
           "max_new_tokens": max_new_tokens, "min_speedup": min_speedup, "seconds": time.time() - start,
           "load_average_before_after": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M")}
-  return TuneResult(rows=rows, best=choose(rows, min_speedup), meta=meta)
+  return TuneResult(rows=rows, best=choose(rows, drafts, min_speedup), meta=meta)

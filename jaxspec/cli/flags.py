@@ -4,6 +4,7 @@
     cli_flags.define_decoding(gamma=3) # --gamma, --max_new_tokens, --max_input_length, --batch_size
                                        # (auto_gamma=True: --gamma also takes 'auto', for a measured choice)
     cli_flags.define_sampling()        # --temperature, --top_k, --top_p, --seed
+    cli_flags.sampling(), cli_flags.speculation(draft), cli_flags.run_kwargs()  # the parsed flags, typed
     cli_flags.define_mesh()            # --mesh data:D,model:M
     cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1
 
@@ -159,9 +160,23 @@ def mesh():
   return sharding.mesh_from_flag(FLAGS.mesh)
 
 
-def sampling_kwargs() -> dict:
-  """The flags of `define_decoding` and `define_sampling` as keyword arguments of `batching.generate_all`."""
-  names = ("gamma", "max_new_tokens", "max_input_length", "batch_size", "temperature", "top_k", "top_p", "seed")
+def sampling():
+  """--temperature, --top_k and --top_p as a `jaxspec.Sampling` (greedy when the script defines none)."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  names = ("temperature", "top_k", "top_p")
+  return jaxspec.Sampling(**{n: FLAGS[n].value for n in names if n in FLAGS})
+
+
+def speculation(draft):
+  """A `jaxspec.Speculation` of `draft` with --gamma (None when draft is None: plain decoding)."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  return None if draft is None else jaxspec.Speculation(draft, gamma=FLAGS.gamma)
+
+
+def run_kwargs() -> dict:
+  """--max_new_tokens, --max_input_length, --batch_size and --seed as keyword arguments of
+  `batching.generate_all` (those the script defines)."""
+  names = ("max_new_tokens", "max_input_length", "batch_size", "seed")
   return {n: FLAGS[n].value for n in names if n in FLAGS}
 
 

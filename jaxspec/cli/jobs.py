@@ -1,12 +1,12 @@
 """Text in, text out over files: what launch/translate.py and launch/generate.py run, callable from a notebook.
 
     target, draft = load_pair("ende-target", "ende-draft")
-    run = generate_texts(texts, target, draft, output="out.txt", gamma=3, batch_size=8)
+    run = generate_texts(texts, target, jaxspec.Speculation(draft, gamma=3), batch_size=8)
 
     target = load_target("ende-target")                 # a pool of drafts, the choice measured on the first inputs
     drafts = load_drafts("ende-draft,ngram", target)
-    choice = calibrate(target, drafts, texts, gammas=(1, 2, 3, 4), batch_size=1, temperature=0.0)
-    run = generate_texts(texts, target, **choice.generate_kwargs(drafts), batch_size=1)
+    choice = calibrate(target, drafts, texts, gammas=(1, 2, 3, 4), batch_size=1)
+    run = generate_texts(texts, target, choice.speculation, batch_size=1)
 
 One output line per input item (`jaxspec.cli.inputs` for the rule), printed next to its input or appended to
 `output` as batches finish (`jaxspec.cli.outputs.LineWriter`: resumable, only complete lines count), then the speed
@@ -24,15 +24,14 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
-from jaxspec.cli.batching import MAX_INPUT_LENGTH, BatchRun, generate_all
+from jaxspec.cli.batching import BatchRun, generate_all
+from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import loop as bench_loop
 from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table
 from jaxspec.cli.inputs import InputError, encode_texts
 from jaxspec.cli.outputs import LineWriter
 
-SPECULATION_KNOBS = ("schedule", "draft_confidence", "fallback_alpha", "probe_interval", "draft_cost",
-                     "prior_alpha")
 NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
 RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right)
 
@@ -86,12 +85,14 @@ def load_pair(target_name: str, draft_name: str | None, mesh=None):
 
 
 def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, batch_size: int = 1,
-              temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, max_new_tokens: int = 64,
+              sampling: jaxspec.Sampling | None = None, max_new_tokens: int = 64,
               max_input_length: int = MAX_INPUT_LENGTH, prefix: str = "", inputs: int = 16, repeats: int = 1,
               schedules=("constant", "adaptive")) -> tune.Choice:
   """The tuner (`jaxspec.tune`) on up to `inputs` of the texts (those of their most common prompt-length bucket:
   one compilation per variant) at this job's batch size and sampling settings. Prints the table, the choice and
   why; returns the choice (plain decoding when no variant is measured faster)."""
+  sampling = jaxspec.Sampling() if sampling is None else sampling
+  temperature = sampling.temperature
   ids = [i for i in encode_texts(target.tokenizer, texts, prefix=prefix, max_input_length=max_input_length) if i]
   if not ids:
     return tune.Choice(temperature, batch_size, None, why="no non-empty input to calibrate on")
@@ -101,7 +102,8 @@ def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, 
     print(f"calibrating on {len(ids)} inputs: drafts {', '.join(drafts)} x gammas {list(gammas)} x "
           f"{', '.join(schedules)}, batch {batch_size}, temperature {temperature:g}", file=sys.stderr)
   result = tune.tune(target, drafts, ids, gammas=gammas, batch_sizes=(batch_size,), temperatures=(temperature,),
-                     schedules=schedules, top_k=top_k, top_p=top_p, repeats=repeats, max_new_tokens=max_new_tokens,
+                     schedules=schedules, top_k=sampling.top_k, top_p=sampling.top_p, repeats=repeats,
+                     max_new_tokens=max_new_tokens,
                      itl=False, max_input_length=max_input_length, verbose=False)
   choice = result.best[(temperature, batch_size)]
   if main:
@@ -129,15 +131,14 @@ def _resume_point(writer: LineWriter | None) -> int:
   return done
 
 
-def generate_texts(texts: list[str], target, draft=None, *, writer: LineWriter | None = None, prefix: str = "",
+def generate_texts(texts: list[str], target, speculation: jaxspec.Speculation | None = None,
+                   sampling: jaxspec.Sampling | None = None, *, writer: LineWriter | None = None, prefix: str = "",
                    chat: bool = False, long_inputs: str = "truncate", compare: bool = True, desc: str = "generate",
                    **kw) -> BatchRun | None:
-  """Generates one output per text (kw: `batching.generate_all`'s knobs; schedule and the adaptive knobs go to
-  the speculative calls), prints or writes them, then prints the speed summary. Returns the run, or None when
-  there was nothing to generate."""
-  speculation = {k: kw.pop(k) for k in SPECULATION_KNOBS if k in kw}
-  if speculation:
-    kw["speculation"] = speculation
+  """Generates one output per text (kw: `batching.generate_all`'s batch_size, max_new_tokens, max_input_length
+  and seed), prints or writes them, then prints the speed summary. Returns the run, or None when there was
+  nothing to generate."""
+  sampling = jaxspec.Sampling() if sampling is None else sampling
   ids = encode_texts(target.tokenizer, texts, prefix=prefix, chat=chat,
                      max_input_length=kw.get("max_input_length", MAX_INPUT_LENGTH), long_inputs=long_inputs)
 
@@ -153,12 +154,11 @@ def generate_texts(texts: list[str], target, draft=None, *, writer: LineWriter |
         tqdm.write(f"{texts[i]}\n  -> {out}", file=sys.stdout)  # Above the progress bar, not through it.
       sys.stdout.flush()
 
-  run = generate_all(target, ids, draft=draft, compare=compare, start=_resume_point(writer), on_batch=emit,
-                     desc=desc, **kw)
+  run = generate_all(target, ids, speculation, sampling, compare=compare, start=_resume_point(writer),
+                     on_batch=emit, desc=desc, **kw)
   if not run.stats_parts:
     print("nothing to generate.")
     return None
   if main:
-    print("\n" + "\n".join(speed_summary(run, target, draft, kw.get("gamma", 4), kw.get("batch_size", 1),
-                                       kw.get("temperature", 0.0))))
+    print("\n" + "\n".join(speed_summary(run, target, speculation, sampling, kw.get("batch_size", 1))))
   return run

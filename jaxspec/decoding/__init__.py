@@ -1,11 +1,14 @@
-"""Plain and speculative decoding."""
+"""Plain and speculative decoding: `generate` and `lower` (engine.py), their settings (settings.py), the loop
+(loop.py) and its drafters (drafter.py: the protocol; model_drafter.py, ngram.py), verification (verify.py)."""
 
-from jaxspec.decoding.engine import generate
+from jaxspec.decoding.engine import LoweredCall, generate, lower
 from jaxspec.decoding.ngram import NGramDraft
+from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
 from jaxspec.decoding.streaming import TokenChunk
 from jaxspec.decoding.theory import (best_gamma, expected_iterations, expected_speedup,
                                      expected_speedup_for_workload, expected_tokens_per_iteration)
 
-__all__ = ["DecodeStats", "GenerateOutput", "NGramDraft", "TokenChunk", "best_gamma", "expected_iterations",
-           "expected_speedup", "expected_speedup_for_workload", "expected_tokens_per_iteration", "generate"]
+__all__ = ["DecodeStats", "GenerateOutput", "LoweredCall", "NGramDraft", "Sampling", "Speculation", "TokenChunk",
+           "best_gamma", "expected_iterations", "expected_speedup", "expected_speedup_for_workload",
+           "expected_tokens_per_iteration", "generate", "lower"]

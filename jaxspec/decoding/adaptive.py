@@ -1,7 +1,7 @@
 """How many tokens each row drafts per iteration: the schedules, the fallback to plain decoding, their knobs.
 
 `gamma` is the most draft tokens a row proposes in one iteration (static: it sets the verify call's width).
-Within it, `generate(..., schedule=...)` picks this iteration's draft length:
+Within it, `Speculation.schedule` (its values: settings.SCHEDULES) picks this iteration's draft length:
 
   "constant"   every row drafts gamma tokens every iteration (the loop as it always was).
   "heuristic"  transformers' assisted-generation rule: a row's length starts at gamma and moves +2 after an
@@ -54,16 +54,13 @@ iteration's. A rule that looked at the target's verdict for the tokens being ver
 
 from __future__ import annotations
 
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.decoding.arguments import _is_int, _is_real
 
-SCHEDULES = ("constant", "heuristic", "adaptive")
 ALPHA_DECAY = 0.9  # per verified position, in the running acceptance estimate
 DEFAULT_DRAFT_COST = 0.05  # c for a draft model when none is given (CPU ~0.03, H100 ~0.06 for T5-small pairs)
 PRIOR_POSITIONS = 5.0  # pseudo-positions of beta = prior_alpha the estimate starts from (decayed like real ones)
@@ -87,25 +84,6 @@ class SpeculationKnobs:
     return cls(draft_confidence=np.float32(draft_confidence), fallback_alpha=np.float32(fallback_alpha),
                probe_interval=np.int32(probe_interval), draft_cost=np.float32(draft_cost),
                prior_alpha=np.float32(prior_alpha))
-
-
-def check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha=1.0) -> None:
-  """ValueError naming the argument for any bad speculation setting."""
-  if schedule not in SCHEDULES:
-    raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}.")
-  if not _is_real(draft_confidence) or not 0 <= draft_confidence < 1:
-    raise ValueError(f"draft_confidence must be in [0, 1) (0 = off), got {draft_confidence!r}.")
-  if not _is_real(fallback_alpha) or not 0 <= fallback_alpha <= 1:
-    raise ValueError(f"fallback_alpha must be in [0, 1] (0 = off), got {fallback_alpha!r}.")
-  if not _is_int(probe_interval) or not 1 <= probe_interval < 2**31:
-    raise ValueError(f"probe_interval must be an integer >= 1, got {probe_interval!r}.")
-  if draft_cost is not None and (not _is_real(draft_cost) or not math.isfinite(draft_cost) or draft_cost < 0):
-    raise ValueError(f"draft_cost must be a finite number >= 0 (or None), got {draft_cost!r}.")
-  if not _is_real(prior_alpha) or not 0 <= prior_alpha <= 1:
-    raise ValueError(f"prior_alpha must be in [0, 1] (1 = optimistic), got {prior_alpha!r}.")
-  if schedule == "constant" and (draft_confidence > 0 or fallback_alpha > 0):
-    raise ValueError("draft_confidence and fallback_alpha need schedule='heuristic' or 'adaptive': "
-                     "schedule='constant' drafts gamma tokens every iteration.")
 
 
 @struct.dataclass

@@ -1,6 +1,7 @@
 """`generate`'s arguments checked and turned into arrays: inputs to padded ids, seeds, the draft/target pairing.
 
-Every user mistake is a ValueError naming the argument, never a raw TypeError from deep inside, and never a silent
+Every user mistake is a `jaxspec.JaxspecError` naming the argument (`InputError` for inputs, `SettingsError` for
+the rest), never a raw TypeError from deep inside, and never a silent
 conversion (float token ids are refused, not truncated; seeds out of range are refused, not wrapped).
 """
 
@@ -8,18 +9,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxspec.decoding.settings import MAX_SEED, is_int
+from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.models.contract import Decoder
 
 MIN_BUCKET = 16
-MAX_SEED = 2**31 - 1
 
 
 def bucket_length(n: int, max_input_length: int) -> int:
@@ -27,41 +28,20 @@ def bucket_length(n: int, max_input_length: int) -> int:
   return min(max(MIN_BUCKET, 1 << math.ceil(math.log2(max(n, 1)))), max(max_input_length, n))
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def _is_real(x) -> bool:
-  return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def check_knobs(gamma, max_new_tokens, temperature, top_k, top_p, speculative: bool) -> None:
-  if speculative and (not _is_int(gamma) or gamma < 1):
-    raise ValueError(f"gamma must be an integer >= 1 (draft tokens per iteration), got {gamma!r}.")
-  if not _is_int(max_new_tokens) or max_new_tokens < 1:
-    raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}.")
-  if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
-    raise ValueError(f"temperature must be finite and >= 0 (a number; 0 = greedy), got {temperature!r}.")
-  if not _is_int(top_k) or top_k < 0:
-    raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {top_k!r}.")
-  if not _is_real(top_p) or not 0 < top_p <= 1:
-    raise ValueError(f"top_p must be in (0, 1] (1 = off), got {top_p!r}.")
-
-
 def seeds_for_rows(seed, batch: int) -> tuple[np.ndarray, np.ndarray]:
   """(seeds [B] uint32, row_ids [B] int32) for the loop: one int seed is shared and the row index folded in; a
   sequence gives each row its own seed (and nothing else: a row's draws then depend on its seed only)."""
   def check(s, what):
-    if not _is_int(s) or not 0 <= s <= MAX_SEED:
-      raise ValueError(f"{what} must be an integer in [0, {MAX_SEED}], got {s!r}.")
-  if _is_int(seed):
+    if not is_int(s) or not 0 <= s <= MAX_SEED:
+      raise SettingsError(f"{what} must be an integer in [0, {MAX_SEED}], got {s!r}.")
+  if is_int(seed):
     check(seed, "seed")
     return np.full((batch,), seed, np.uint32), np.arange(batch, dtype=np.int32)
   if isinstance(seed, (str, bytes)) or not hasattr(seed, "__len__"):
-    raise ValueError(f"seed must be an integer or a sequence of one integer per row, got {seed!r}.")
+    raise SettingsError(f"seed must be an integer or a sequence of one integer per row, got {seed!r}.")
   seeds = list(seed.tolist() if isinstance(seed, np.ndarray) else seed)
   if len(seeds) != batch:
-    raise ValueError(f"seed has {len(seeds)} entries for a batch of {batch} rows: give one per row.")
+    raise SettingsError(f"seed has {len(seeds)} entries for a batch of {batch} rows: give one per row.")
   for i, s in enumerate(seeds):
     check(s, f"seed[{i}]")
   return np.asarray(seeds, np.uint32), np.zeros((batch,), np.int32)
@@ -71,17 +51,17 @@ def _token_rows(inputs, pad_id: int) -> list:
   """Rows of texts or token-id sequences from any accepted input form (not yet validated per token)."""
   kinds = "a list of texts, a list of token-id lists, or a [batch, length] integer array"
   if isinstance(inputs, str):
-    raise ValueError("inputs must be a batch: wrap a single text in a list.")
+    raise InputError("inputs must be a batch: wrap a single text in a list.")
   if isinstance(inputs, (np.ndarray, jax.Array)):
     array = np.asarray(inputs)
     if array.ndim != 2:
-      raise ValueError(f"inputs as an array must be [batch, length] token ids, got shape {array.shape}.")
+      raise InputError(f"inputs as an array must be [batch, length] token ids, got shape {array.shape}.")
     if not np.issubdtype(array.dtype, np.integer):
-      raise ValueError(f"inputs as an array must hold integer token ids, got dtype {array.dtype}.")
+      raise InputError(f"inputs as an array must hold integer token ids, got dtype {array.dtype}.")
     # Trailing pads are padding.
     return [r[:np.flatnonzero(r != pad_id)[-1] + 1].tolist() if (r != pad_id).any() else [] for r in array]
   if isinstance(inputs, (bytes, dict, set)) or not isinstance(inputs, Sequence):
-    raise ValueError(f"inputs must be {kinds}, got {type(inputs).__name__}.")
+    raise InputError(f"inputs must be {kinds}, got {type(inputs).__name__}.")
   return list(inputs)
 
 
@@ -90,29 +70,29 @@ def prepare_inputs(target: Model, inputs, max_input_length: int) -> tuple[np.nda
   pad = target.config.pad_token_id
   rows = _token_rows(inputs, pad)
   if not rows:
-    raise ValueError("inputs is an empty batch.")
+    raise InputError("inputs is an empty batch.")
   if all(isinstance(r, str) for r in rows):
     if target.tokenizer is None:
-      raise ValueError("inputs are texts but the target has no tokenizer: pass token ids.")
+      raise InputError("inputs are texts but the target has no tokenizer: pass token ids.")
     rows = [target.tokenizer.encode(r) for r in rows]
   vocab = target.config.vocab_size
   for i, r in enumerate(rows):
     if isinstance(r, str):
-      raise ValueError(f"inputs row {i} is a text but other rows are token ids: pass one kind.")
+      raise InputError(f"inputs row {i} is a text but other rows are token ids: pass one kind.")
     if isinstance(r, np.ndarray) and r.ndim == 1 and np.issubdtype(r.dtype, np.integer):
       r = rows[i] = r.tolist()
     if isinstance(r, (bytes, dict, set)) or not isinstance(r, Sequence):
-      raise ValueError(f"inputs row {i} must be a text or a list of token ids, got {type(r).__name__}.")
-    bad = next((t for t in r if not _is_int(t)), None) if len(r) else None
-    if len(r) and not all(_is_int(t) for t in r):
-      raise ValueError(f"inputs row {i} has a token id that is not an integer: {bad!r}.")
+      raise InputError(f"inputs row {i} must be a text or a list of token ids, got {type(r).__name__}.")
+    bad = next((t for t in r if not is_int(t)), None) if len(r) else None
+    if len(r) and not all(is_int(t) for t in r):
+      raise InputError(f"inputs row {i} has a token id that is not an integer: {bad!r}.")
     if len(r) == 0:
-      raise ValueError(f"inputs row {i} is empty.")
+      raise InputError(f"inputs row {i} is empty.")
     if len(r) > max_input_length:
-      raise ValueError(f"inputs row {i} has {len(r)} tokens, more than max_input_length={max_input_length}: "
+      raise InputError(f"inputs row {i} has {len(r)} tokens, more than max_input_length={max_input_length}: "
                        f"truncate it or raise max_input_length.")
     if min(r) < 0 or max(r) >= vocab:
-      raise ValueError(f"inputs row {i} has token ids outside [0, {vocab}).")
+      raise InputError(f"inputs row {i} has token ids outside [0, {vocab}).")
   width = bucket_length(max(len(r) for r in rows), max_input_length)
   ids = np.full((len(rows), width), pad, np.int32)
   for i, r in enumerate(rows):
@@ -144,27 +124,27 @@ def draft_decoder(target: Model, draft: Model) -> Decoder:
   """The draft's decoder for this target, after checking that the two can speculate together."""
   tf, df = target.family, draft.family
   if tf.encoder_decoder != df.encoder_decoder:
-    raise ValueError(f"the draft is a {df.name} model and the target a {tf.name} model: an encoder-decoder and a "
+    raise SettingsError(f"the draft is a {df.name} model and the target a {tf.name} model: an encoder-decoder and a "
                      f"decoder-only model cannot draft for each other.")
   tt, dt = target.tokenizer, draft.tokenizer
   if tt is not None and dt is not None and not tt.same_as(dt):
-    raise ValueError("Draft and target tokenizers differ (different token ids): the draft's tokens would mean "
+    raise SettingsError("Draft and target tokenizers differ (different token ids): the draft's tokens would mean "
                      "different text to the target.")
   if tf.name != df.name and (tt is None or dt is None):
-    raise ValueError(f"the draft is a {df.name} model and the target a {tf.name} model: a pair of two families "
+    raise SettingsError(f"the draft is a {df.name} model and the target a {tf.name} model: a pair of two families "
                      f"needs both tokenizers to prove they share token ids.")
   t, d = target.config, draft.config
   if tf.encoder_decoder:
     for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
       if getattr(t, name) != getattr(d, name):
-        raise ValueError(f"Draft and target special ids differ: {name} is {getattr(d, name)} in the draft and "
+        raise SettingsError(f"Draft and target special ids differ: {name} is {getattr(d, name)} in the draft and "
                          f"{getattr(t, name)} in the target.")
   decoder = draft.decoder()
   if t.vocab_size == d.vocab_size:
     return decoder
   shared = tt.vocab_size if tt is not None and dt is not None else None
   if shared is None or shared > min(t.vocab_size, d.vocab_size):
-    raise ValueError(f"Draft and target vocabularies differ: draft vocab_size {d.vocab_size}, target "
+    raise SettingsError(f"Draft and target vocabularies differ: draft vocab_size {d.vocab_size}, target "
                      f"{t.vocab_size}. Speculative decoding needs one shared vocabulary (sizes may differ only by "
                      f"padding rows beyond a shared tokenizer's {shared or 'unknown'} tokens).")
   return VocabResized(decoder, t.vocab_size)

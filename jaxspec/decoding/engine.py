@@ -1,64 +1,105 @@
-"""`jaxspec.generate`: the one entry point for plain and speculative decoding, for every model family.
+"""`jaxspec.generate`: the one entry point for plain and speculative decoding, for every model family; and
+`jaxspec.lower`, the programs a call runs (for profiling, HLO checks and tests) without decoding.
 
-    out = jaxspec.generate(target, ["translate English to German: Hello."], draft=draft, gamma=5)
+    out = jaxspec.generate(target, ["translate English to German: Hello."], jaxspec.Speculation(draft, gamma=5))
     out.tokens, out.lengths, out.stats.alpha, out.stats.tokens_per_iteration
 
 Prompts are padded to a few length buckets (powers of two from 16), so a new prompt of a bucket already seen
-does not recompile; batch size, max_new_tokens, gamma, greedy-vs-sampling, whether top-k/top-p are on, the
-schedule, the drafter's kind (a model or an NGramDraft) and whether on_tokens is given are static (one compilation
-each); temperature, top_k, top_p, seed, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha
-and the on_tokens callable itself are runtime values and never recompile.
+does not recompile. Static (one compilation each): batch size, max_new_tokens, the bucket, greedy or not, whether
+top-k / top-p are on, the drafter's kind and shapes, gamma, the schedule, whether on_tokens is given. Runtime
+(never recompile): temperature, top_k, top_p, seed, every other `Speculation` field and the on_tokens callable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable
 
 import jax
 import numpy as np
 
-from jaxspec.decoding import adaptive, arguments, loop, memory_guard, ngram, placement, sampling, streaming
-from jaxspec.decoding.arguments import bucket_length  # noqa: F401  (part of this module's interface)
+from jaxspec.decoding import adaptive, arguments, loop, memory_guard, placement, streaming
+from jaxspec.decoding.drafter import Drafter, PlainDrafter
+from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.sampling import SamplingKnobs
+from jaxspec.decoding.settings import Sampling, Speculation, is_int
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
+from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.model import Model
-from jaxspec.errors import NonFiniteLogitsError
 
 MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
+MAX_NEW_TOKENS = 2**24  # the most tokens a call may ask for (the memory check refuses what does not fit)
 
 
-def _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p, max_input_length,
-             schedule: str = "constant", stream: bool = False):
-  """Checks the arguments; returns the loop's static settings, padded input ids [B, S] and lengths [B]."""
-  speculative = draft is not None
-  lookup = isinstance(draft, ngram.NGramDraft)
-  if not isinstance(target, Model) or (speculative and not lookup and not isinstance(draft, Model)):
-    raise ValueError("target and draft must be jaxspec.Model objects (from jaxspec.load); draft may also be a "
-                     "jaxspec.NGramDraft (prompt lookup).")
-  arguments.check_knobs(gamma, max_new_tokens, temperature, top_k, top_p, speculative)
-  if not arguments._is_int(max_input_length) or max_input_length < 1:
-    raise ValueError(f"max_input_length must be an integer >= 1, got {max_input_length!r}.")
-  draft_decoder = draft if lookup else arguments.draft_decoder(target, draft) if speculative else None
+@dataclasses.dataclass(frozen=True)
+class _Call:
+  """One call's static settings, inputs and drafter, checked."""
+
+  settings: loop.LoopSettings
+  ids: np.ndarray  # [B, S] int32, right-padded to the bucket.
+  lengths: np.ndarray  # [B] int32.
+  draft_model: Model | None  # The draft when it is a model (its weights go to the loop as draft params).
+  speculation: Speculation | None
+  sampling: Sampling
+
+
+def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, Model | None]:
+  """The loop's drafter for this speculation, and the draft model whose weights it reads (or None)."""
+  if speculation is None:
+    return PlainDrafter(), None
+  if isinstance(speculation.draft, Model):
+    return ModelDrafter(arguments.draft_decoder(target, speculation.draft)), speculation.draft
+  return speculation.draft, None  # NGramDraft is its own drafter.
+
+
+def _check_int(name: str, value, upper: int) -> None:
+  if not is_int(value) or not 1 <= value <= upper:
+    raise SettingsError(f"{name} must be an integer in [1, {upper}], got {value!r}.")
+
+
+def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, stream: bool) -> _Call:
+  if not isinstance(target, Model):
+    raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
+  if speculation is not None and not isinstance(speculation, Speculation):
+    raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}: "
+                        f"wrap a draft as jaxspec.Speculation(draft, gamma=...).")
+  sampling = Sampling() if sampling is None else sampling
+  if not isinstance(sampling, Sampling):
+    raise SettingsError(f"sampling must be a jaxspec.Sampling or None, got {type(sampling).__name__}.")
+  _check_int("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)
+  _check_int("max_input_length", max_input_length, MAX_NEW_TOKENS)
+  drafter, draft_model = _drafter(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   cfg = target.config
   settings = loop.LoopSettings(
-      target=target.decoder(), draft=draft_decoder, gamma=int(gamma) if speculative else 0,
-      max_new_tokens=int(max_new_tokens), greedy=temperature == 0,
-      filtering=temperature > 0 and (top_k > 0 or top_p < 1), eos_ids=tuple(cfg.eos_token_ids),
-      pad_id=cfg.pad_token_id, schedule=schedule if speculative else "constant", streaming=stream)
-  return settings, ids, lengths
+      target=target.decoder(), drafter=drafter, gamma=0 if speculation is None else speculation.gamma,
+      max_new_tokens=int(max_new_tokens), greedy=sampling.greedy, filtering=sampling.filtering,
+      eos_ids=tuple(cfg.eos_token_ids), pad_id=cfg.pad_token_id,
+      schedule="constant" if speculation is None else speculation.schedule, streaming=stream)
+  return _Call(settings, ids, lengths, draft_model, speculation, sampling)
 
 
-_prefill = jax.jit(loop.prefill, static_argnums=0)
-_run = jax.jit(loop.run, static_argnums=0, donate_argnums=(3, 4))
+def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
+  s = call.speculation
+  if s is None:
+    return adaptive.SpeculationKnobs.create()
+  cost = call.settings.drafter.default_cost if s.draft_cost is None else s.draft_cost
+  return adaptive.SpeculationKnobs.create(s.draft_confidence, s.fallback_alpha, s.probe_interval, cost,
+                                          s.prior_alpha)
 
 
-def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = None, gamma: int = 4,
-             max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed=0,
-             max_input_length: int = MAX_INPUT_LENGTH, on_failure: str = "raise", schedule: str = "constant",
-             draft_confidence: float = 0.0, fallback_alpha: float = 0.0, probe_interval: int = 4,
-             draft_cost: float | None = None, prior_alpha: float = 1.0,
+def _placed(call: _Call, target: Model, seed) -> placement.Call:
+  """The call's programs and arguments where the target lives, after checking that they fit its memory."""
+  seeds, row_ids = arguments.seeds_for_rows(seed, call.ids.shape[0])
+  where = placement.plan(target, call.draft_model, call.ids.shape[0])
+  memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape)
+  return placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
+
+
+def generate(target: Model, inputs, speculation: Speculation | None = None, sampling: Sampling | None = None, *,
+             max_new_tokens: int = 64, seed=0, max_input_length: int = MAX_INPUT_LENGTH, on_failure: str = "raise",
              on_tokens: Callable[[streaming.TokenChunk], object] | None = None) -> GenerateOutput:
-  """Decodes `inputs` with `target`, speculatively when `draft` is given.
+  """Decodes `inputs` with `target`, speculatively when `speculation` is given.
 
   At temperature 0 the output equals the target's greedy decode token for token; when sampling it is
   distributed exactly as the target's (after the same temperature / top-k / top-p processing).
@@ -68,68 +109,41 @@ def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = 
     inputs: a list of texts (needs target.tokenizer; encoded as transformers encodes them, special tokens
       included), a list of token-id lists, or a padded [B, S] integer array (trailing pad ids are padding). For
       T5 these are encoder inputs; for decoder-only models prompts, continued (and not repeated in the output).
-    draft: a smaller model with the same tokenizer, or `jaxspec.NGramDraft(max_ngram, min_ngram)` (prompt
-      lookup: proposals copied from the input and the output so far, no model); None gives plain autoregressive
-      decoding (the baseline).
-    gamma: the most draft tokens per row and iteration (ignored without a draft).
+    speculation: a `jaxspec.Speculation` (the draft, gamma, schedule and its knobs); None decodes plainly (the
+      baseline).
+    sampling: a `jaxspec.Sampling` (temperature, top_k, top_p); None is greedy.
     max_new_tokens: tokens generated per row at most (EOS included).
-    temperature: 0 for greedy; > 0 samples.
-    top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1] (1 = off).
     seed: an integer in [0, 2**31 - 1] shared by the batch (each row draws differently: its index is folded
       in), or one such integer per row (a row's output then depends on its own seed and input only, not on its
-      batch neighbours, the batch size or padding rows).
+      batch neighbours, the batch size or padding rows; with schedule "constant").
     max_input_length: longest accepted input, in tokens.
     on_failure: what happens to rows whose target logits turn NaN or +inf: "raise" (NonFiniteLogitsError
       naming the rows) or "mark" (their output stops before the bad step; `failed` says which rows).
-    schedule: how many tokens each row drafts per iteration (jaxspec.decoding.adaptive): "constant" (gamma
-      every iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma])
-      or "adaptive" (the length that maximises Theorem 3.8's tokens per cost from the rows' running acceptance
-      estimates). At batch > 1 the length is the batch's (the draft steps and the verify call are the batch's).
-      Output is exact under every schedule; when sampling, a row's particular sample under "heuristic" or
-      "adaptive" depends on its batch neighbours' histories (its distribution does not), so per-row seeds
-      reproduce a row on its own only with "constant".
-    draft_confidence: in [0, 1), 0 = off; a row stops drafting after a token whose draft distribution's top
-      probability is below it (schedules other than "constant").
-    fallback_alpha: in [0, 1], 0 = off; when the active rows' mean running acceptance estimate is below it, the
-      batch decodes plainly (no draft call, a 1-token target call) and drafts again after `probe_interval` such
-      iterations (schedules other than "constant").
-    probe_interval: resting iterations between probes (>= 1); doubles after each failed probe.
-    draft_cost: c, a draft step's cost relative to a verify call, read by schedule="adaptive"; None: 0 for
-      NGramDraft, adaptive.DEFAULT_DRAFT_COST for a draft model.
-    prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: optimistic, every row starts
-      by drafting); pass the draft's measured acceptance (jaxspec.tune does) so that a useless draft rests from
-      the start. draft_confidence, fallback_alpha, probe_interval, draft_cost and prior_alpha are runtime values:
-      changing them never recompiles.
     on_tokens: None, or a callable receiving, once per loop iteration and in order, a `TokenChunk`: `tokens`
       [B, gamma + 1] and `counts` [B] (row b's new tokens are tokens[b, :counts[b]], in output order, EOS
       included; concatenated over chunks they are the row's output), `iteration`, and `time` (host
-      time.perf_counter() on arrival, for inter-token latency). It runs on the host inside the loop (an ordered
-      callback: one host round trip per iteration); an exception it raises is raised by generate after the loop.
-      None compiles no callback.
+      time.perf_counter() on arrival). It runs on the host inside the loop (an ordered callback: one host round
+      trip per iteration); an exception it raises is raised by generate after the loop. None compiles no
+      callback.
   Returns:
     GenerateOutput with tokens [B, max_new_tokens] (only new tokens), lengths [B], stats and failed [B].
+  Raises:
+    jaxspec.JaxspecError subclasses naming the problem: SettingsError, InputError, CacheTooLargeError (before
+    anything is allocated), NonFiniteLogitsError.
   """
   if on_failure not in ("raise", "mark"):
-    raise ValueError(f"on_failure must be 'raise' or 'mark', got {on_failure!r}.")
-  adaptive.check(schedule, draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha)
-  settings, ids, input_lengths = _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k,
-                                          top_p, max_input_length, schedule, on_tokens is not None)
-  if draft_cost is None:
-    draft_cost = 0.0 if settings.ngram else adaptive.DEFAULT_DRAFT_COST
-  spec = adaptive.SpeculationKnobs.create(draft_confidence, fallback_alpha, probe_interval, draft_cost, prior_alpha)
-  seeds, row_ids = arguments.seeds_for_rows(seed, ids.shape[0])
-  # On a mesh: sharded programs, the batch padded to a multiple of `data` (fetch drops the padding rows).
-  call = placement.prepare(_prefill, _run, target, draft if isinstance(draft, Model) else None, ids,
-                           input_lengths, seeds, row_ids)
-  memory_guard.check_fits(settings, target, draft, *ids.shape)
-  target_cache, draft_cache, first = call.prefill(settings, call.target_params, call.draft_params, call.ids,
-                                                  call.lengths)
-  stream_id = None if on_tokens is None else streaming.register(on_tokens, ids.shape[0])
+    raise SettingsError(f"on_failure must be 'raise' or 'mark', got {on_failure!r}.")
+  call = _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, on_tokens is not None)
+  settings = call.settings
+  run = _placed(call, target, seed)
+  target_cache, draft_state, first = run.prefill(settings, run.target_params, run.draft_params, run.ids,
+                                                 run.lengths)
+  stream_id = None if on_tokens is None else streaming.register(on_tokens, call.ids.shape[0])
   try:
-    state = call.run(settings, call.target_params, call.draft_params, target_cache, draft_cache, first,
-                     sampling.SamplingKnobs.create(temperature, top_k, top_p), call.seeds, call.row_ids, spec,
-                     None if stream_id is None else np.int32(stream_id))
-    sequences, lengths, failed, st = call.fetch((state.sequences, state.lengths, state.failed, state.stats))
+    state = run.run(settings, run.target_params, run.draft_params, target_cache, draft_state, first,
+                    SamplingKnobs.of(call.sampling), run.seeds, run.row_ids, _knobs(call),
+                    None if stream_id is None else np.int32(stream_id))
+    sequences, lengths, failed, st = run.fetch((state.sequences, state.lengths, state.failed, state.stats))
   finally:
     if stream_id is not None:
       streaming.finish(stream_id)  # raises what on_tokens raised
@@ -147,33 +161,31 @@ def generate(target: Model, inputs, *, draft: Model | ngram.NGramDraft | None = 
                         texts=texts, failed=failed)
 
 
-def lowered_programs(target: Model, inputs, *, draft: Model | None = None, gamma: int = 4,
-                     max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                     max_input_length: int = MAX_INPUT_LENGTH) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
-  """The (prefill, decoding loop) programs that `generate` runs for these arguments, lowered (sharded when the
-  target is on a mesh); `.compile()` gives XLA's program, its HLO text and `memory_analysis()`. Decodes nothing."""
-  settings, ids, lengths = _prepare(target, inputs, draft, gamma, max_new_tokens, temperature, top_k, top_p,
-                                    max_input_length)
-  seeds, row_ids = arguments.seeds_for_rows(0, ids.shape[0])
-  call = placement.prepare(_prefill, _run, target, draft, ids, lengths, seeds, row_ids)
-  prefill_args = (settings, call.target_params, call.draft_params, call.ids, call.lengths)
-  target_cache, draft_cache, first = call.prefill.eval_shape(*prefill_args)
-  loop = call.run.lower(settings, call.target_params, call.draft_params, target_cache, draft_cache, first,
-                        sampling.SamplingKnobs.create(temperature, top_k, top_p), call.seeds, call.row_ids,
-                        adaptive.SpeculationKnobs.create(), None)
-  return call.prefill.lower(*prefill_args), loop
+@dataclasses.dataclass(frozen=True)
+class LoweredCall:
+  """The two programs a `generate` call runs, lowered (sharded when the target is on a mesh)."""
+
+  prefill: jax.stages.Lowered
+  loop: jax.stages.Lowered
+
+  def loop_hlo(self) -> str:
+    """The decoding loop's optimised HLO text (compiles it, or reuses the compilation); the profiler's kernel
+    events carry its instruction names (`jaxspec.bench.profiling`)."""
+    return self.loop.compile().as_text()
 
 
-def compiled_loop(target: Model, inputs, **kwargs) -> jax.stages.Compiled:
-  """The compiled decoding-loop program of `lowered_programs` (same keyword arguments)."""
-  return lowered_programs(target, inputs, **kwargs)[1].compile()
-
-
-def compiled_loop_hlo(target: Model, inputs, **kwargs) -> str:
-  """The optimised HLO text of the decoding-loop program that `generate` runs for these arguments.
-
-  For profiling (`jaxspec.bench.profiling`): the same shapes and settings give the same compiled program, whose
-  instruction names the profiler's kernel events carry. Compiles (or reuses) the program; decodes nothing.
-  Keyword arguments: those of `compiled_loop`.
-  """
-  return compiled_loop(target, inputs, **kwargs).as_text()
+def lower(target: Model, inputs, speculation: Speculation | None = None, sampling: Sampling | None = None, *,
+          max_new_tokens: int = 64, max_input_length: int = MAX_INPUT_LENGTH,
+          on_tokens: Callable[[streaming.TokenChunk], object] | None = None) -> LoweredCall:
+  """The programs `generate` runs for the same arguments (the same shapes and static settings give the same
+  programs), lowered; `.compile()` gives XLA's program, its HLO text and `memory_analysis()`. Decodes nothing and
+  allocates no cache; on_tokens is not called (only whether it is given matters)."""
+  stream = on_tokens is not None
+  call = _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, stream)
+  run = _placed(call, target, 0)
+  prefill_args = (call.settings, run.target_params, run.draft_params, run.ids, run.lengths)
+  target_cache, draft_state, first = run.prefill.eval_shape(*prefill_args)
+  decode = run.run.lower(call.settings, run.target_params, run.draft_params, target_cache, draft_state, first,
+                         SamplingKnobs.of(call.sampling), run.seeds, run.row_ids, _knobs(call),
+                         np.int32(0) if stream else None)
+  return LoweredCall(prefill=run.prefill.lower(*prefill_args), loop=decode)

@@ -1,30 +1,33 @@
 """The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance (for
 draft models under "heuristic" / "adaptive", two inner loops within it: drafting and resting iterations).
 
-The loop sees models only through `jaxspec.models.contract.Decoder` (prefill, step) and their caches'
-`positions` / `rollback`: it imports no model family. Its own tokens live in `sequences`: position 0 holds the
+The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step) and its cache's
+`positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it imports
+no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
 generated tokens; a cache's `positions` count how many of them it has fed.
 
 Each iteration, for every unfinished row:
-  1. the drafter proposes k <= gamma tokens: a draft model (drafting.py: a catch-up call, then single-token
-     calls) or prompt lookup (ngram.py); k = gamma always with schedule "constant" and a draft model, else k
-     comes from the batch's schedule and fallback and the row's draft confidence (adaptive.py), or from the
-     lookup;
+  1. the drafter proposes k <= gamma tokens (a draft model: model_drafter.py; prompt lookup: ngram.py; nothing:
+     drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else at most the batch's length from
+     its schedule and fallback (adaptive.py), and fewer where the drafter stops early (draft confidence, a lookup
+     without a match);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
-     drafted anything: the iteration is then plain decoding). With a draft model under "heuristic" / "adaptive"
-     the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always gamma + 1 positions) while
-     the batch drafts, resting ones (1 position, no draft call) while it rests; prompt lookup picks the width per
-     iteration with a `lax.cond`;
+     drafted anything: the iteration is then plain decoding). Under "heuristic" / "adaptive", with a drafter that
+     proposes whenever asked, the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always
+     gamma + 1 positions) while the batch drafts, resting ones (1 position, `Drafter.idle`) while it rests; a
+     drafter that may find nothing (lookup) has the width picked per iteration with a `lax.cond`;
   3. `verify` keeps the longest acceptable prefix of each row's k drafts and picks the correction or bonus token;
-  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), both caches are rolled back per
-     row by setting their positions, and with `streaming` the new tokens go to the host (streaming.py).
-With gamma == 0 and no draft this is plain autoregressive decoding through the same model code and caches.
+  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), the target's cache is rolled
+     back per row by setting its positions, the drafter settles its state (`Drafter.settle`), and with
+     `streaming` the new tokens go to the host (streaming.py).
+With gamma == 0 and `PlainDrafter` this is plain autoregressive decoding through the same model code and caches.
 
 Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences[b], first token included):
   - the last token sequences[b, L-1] has not been fed to the target: target_cache.positions[b] == L - 1;
-  - a draft model has fed positions < draft_cache.positions[b] <= L - 1 (L - 2 after it accepted all its drafts:
+  - a draft model has fed positions < its cache's positions[b] <= L - 1 (L - 2 after it accepted all its drafts:
     it never saw the last one, REFERENCE.md pitfall 1; less after iterations in which it drafted nothing);
+    the lookup context holds the input and all L tokens;
   - choices of k use only what is known before the target scores the tokens (exact: adaptive.py);
   - a row's random draws depend only on its own key (from its seed) and the iteration number, never on other rows;
   - a finished row (EOS, max_new_tokens, or non-finite logits: `failed`) is frozen: nothing it emits is written.
@@ -40,9 +43,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, drafting, ngram, sampling, streaming, verify
+from jaxspec.decoding import adaptive, sampling, streaming, verify
+from jaxspec.decoding.drafter import Drafter, History, Proposal, ProposalSettings
 from jaxspec.decoding.stats import LoopStats
-from jaxspec.models.contract import Decoder
+from jaxspec.models.contract import Decoder, write_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,14 +54,14 @@ class LoopSettings:
   """Static settings: changing any of these compiles a new loop."""
 
   target: Decoder
-  draft: Decoder | ngram.NGramDraft | None  # None for plain decoding.
+  drafter: Drafter  # drafter.PlainDrafter() (with gamma 0) for plain decoding.
   gamma: int  # The most draft tokens per row and iteration; 0 for plain decoding.
   max_new_tokens: int
   greedy: bool  # Temperature 0: argmax on both sides.
   filtering: bool  # Top-k or top-p active (needs a sort).
   eos_ids: tuple[int, ...]  # Every id that ends a row.
   pad_id: int  # Fills `sequences` past each row's end.
-  schedule: str = "constant"  # adaptive.SCHEDULES: how many tokens each row drafts.
+  schedule: str = "constant"  # adaptive.SCHEDULES: how many tokens each row drafts ("constant" when plain).
   streaming: bool = False  # Send each iteration's tokens to the host (an ordered io_callback).
 
   @property
@@ -70,20 +74,26 @@ class LoopSettings:
     return self.cache_len + 1
 
   @property
-  def ngram(self) -> bool:
-    return isinstance(self.draft, ngram.NGramDraft)
+  def proposal(self) -> ProposalSettings:
+    return ProposalSettings(gamma=self.gamma, cache_len=self.cache_len, greedy=self.greedy,
+                            filtering=self.filtering)
+
+  @property
+  def scheduled(self) -> bool:
+    """A schedule other than "constant" chooses each iteration's length (and may rest the batch)."""
+    return self.schedule != "constant"
 
   @property
   def variable(self) -> bool:
     """Rows may draft fewer than gamma tokens (then a 1-token target call replaces one with nothing drafted)."""
-    return self.draft is not None and (self.schedule != "constant" or self.ngram)
+    return self.scheduled or self.drafter.may_find_nothing
 
   @property
   def phased(self) -> bool:
-    """A draft model with a schedule that may rest: drafting and resting iterations run in two inner loops (`run`),
-    each with one static target-call width, instead of a `lax.cond` per iteration on the width (through which XLA
-    copies every cache leaf each iteration)."""
-    return self.variable and not self.ngram
+    """The schedule may rest the batch and the drafter proposes whenever asked: drafting and resting iterations
+    run in two inner loops (`run`), each with one static target-call width, instead of a `lax.cond` per iteration
+    on the width (through which XLA copies every cache leaf each iteration)."""
+    return self.scheduled and not self.drafter.may_find_nothing
 
 
 @struct.dataclass
@@ -93,76 +103,61 @@ class LoopState:
   done: jax.Array  # [B] bool: EOS emitted, max_new_tokens reached or failed; the row is frozen.
   failed: jax.Array  # [B] bool: the target's logits held NaN or +inf for this row; its output stops there.
   target_cache: Any
-  draft_cache: Any  # A draft model's cache, an ngram.NGramContext, or None.
+  draft_state: Any  # The drafter's own state (a draft model's cache, the lookup context; None when plain).
   schedule: adaptive.ScheduleState | None  # Rows' histories (schedules other than "constant").
   keys: jax.Array  # [B] PRNG keys, one per row (from its seed); the iteration number is folded in each step.
   step: jax.Array  # [] int32 iteration counter.
   stats: LoopStats
   rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (adaptive.limits).
 
+  @property
+  def history(self) -> History:
+    return History(sequences=self.sequences, lengths=self.lengths, done=self.done)
+
 
 def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.Array, input_lengths: jax.Array):
-  """Runs the encoders / prompt prefills once and preallocates both caches (or the n-gram context).
+  """Runs the encoders / prompt prefills once and preallocates the target's cache and the drafter's state.
 
   Args:
     input_ids: [B, S] int32, right-padded; input_lengths: [B] int32.
   Returns:
-    (target_cache, draft_cache or None, first_tokens [B] int32).
+    (target_cache, draft_state, first_tokens [B] int32).
   """
   target_cache, first = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len)
-  draft_cache = None
-  if settings.ngram:
-    draft_cache = ngram.init_context(input_ids, input_lengths, settings.cache_len)
-  elif settings.draft is not None:
-    draft_cache, _ = settings.draft.prefill(draft_params, input_ids, input_lengths, settings.cache_len)
-  return target_cache, draft_cache, first
+  draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len)
+  return target_cache, draft_state, first
 
 
-def _fold(keys: jax.Array, data: int | jax.Array) -> jax.Array:
-  """[B] keys -> [B] keys with `data` folded into each."""
-  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+@dataclasses.dataclass(frozen=True)
+class _Kind:
+  """What one compiled iteration body does (static): whether it drafts or rests, and the verify call's width
+  (gamma + 1, 1, or None: picked per iteration from the proposal's counts)."""
+
+  rests: bool
+  width: int | None
 
 
-def _write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array) -> jax.Array:
-  """buffer [B, N], block [B, T], offsets [B] -> buffer with block[b] at buffer[b, offsets[b]:]."""
-  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=0))(
-      buffer, block, offsets)
+def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
+             state: LoopState, keys: jax.Array, kind: _Kind) -> tuple[Proposal, jax.Array | None]:
+  """This iteration's proposal and which rows rest ([B] bool; None under "constant")."""
+  history, active = state.history, ~state.done
+  if kind.rests:
+    return settings.drafter.idle(state.draft_state, history, settings.proposal), active
+  limit, resting = None, None
+  if settings.scheduled:
+    limit, resting = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, active)
+  proposal = settings.drafter.propose(params, state.draft_state, history, limit, settings.proposal, knobs,
+                                      spec.draft_confidence, keys, some_row_drafts=kind.width is not None)
+  return proposal, resting
 
 
-def _draft(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
-           state: LoopState, active: jax.Array, keys: jax.Array, phase: str | None = None):
-  """This iteration's proposals: (tokens [B, G], q [B, G, V] or None, counts [B] (None: every row drafted G),
-  drafting.Proposal or None, resting [B] or None). phase (settings.phased): "rest" drafts nothing, "draft" knows
-  that the batch drafts (no `lax.cond` around the draft model's calls)."""
-  batch, gamma = state.lengths.shape[0], settings.gamma
-  if settings.draft is None:
-    return jnp.zeros((batch, 0), jnp.int32), None, None, None, None
-  if phase == "rest":
-    return jnp.zeros((batch, gamma), jnp.int32), None, jnp.zeros((batch,), jnp.int32), None, active
-  if settings.schedule == "constant":
-    limit, resting = jnp.where(active, gamma, 0).astype(jnp.int32), None
-  else:
-    limit, resting = adaptive.limits(settings.schedule, gamma, spec, state.schedule, active)
-  if settings.ngram:
-    tokens, found = ngram.propose(settings.draft, state.draft_cache, gamma)
-    return tokens, None, jnp.minimum(found, limit), None, resting
-  if settings.schedule == "constant":
-    p = drafting.propose_fixed(settings, params, state.draft_cache, state.sequences, state.lengths, state.done,
-                               knobs, keys)
-    return p.tokens, p.q, None, p, None
-  p = drafting.propose_variable(settings, params, state.draft_cache, state.sequences, state.lengths, limit, knobs,
-                                spec.draft_confidence, keys, drafts=phase == "draft")
-  return p.tokens, p.q, p.counts, p, resting
-
-
-def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, tokens: jax.Array,
-            q: jax.Array | None, counts: jax.Array | None, knobs: sampling.SamplingKnobs, keys: jax.Array,
-            phase: str | None = None):
+def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal,
+            knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
   """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache).
 
-  last [B, 1], tokens [B, G], q [B, G, V] or None (deterministic proposals), counts [B] or None (all G); phase
-  "rest" / "draft" fixes the call's width at 1 / gamma + 1 (else: picked per iteration)."""
-  gamma = settings.gamma
+  last [B, 1]; width: the call's positions (gamma + 1, or 1 when nothing was drafted), or None: picked per
+  iteration (1 when no row proposed anything)."""
+  gamma, tokens, counts = settings.gamma, proposal.tokens, proposal.counts
 
   def score(cache, width: int):
     with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
@@ -175,39 +170,37 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, to
       verdict = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
     else:
       p = sampling.warp_probs(logits, knobs, settings.filtering)
-      q_used = q[:, :width - 1] if q is not None else (None if settings.ngram else p[:, :0])
-      verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q_used, p, drafted)
+      # Nothing drafted (width 1): an empty q; deterministic proposals (one-hot): None.
+      q = p[:, :0] if width == 1 else None if proposal.q is None else proposal.q[:, :width - 1]
+      verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
     beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
     return verdict.replace(beta=beta), bad, cache
 
-  if not settings.variable or phase == "draft":
-    return score(cache, gamma + 1)
-  if phase == "rest":
-    return score(cache, 1)
+  if width is not None:
+    return score(cache, width)
   return jax.lax.cond(jnp.any(counts > 0), lambda c: score(c, gamma + 1), lambda c: score(c, 1), cache)
 
 
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
-               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, state: LoopState,
-               phase: str | None = None) -> LoopState:
+               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, kind: _Kind,
+               state: LoopState) -> LoopState:
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
-  step_keys = _fold(state.keys, state.step)
-  draft_keys, verify_keys = _fold(step_keys, 0), _fold(step_keys, 1)
+  step_keys = sampling.fold(state.keys, state.step)
+  draft_keys, verify_keys = sampling.fold(step_keys, 0), sampling.fold(step_keys, 1)
 
-  tokens, q, counts, proposal, resting = _draft(settings, draft_params, knobs, spec, state, active, draft_keys,
-                                                phase)
+  proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
   last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-  verdict, bad, target_cache = _verify(settings, target_params, state.target_cache, last, tokens, q, counts, knobs,
-                                       verify_keys, phase)
+  verdict, bad, target_cache = _verify(settings, target_params, state.target_cache, last, proposal, knobs,
+                                       verify_keys, kind.width)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted
-  drafted = jnp.full((batch,), gamma, jnp.int32) if counts is None else counts
+  drafted = jnp.full((batch,), gamma, jnp.int32) if proposal.counts is None else proposal.counts
 
   # The emitted block: accepted drafts, then the correction/bonus token at index n; cut at EOS and budget.
   positions = jnp.arange(gamma + 1)[None]  # [1, G + 1]
-  block = jnp.concatenate([tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  block = jnp.concatenate([proposal.tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   has_eos = jnp.any(is_eos, axis=1)
@@ -219,32 +212,27 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   # Frozen rows write their own tokens back (a no-op), so nothing past a row's end changes.
   block = jnp.where(positions < emit[:, None], block, settings.pad_id)
 
-  # Rollback: the target has now fed everything but the newest token; the draft what it fed and was accepted.
+  # Rollback: the target has now fed everything but the newest token; the drafter keeps what was accepted.
   target_cache = target_cache.rollback(lengths - 1)
-  if settings.ngram:
-    draft_cache = ngram.append(state.draft_cache, block, emit)
-  elif proposal is not None:
-    draft_cache = drafting.settle(proposal.cache, proposal, state.lengths, lengths, n)
-  else:
-    draft_cache = state.draft_cache  # None, or a resting iteration's (it fed nothing)
+  draft_state = settings.drafter.settle(proposal, state.history, lengths, n, block, emit)
   schedule = state.schedule
   if schedule is not None:
     schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)
   if settings.streaming:
     streaming.emit(stream_id, state.step, block, emit)
-  return LoopState(sequences=_write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
-                   failed=failed, target_cache=target_cache, draft_cache=draft_cache, schedule=schedule,
+  return LoopState(sequences=write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
+                   failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
                    stats=state.stats.add(active, drafted, n, verdict.beta, resting))
 
 
-def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_cache, first_tokens: jax.Array,
+def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_state, first_tokens: jax.Array,
         knobs: sampling.SamplingKnobs, seeds: jax.Array, row_ids: jax.Array,
         spec: adaptive.SpeculationKnobs | None = None, stream_id: jax.Array | None = None) -> LoopState:
   """Decodes until every row is done.
 
   Args:
-    target_cache, draft_cache, first_tokens: from `prefill`.
+    target_cache, draft_state, first_tokens: from `prefill`.
     seeds: [B] uint32, one per row; row_ids: [B] int32 folded into each row's key (the row index when one seed
       is shared by the batch, so that rows differ; 0 with per-row seeds, so that a row depends on its seed only).
     spec: the runtime speculation knobs (defaults when None; only schedules other than "constant" read them).
@@ -258,22 +246,21 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   batch = target_cache.lengths.shape[0]
   sequences = jnp.full((batch, settings.seq_len), settings.pad_id, jnp.int32).at[:, 0].set(first_tokens)
   no = jnp.zeros((batch,), bool)
-  schedule = None
-  if settings.draft is not None and settings.schedule != "constant":
-    schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec)
+  schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec) if settings.scheduled else None
   state = LoopState(
       sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
-      draft_cache=draft_cache, schedule=schedule, keys=keys, step=jnp.int32(0),
+      draft_state=draft_state, schedule=schedule, keys=keys, step=jnp.int32(0),
       stats=LoopStats.create(batch, settings.gamma))
 
   def cond(state: LoopState):
     return jnp.any(~state.done) & (state.step <= settings.max_new_tokens)
 
-  def step(phase: str | None):
-    return lambda state: _iteration(settings, target_params, draft_params, knobs, spec, stream_id, state, phase)
+  def step(kind: _Kind):
+    return lambda state: _iteration(settings, target_params, draft_params, knobs, spec, stream_id, kind, state)
 
   if not settings.phased:
-    return jax.lax.while_loop(cond, step(None), state)
+    return jax.lax.while_loop(cond, step(_Kind(rests=False, width=None if settings.variable else
+                                               settings.gamma + 1)), state)
 
   def flagged(state: LoopState) -> LoopState:
     """The state with its next decision: whether the batch rests (adaptive.limits: all active rows or none).
@@ -281,11 +268,10 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
     rest = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1]
     return state.replace(rest=jnp.any(rest))
 
-  def phase(name: str):
-    return lambda state: flagged(step(name)(state))
+  drafting, resting = step(_Kind(rests=False, width=settings.gamma + 1)), step(_Kind(rests=True, width=1))
 
   def phases(state: LoopState):
-    state = jax.lax.while_loop(lambda s: cond(s) & ~s.rest, phase("draft"), state)
-    return jax.lax.while_loop(lambda s: cond(s) & s.rest, phase("rest"), state)
+    state = jax.lax.while_loop(lambda s: cond(s) & ~s.rest, lambda s: flagged(drafting(s)), state)
+    return jax.lax.while_loop(lambda s: cond(s) & s.rest, lambda s: flagged(resting(s)), state)
 
   return jax.lax.while_loop(cond, phases, flagged(state))

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import jax
 
-from jaxspec.sharding.memory_plan import memory_plan
-from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES, mesh_of, rules_of
 from jaxspec.errors import CacheTooLargeError
+from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES
+from jaxspec.sharding.memory_plan import memory_plan
 
 
 def free_bytes(device: jax.Device | None = None) -> int | None:
@@ -36,9 +36,9 @@ def free_bytes(device: jax.Device | None = None) -> int | None:
   return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-def _least_free(target) -> int | None:
+def _least_free(where) -> int | None:
   """The least free memory over this process's devices that hold the target (None when none can be told)."""
-  mesh = mesh_of(target.params)
+  mesh = None if where is None else where.mesh
   devices = [d for d in mesh.devices.flat if d.process_index == jax.process_index()] if mesh is not None else [None]
   if mesh is not None and devices and devices[0].platform == "cpu":
     devices = devices[:1]  # Simulated CPU devices share the host's memory.
@@ -46,27 +46,24 @@ def _least_free(target) -> int | None:
   return min(free) if free else None
 
 
-def check_fits(settings, target, draft, batch: int, width: int, headroom: float = 0.9) -> None:
+def check_fits(settings, where, target, draft, batch: int, width: int, headroom: float = 0.9) -> None:
   """Raises CacheTooLargeError when a call's caches, loop state and activations need more than `headroom` of the
-  free memory of a device that holds the target.
+  free memory of a device that holds the target. Reads the call's placement; transfers nothing.
 
   Args:
     settings: the loop's static settings (max_new_tokens, gamma, greedy).
-    target, draft: the call's models (draft None or an n-gram drafter: no draft model).
+    where: the call's `placement.Placement` (None on one device).
+    target, draft: the call's target and draft model (None: no draft model).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
   """
-  mesh = mesh_of(target.params)
-  shape = tuple(dict(mesh.shape).values()) if mesh is not None else (1, 1)
-  draft_model = draft if hasattr(draft, "params") else None
-  draft_rules = DRAFT_RULES
-  if draft_model is not None and mesh is not None and mesh_of(draft_model.params) == mesh:
-    draft_rules = rules_of(draft_model)
+  shape = (1, 1) if where is None else where.shape
   plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
-                     draft=None if draft_model is None else draft_model.config,
-                     rules=rules_of(target) if mesh is not None else DEFAULT_RULES, draft_rules=draft_rules,
+                     draft=None if draft is None else draft.config,
+                     rules=DEFAULT_RULES if where is None else where.target_rules,
+                     draft_rules=DRAFT_RULES if where is None else where.draft_rules,
                      sampling=not settings.greedy)
   need = plan.caches + plan.state + plan.activations
-  free = _least_free(target)
+  free = _least_free(where)
   if free is not None and need > headroom * free:
     raise CacheTooLargeError(
         f"the decoding caches and activations need {need / 2**30:.2f} GiB per device (batch {plan.batch}, "

@@ -1,6 +1,6 @@
 """Prompt-lookup drafting: proposals copied from earlier in the context, without a draft model.
 
-    out = jaxspec.generate(target, inputs, draft=jaxspec.NGramDraft(max_ngram=3), gamma=5)
+    out = jaxspec.generate(target, inputs, jaxspec.Speculation(jaxspec.NGramDraft(max_ngram=3), gamma=5))
 
 Each iteration, for each row, the drafter looks for the context's last n tokens earlier in the context, trying
 n = max_ngram first and down to min_ngram, takes the EARLIEST occurrence of the longest n that occurs (as
@@ -14,7 +14,7 @@ min(1, p(x) / 1) = p(x), and a rejection draws from the residual norm(max(0, p -
 renormalised (`verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
 target's argmax. Either way the output is the target's, exactly as with a draft model.
 
-The context lives in the loop's draft-cache slot (`NGramContext`): the input ids with the loop's cache_len
+`NGramDraft` is both the user's setting and the drafter (drafter.py's protocol). Its state is an `NGramContext`: the input ids with the loop's cache_len
 positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
 for each n (a static, small loop) n shifted comparisons of the whole [B, C] context.
 
@@ -29,12 +29,15 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.arguments import _is_int
+from jaxspec.decoding.drafter import Proposal
+from jaxspec.decoding.settings import is_int
+from jaxspec.errors import SettingsError
+from jaxspec.models.contract import write_rows
 
 
 @dataclasses.dataclass(frozen=True)
 class NGramDraft:
-  """A drafter without a model (prompt lookup): pass it as `generate`'s `draft`.
+  """A drafter without a model (prompt lookup): `jaxspec.Speculation(jaxspec.NGramDraft(), gamma=...)`.
 
   max_ngram: the longest suffix of the context looked up (tried first); min_ngram: the shortest. Static settings:
   each pair compiles its own loop.
@@ -42,13 +45,36 @@ class NGramDraft:
 
   max_ngram: int = 3
   min_ngram: int = 1
+  may_find_nothing = True  # a row without a match proposes nothing (class constants of the Drafter protocol)
+  default_cost = 0.0  # a lookup costs nothing next to a verify call
 
   def __post_init__(self):
-    if not _is_int(self.min_ngram) or self.min_ngram < 1:
-      raise ValueError(f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
-    if not _is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
-      raise ValueError(f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got "
-                       f"{self.max_ngram!r}.")
+    if not is_int(self.min_ngram) or self.min_ngram < 1:
+      raise SettingsError(f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
+    if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
+      raise SettingsError(f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got "
+                          f"{self.max_ngram!r}.")
+
+  @property
+  def name(self) -> str:
+    return f"ngram({self.min_ngram}-{self.max_ngram})"
+
+  def init(self, params, input_ids, input_lengths, cache_len):
+    return init_context(input_ids, input_lengths, cache_len)
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    if limit is None:
+      limit = jnp.where(history.done, 0, static.gamma)
+    tokens, found = propose(self, state, static.gamma)
+    return Proposal(tokens=tokens, counts=jnp.minimum(found, limit).astype(jnp.int32), q=None, after=state)
+
+  def idle(self, state, history, static):
+    batch = history.lengths.shape[0]
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None, after=state)
+
+  def settle(self, proposal, history, lengths, accepted, block, emit):
+    return append(proposal.after, block, emit)
 
 
 @struct.dataclass
@@ -67,8 +93,7 @@ def init_context(input_ids: jax.Array, input_lengths: jax.Array, cache_len: int)
 
 def append(context: NGramContext, block: jax.Array, counts: jax.Array) -> NGramContext:
   """Appends block[b, :counts[b]] to each row. block: [B, T] with T <= the room left (the loop's slack)."""
-  tokens = jax.vmap(lambda row, blk, off: jax.lax.dynamic_update_slice_in_dim(row, blk, off, axis=0))(
-      context.tokens, block.astype(jnp.int32), context.lengths)
+  tokens = write_rows(context.tokens, block.astype(jnp.int32), context.lengths)
   return NGramContext(tokens=tokens, lengths=context.lengths + counts)
 
 

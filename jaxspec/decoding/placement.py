@@ -1,8 +1,10 @@
 """Decoding on a mesh: where `generate`'s inputs, caches and outputs live when the target is sharded.
 
-`prepare` returns the programs and arguments of one `generate` call. For a target on one device they are the
-engine's own jitted `prefill` / `run` and the inputs as given. For a target placed on a mesh (`jaxspec.shard`,
-`jaxspec.load(..., mesh=...)`):
+This module owns compilation: `PREFILL` and `RUN` are the one jit of each entry point (loop.prefill, loop.run)
+for a single device, and `ShardedProgram` jits the same functions with explicit shardings for a mesh. `plan`
+computes where a call lives (no transfer: the memory check reads it), then `prepare` returns the call's programs
+and arguments. For a target on one device they are `PREFILL` / `RUN` and the inputs as given. For a target
+placed on a mesh (`jaxspec.shard`, `jaxspec.load(..., mesh=...)`):
   - the batch is padded to a multiple of the `data` axis with copies of the last row, each with its own RNG key
     (a seed row id past the real rows); `fetch` drops the padding rows from outputs and stats;
   - ids, lengths, seeds and every other per-row array are split over `data`;
@@ -10,7 +12,8 @@ engine's own jitted `prefill` / `run` and the inputs as given. For a target plac
     over `model` where the weights' heads are, batch over `data`): explicit `out_shardings` of the prefill and the
     loop, and the loop's `in_shardings`, so the compiler neither replicates them nor gathers weights (the caches
     are still donated to the loop);
-  - a draft that is not on the target's mesh is replicated over `model` (`DRAFT_RULES`, docs/scaling.md).
+  - a draft that is not on the target's mesh is replicated over `model` (`DRAFT_RULES`, docs/scaling.md), once:
+    the placed copy is kept with the draft model for later calls on that mesh.
 Convention read here: in every program output, the target's cache comes before the draft's (flatten order).
 """
 
@@ -25,7 +28,17 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxspec.decoding import loop
+from jaxspec.errors import SettingsError
 from jaxspec.sharding import DRAFT_RULES, Rules, mesh_of, place, rules_of, tree_shardings
+
+PREFILL = jax.jit(loop.prefill, static_argnums=0)
+RUN = jax.jit(loop.run, static_argnums=0, donate_argnums=(3, 4))  # the caches are donated
+
+
+def compiled_counts() -> tuple[int, int]:
+  """(prefill, loop) programs compiled so far for single-device calls: a test of "no recompilation" reads it."""
+  return PREFILL._cache_size(), RUN._cache_size()  # pylint: disable=protected-access
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +48,20 @@ class Placement:
   mesh: Mesh
   batch: int  # Rows after padding (a multiple of the data axis).
   caches: tuple  # ((family, config, rules) of the target, then the draft's when there is one).
+
+  @property
+  def target_rules(self) -> Rules:
+    return self.caches[0][2]
+
+  @property
+  def draft_rules(self) -> Rules:
+    return self.caches[1][2] if len(self.caches) > 1 else DRAFT_RULES
+
+  @property
+  def shape(self) -> tuple[int, int]:
+    """(data, model) sizes of the mesh."""
+    sizes = dict(self.mesh.shape)
+    return sizes.get("data", 1), sizes.get("model", 1)
 
   @property
   def data(self) -> int:
@@ -157,38 +184,49 @@ def _pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
   return np.concatenate([x, np.repeat(x[-1:], rows, axis=0)]) if rows else x
 
 
-def prepare(prefill: Callable, run: Callable, target, draft, ids: np.ndarray, lengths: np.ndarray,
-            seeds: np.ndarray, row_ids: np.ndarray, run_donate_argnums: tuple = (3, 4)) -> Call:
-  """The programs and arguments for decoding `ids` [B, S] with `target` (and `draft`) where they are placed.
-
-  `prefill` and `run` are the engine's single-device jitted programs; they are used as given when the target is
-  not on a mesh. Raises ValueError when only the draft is on a mesh.
-  """
+def plan(target, draft, batch: int) -> Placement | None:
+  """Where a call of `batch` rows lives: None on one device, else its mesh, padded batch and cache rules.
+  Moves nothing. draft: the draft model or None. Raises SettingsError when only the draft is on a mesh."""
   mesh = mesh_of(target.params)
-  draft_params = None if draft is None else draft.params
   if mesh is None:
     if draft is not None and mesh_of(draft.params) is not None:
-      raise ValueError("the draft is placed on a mesh but the target is not: place the target with "
-                       "jaxspec.shard(target, mesh) (or load it with mesh=...).")
-    return Call(prefill, run, target.params, draft_params, ids, lengths, seeds, row_ids, real=ids.shape[0])
-  real = ids.shape[0]
+      raise SettingsError("the draft is placed on a mesh but the target is not: place the target with "
+                          "jaxspec.shard(target, mesh) (or load it with mesh=...).")
+    return None
   data = dict(mesh.shape).get("data", 1)
-  pad = -real % data
+  caches = [(target.family, target.config, rules_of(target))]
+  if draft is not None:
+    caches.append((draft.family, draft.config, rules_of(draft) if mesh_of(draft.params) == mesh else DRAFT_RULES))
+  return Placement(mesh=mesh, batch=batch + (-batch % data), caches=tuple(caches))
+
+
+def _draft_params_on(draft, mesh: Mesh) -> Any:
+  """The draft's parameters on `mesh`: as they are when already there, else replicated over `model` by
+  DRAFT_RULES, placed once and kept with the draft model (keyed by mesh and the parameters' identity)."""
+  if mesh_of(draft.params) == mesh:
+    return draft.params
+  copies = draft.__dict__.setdefault("_mesh_copies", {})
+  key = (mesh, id(draft.params))
+  if key not in copies:
+    copies.clear()  # one placed copy at a time: a draft decodes beside one target mesh
+    shardings, _ = tree_shardings(draft.family.param_axes(draft.config), draft.params, mesh, DRAFT_RULES)
+    copies[key] = jax.tree.map(place, draft.params, shardings)
+  return copies[key]
+
+
+def prepare(where: Placement | None, target, draft, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,
+            row_ids: np.ndarray) -> Call:
+  """The programs and arguments for decoding `ids` [B, S] with `target` (and the draft model `draft`, or None)
+  where `plan` placed them."""
+  draft_params = None if draft is None else draft.params
+  if where is None:
+    return Call(PREFILL, RUN, target.params, draft_params, ids, lengths, seeds, row_ids, real=ids.shape[0])
+  real = ids.shape[0]
+  pad = where.batch - real
   ids, lengths, seeds = (_pad_rows(x, pad) for x in (ids, lengths, seeds))
   # Every padding row gets its own key: a row id past the real rows (its outputs are dropped anyway).
   row_ids = np.concatenate([row_ids, np.arange(real, real + pad, dtype=row_ids.dtype)])
-  caches = [(target.family, target.config, rules_of(target))]
   if draft is not None:
-    if mesh_of(draft.params) != mesh:
-      shardings, _ = tree_shardings(draft.family.param_axes(draft.config), draft.params, mesh, DRAFT_RULES)
-      draft_params = jax.tree.map(place, draft.params, shardings)
-    caches.append((draft.family, draft.config, rules_of(draft) if mesh_of(draft.params) == mesh else DRAFT_RULES))
-  placement = Placement(mesh=mesh, batch=real + pad, caches=tuple(caches))
-  return Call(ShardedProgram(_unwrap(prefill), placement), ShardedProgram(_unwrap(run), placement,
-                                                                          run_donate_argnums),
-              target.params, draft_params, ids, lengths, seeds, row_ids, real=real, placement=placement)
-
-
-def _unwrap(jitted: Callable) -> Callable:
-  """The Python function behind an engine program (`jax.jit` keeps it as `__wrapped__`)."""
-  return getattr(jitted, "__wrapped__", jitted)
+    draft_params = _draft_params_on(draft, where.mesh)
+  return Call(ShardedProgram(loop.prefill, where), ShardedProgram(loop.run, where, donate_argnums=(3, 4)),
+              target.params, draft_params, ids, lengths, seeds, row_ids, real=real, placement=where)

@@ -22,6 +22,11 @@ class SamplingKnobs:
   top_p: jax.Array  # [] float32 in (0, 1], 1 = off.
 
   @classmethod
+  def of(cls, sampling) -> "SamplingKnobs":
+    """The runtime values of a `jaxspec.Sampling`."""
+    return cls.create(sampling.temperature, sampling.top_k, sampling.top_p)
+
+  @classmethod
   def create(cls, temperature: float, top_k: int, top_p: float) -> "SamplingKnobs":
     # Host numpy scalars: jit transfers them with the call (creating three device scalars costs ~1 ms here).
     return cls(temperature=np.float32(temperature if temperature > 0 else 1.0), top_k=np.int32(top_k),
@@ -56,6 +61,22 @@ def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.
     cutoff = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
     x = jnp.where(x < cutoff, -jnp.inf, x)
   return jax.nn.softmax(x, axis=-1)
+
+
+def fold(keys: jax.Array, data: int | jax.Array) -> jax.Array:
+  """[B] keys -> [B] keys with `data` folded into each: the one rule by which the loop derives a row's key for an
+  iteration, a model and a draft position from the row's own key (so a row's draws never depend on other rows)."""
+  return jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys, data)
+
+
+def draw(greedy: bool, filtering: bool, keys: jax.Array, logits: jax.Array,
+         knobs: SamplingKnobs) -> tuple[jax.Array, jax.Array | None]:
+  """One token per row from logits [B, V] (keys [B]): (tokens [B] int32, q [B, V] the warped distribution they
+  were drawn from, or None when greedy: the argmax)."""
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32), None
+  q = warp_probs(logits, knobs, filtering)
+  return sample(keys, q), q
 
 
 def row_keys(key: jax.Array, batch: int) -> jax.Array:

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import io_callback
 
+from jaxspec.errors import SettingsError
+
 
 @dataclasses.dataclass(frozen=True)
 class TokenChunk:
@@ -84,7 +86,7 @@ def emit(stream_id: jax.Array, iteration: jax.Array, tokens: jax.Array, counts: 
 def register(callback: Callable[[TokenChunk], object], rows: int) -> int:
   """A stream id for one generate call (the loop's runtime argument); `finish` it after the call."""
   if not callable(callback):
-    raise ValueError(f"on_tokens must be a callable taking a TokenChunk, got {type(callback).__name__}.")
+    raise SettingsError(f"on_tokens must be a callable taking a TokenChunk, got {type(callback).__name__}.")
   with _LOCK:
     stream_id = next(_IDS)
     _STREAMS[stream_id] = _Stream(callback=callback, rows=rows)

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from jaxspec.errors import SettingsError
+
 
 def _check(alpha: float, gamma: int, c: float) -> None:
   if not 0 <= alpha <= 1:
-    raise ValueError(f"alpha must be in [0, 1], got {alpha}.")
+    raise SettingsError(f"alpha must be in [0, 1], got {alpha}.")
   if gamma < 0:
-    raise ValueError(f"gamma must be >= 0, got {gamma}.")
+    raise SettingsError(f"gamma must be >= 0, got {gamma}.")
   if c < 0:
-    raise ValueError(f"c must be >= 0, got {c}.")
+    raise SettingsError(f"c must be >= 0, got {c}.")
 
 
 def expected_tokens_per_iteration(alpha: float, gamma: int) -> float:
@@ -76,7 +78,7 @@ def expected_iterations(lengths, alpha: float, gamma: int) -> float:
   """
   lengths = [int(n) for n in lengths]
   if not lengths or min(lengths) < 0:
-    raise ValueError(f"lengths must be a non-empty list of token counts >= 0, got {lengths}.")
+    raise SettingsError(f"lengths must be a non-empty list of token counts >= 0, got {lengths}.")
   cdf = iterations_cdf(alpha, gamma, max(lengths))
   all_done = np.prod(cdf[lengths, :], axis=0)  # P(every row done within i iterations), i = 0..max
   return float(np.sum(1.0 - all_done))

@@ -100,6 +100,14 @@ class ModelConfig(Protocol):
   def to_hf_dict(self) -> dict: ...  # The `config.json` that transformers reads back into this architecture.
 
 
+def write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array, axis: int = 0) -> jax.Array:
+  """Each row's block written at its own offset: buffer [B, ...], block [B, ...] (the same rank), offsets [B];
+  `axis` counts the row's own axes (0: the first after B). The one per-row write of caches and loop buffers.
+  The caller leaves room: a start past the end would be silently shifted back by dynamic_update_slice."""
+  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=axis))(
+      buffer, block, offsets)
+
+
 def shapes_from_axes(axes: Any, size: dict[str, int]) -> Any:
   """The shape of every parameter from its logical axis names: `axes` a pytree of name tuples (a family's
   `param_axes`), `size` each name's length; returns the same pytree with tuples of ints."""

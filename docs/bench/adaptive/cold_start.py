@@ -22,10 +22,10 @@ ids = encode_texts(target.tokenizer, texts, max_input_length=512)
 rows = []
 for i in ids:
   chunks = []
-  jaxspec.generate(target, [i], draft=draft, gamma=4, on_tokens=chunks.append)
-  adaptive = jaxspec.generate(target, [i], draft=draft, gamma=4, schedule="adaptive", draft_cost=0.11,
-                              fallback_alpha=0.471)
-  no_fallback = jaxspec.generate(target, [i], draft=draft, gamma=4, schedule="adaptive", draft_cost=0.11)
+  jaxspec.generate(target, [i], jaxspec.Speculation(draft, gamma=4), on_tokens=chunks.append)
+  no_fallback_spec = jaxspec.Speculation(draft, gamma=4, schedule="adaptive", draft_cost=0.11)
+  adaptive = jaxspec.generate(target, [i], no_fallback_spec.replace(fallback_alpha=0.471))
+  no_fallback = jaxspec.generate(target, [i], no_fallback_spec)
   rows.append((int(chunks[0].counts[0]) == 1, int(adaptive.lengths[0]), int(adaptive.stats.iterations[0]),
                int(adaptive.stats.fallback_iterations[0]), int(no_fallback.stats.iterations[0])))
 print("first proposal rejected | tokens | adaptive iterations | of them resting | iterations without fallback")

@@ -22,7 +22,6 @@ import numpy as np
 
 import jaxspec
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.decoding import adaptive, engine, sampling
 
 target, draft = jaxspec.load("ende-target"), jaxspec.load("ende-draft")
 texts = [p.en for p in read_pairs(split_path("dev")) if p.is_natural][:16]
@@ -30,11 +29,11 @@ texts = [p.en for p in read_pairs(split_path("dev")) if p.is_natural][:16]
 
 def timed(batch: int, temperature: float, gamma: int) -> dict:
   batches = [texts[i:i + batch] for i in range(0, len(texts), batch)]
-  fns = {"plain": {}, "const": dict(draft=draft, gamma=gamma),
-         "adapt": dict(draft=draft, gamma=gamma, schedule="adaptive", draft_cost=0.0),
-         "rest": dict(draft=draft, gamma=gamma, schedule="adaptive", fallback_alpha=1.0, prior_alpha=0.0,
-                      probe_interval=1000)}
-  run = lambda b, kw: jaxspec.generate(target, b, max_new_tokens=64, temperature=temperature, **kw)
+  fns = {"plain": None, "const": jaxspec.Speculation(draft, gamma=gamma),
+         "adapt": jaxspec.Speculation(draft, gamma=gamma, schedule="adaptive", draft_cost=0.0),
+         "rest": jaxspec.Speculation(draft, gamma=gamma, schedule="adaptive", fallback_alpha=1.0, prior_alpha=0.0,
+                                     probe_interval=1000)}
+  run = lambda b, s: jaxspec.generate(target, b, s, jaxspec.Sampling(temperature=temperature), max_new_tokens=64)
   tokens = {n: sum(int(run(b, kw).lengths.sum()) for b in batches) for n, kw in fns.items()}  # warm-up
   seconds = {n: [] for n in fns}
   for _ in range(5):
@@ -48,14 +47,12 @@ def timed(batch: int, temperature: float, gamma: int) -> dict:
 
 def cache_copies(schedule: str | None, gamma: int = 2) -> int:
   """Copies of a target-cache leaf in the optimized HLO of the loop (schedule None: plain decoding)."""
-  d = None if schedule is None else draft
-  settings, ids, lengths = engine._prepare(target, texts[:1], d, gamma, 64, 0.0, 0, 1.0, 512, schedule or "constant")
-  dp = None if d is None else d.params
-  tc, dc, first = engine._prefill(settings, target.params, dp, ids, lengths)
-  hlo = engine._run.lower(settings, target.params, dp, tc, dc, first,
-                          sampling.SamplingKnobs.create(0.0, 0, 1.0), np.zeros((1,), np.uint32),
-                          np.zeros((1,), np.int32), adaptive.SpeculationKnobs.create()).compile().as_text()
-  leaf = next(x for x in jax.tree.leaves(tc) if x.ndim == 4 and x.shape[2] == settings.cache_len)
+  spec = None if schedule is None else jaxspec.Speculation(draft, gamma=gamma, schedule=schedule)
+  hlo = jaxspec.lower(target, texts[:1], spec, max_new_tokens=64).loop_hlo()
+  cache_len = 64 + (0 if spec is None else gamma) + 1
+  leaf = next(x for x in jax.tree.leaves(jax.eval_shape(lambda: target.decoder().prefill(
+      target.params, np.zeros((1, 16), np.int32), np.ones((1,), np.int32), cache_len)[0]))
+              if x.ndim == 4 and x.shape[2] == cache_len)
   shape = "f32[" + ",".join(map(str, leaf.shape)) + "]"
   return len(re.findall(re.escape(shape) + r"\{[0-9,]+\} copy\(", hlo))
 

@@ -38,8 +38,8 @@ def main():
   target, draft = jaxspec.load("ende-target"), jaxspec.load("ende-draft")
   texts = [p.en for p in read_pairs(split_path("dev")) if p.is_natural][:args.sentences]
   ids = encode_texts(target.tokenizer, texts, max_input_length=512)
-  decoders = {"plain": {}, "constant gamma 4": dict(draft=draft, gamma=4),
-              "adaptive gamma 4": dict(draft=draft, gamma=4, schedule="adaptive")}
+  decoders = {"plain": {}, "constant gamma 4": dict(speculation=jaxspec.Speculation(draft, gamma=4)),
+              "adaptive gamma 4": dict(speculation=jaxspec.Speculation(draft, gamma=4, schedule="adaptive"))}
   rows = []
   for batch in map(int, args.batch_sizes.split(",")):
     batches = fixed_batches(ids, batch)

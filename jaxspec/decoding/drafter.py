@@ -1,0 +1,124 @@
+"""The `Drafter` protocol: what the decoding loop asks of anything that proposes tokens for the target to verify.
+
+The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
+
+    proposal = drafter.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+      # or, in an iteration in which the batch rests (fallback): proposal = drafter.idle(state, history, static)
+    ... the target verifies proposal.tokens in one call, the loop emits block[b, :emit[b]] per row ...
+    state = drafter.settle(proposal, history, lengths, accepted, block, emit)
+
+and once per call, before the loop, `state = drafter.init(params, input_ids, input_lengths, cache_len)`. The
+drafter's `state` is its own pytree (a draft model's cache, the prompt-lookup context, nothing for plain
+decoding); the loop only carries it. Implementations, one module each:
+
+  - `PlainDrafter` (below): proposes nothing; gamma is 0 and the loop is plain autoregressive decoding;
+  - `model_drafter.ModelDrafter`: a smaller model of the same tokenizer (the paper's drafter);
+  - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot).
+
+A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
+weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
+its unit tests (tests/decoding/), and the exactness and lossless-sampling tests run with it (docs/drafters.md).
+
+What keeps the output exact (REFERENCE.md): a proposal may depend on anything known before the target scores it
+(the context, the drafter's own probabilities, the rows' past verdicts), never on the verdict it is about to get;
+`q` must be exactly the distribution each token was drawn from, after the same warping as the target's.
+
+Shapes: B batch, G = gamma (the most tokens a row drafts), V vocabulary, N the loop's sequence buffer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Protocol, runtime_checkable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.decoding.sampling import SamplingKnobs
+
+
+@dataclasses.dataclass(frozen=True)
+class ProposalSettings:
+  """The loop's static settings that shape a proposal."""
+
+  gamma: int  # The most tokens a row drafts per iteration.
+  cache_len: int  # Positions per row a drafter's cache holds from the loop's first token on.
+  greedy: bool  # Temperature 0: drafts are argmaxes, q is not needed.
+  filtering: bool  # Top-k / top-p active: the same warping as the target's.
+
+
+@struct.dataclass
+class History:
+  """What the loop knows at the top of an iteration (loop.py's invariants)."""
+
+  sequences: jax.Array  # [B, N] int32: the loop's first token, then every token emitted so far.
+  lengths: jax.Array  # [B] int32 tokens in `sequences` (the last one not yet fed to the target).
+  done: jax.Array  # [B] bool finished rows (frozen: whatever they propose is ignored).
+
+
+@struct.dataclass
+class Proposal:
+  """One iteration's drafts."""
+
+  tokens: jax.Array  # [B, G] int32 proposed tokens (junk at positions >= counts).
+  counts: jax.Array | None  # [B] int32 tokens each row really proposed (k <= G); None: every row proposed G.
+  q: jax.Array | None  # [B, G, V] float32 distributions the tokens were drawn from; None when they are
+  #                      deterministic (q one-hot on each token: prompt lookup) or greedy (argmax on both sides).
+  after: Any  # The drafter's state after proposing, as its `settle` reads it.
+
+
+@runtime_checkable
+class Drafter(Protocol):
+  """Proposes tokens for the target to verify (see the module docstring)."""
+
+  # A row asked to draft may propose nothing (a lookup without a match): the loop then picks the verify call's
+  # width per iteration. False: a row asked to draft proposes >= 1 token, and a batch that rests is known before
+  # drafting (the loop runs resting iterations in a loop of their own).
+  may_find_nothing: bool
+  # c, the cost of one proposed token relative to a verify call, when Speculation.draft_cost is None.
+  default_cost: float
+
+  def init(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int) -> Any:
+    """The state before the first iteration. input_ids [B, S] right-padded, input_lengths [B]."""
+    ...
+
+  def propose(self, params: Any, state: Any, history: History, limit: jax.Array | None, static: ProposalSettings,
+              knobs: SamplingKnobs, confidence: jax.Array, keys: jax.Array, some_row_drafts: bool) -> Proposal:
+    """Up to limit[b] tokens for row b ([B] int32 in [0, G]; None: G for every unfinished row, schedule
+    "constant"). confidence [] float32: a row may stop after a token whose distribution's top probability is
+    below it (0 = off). keys [B]: this iteration's draft keys. some_row_drafts (static): some limit is > 0, so
+    no `lax.cond` around the drafting is needed."""
+    ...
+
+  def idle(self, state: Any, history: History, static: ProposalSettings) -> Proposal:
+    """A proposal of nothing (every count 0) that leaves the state as it is: an iteration in which the batch
+    rests."""
+    ...
+
+  def settle(self, proposal: Proposal, history: History, lengths: jax.Array, accepted: jax.Array,
+             block: jax.Array, emit: jax.Array) -> Any:
+    """The state after verification: history is the iteration's start; lengths [B] the new lengths; accepted
+    [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b."""
+    ...
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainDrafter:
+  """Proposes nothing: with it (and gamma 0) the loop is plain autoregressive decoding, through the same code."""
+
+  may_find_nothing: bool = False
+  default_cost: float = 0.0
+
+  def init(self, params, input_ids, input_lengths, cache_len):
+    return None
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    return self.idle(state, history, static)
+
+  def idle(self, state, history, static):
+    batch = history.lengths.shape[0]
+    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=None, q=None, after=state)
+
+  def settle(self, proposal, history, lengths, accepted, block, emit):
+    return proposal.after

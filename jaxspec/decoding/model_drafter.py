@@ -1,0 +1,181 @@
+"""`ModelDrafter`: a smaller model of the target's tokenizer drafts (the paper's drafter; drafter.py's protocol).
+
+Each iteration it catches its cache up with the accepted sequence, then drafts.
+
+Loop positions as in loop.py: row b holds L = lengths[b] tokens, the last one not yet fed to any model; the draft
+has fed dlen = draft_cache.positions[b] <= L - 1 of them, so it lags by lag = L - 1 - dlen tokens.
+
+Catch-up: ONE draft call feeds each row's tokens from dlen on and gives the distribution after the last token.
+Its width W is static, picked per iteration (`lax.switch`) from the largest lag among the rows that draft:
+  1 token (lag 0) or 2 (lag 1: the row accepted all its drafts and never fed the last one, REFERENCE.md pitfall
+  1); with variable lengths also gamma + 1 tokens (lag <= gamma: a short fallback stretch) and, for longer lags,
+  a re-feed of the whole sequence from position 0 (cache_len tokens: the first probe after a rest longer than
+  gamma iterations makes one). A wider
+  call never writes past the cache: dlen + gamma + 1 <= cache_len, and the re-feed starts at 0.
+A row that does not draft this iteration may lag more than W - 1; it is fed what fits and stays behind.
+
+Drafting: `_propose_fixed` (schedule "constant": `limit` None) draws gamma tokens for every row with a `lax.scan`
+of gamma - 1 single-token calls. `_propose_variable` draws at most limit[b] tokens for row b and stops a row after
+a token whose distribution's top probability is below draft_confidence; its `lax.while_loop` makes single-token
+calls only while some row still drafts, so at batch 1 a short draft costs only its own steps.
+
+After verification, `ModelDrafter.settle` rolls the cache back to the tokens it fed that were accepted (never past
+the last).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.decoding import adaptive, sampling
+from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
+from jaxspec.models.contract import Decoder
+
+
+@struct.dataclass
+class Drafted:
+  """The draft cache after proposing, with what `settle` needs to roll it back (Proposal.after)."""
+
+  cache: Any  # the draft cache, positions at base + steps.
+  base: jax.Array  # [B] int32 positions after the catch-up call (L for a caught-up row).
+  steps: jax.Array  # [] int32 single-token calls made after it (each fed x_1, x_2, ... to every row).
+
+
+def _top_prob(logits: jax.Array, q: jax.Array | None) -> jax.Array:
+  """[B] the largest probability of the distribution a token was drawn from (softmax of logits when greedy)."""
+  if q is not None:
+    return jnp.max(q, axis=-1)
+  return 1.0 / jnp.sum(jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)), axis=-1)
+
+
+def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any, sequences: jax.Array,
+             lengths: jax.Array, needed: jax.Array, variable: bool) -> tuple[jax.Array, Any, jax.Array]:
+  """One draft call feeding each row from its cache position on (see the module docstring).
+
+  Args:
+    sequences: [B, N] the loop's tokens; lengths: [B]; needed: [B] bool rows that draft (their lag picks W).
+    variable: static; False compiles only the 1- and 2-token calls (the lag is then at most 1).
+  Returns:
+    (logits [B, V] after each row's last token (junk for rows still behind), cache at positions base,
+    base [B] int32 = min(start + W, L)).
+  """
+  dlen = cache.positions
+  lag = jnp.max(jnp.where(needed, lengths - 1 - dlen, 0))
+  widths = [1, 2] + ([static.gamma + 1] if variable and static.gamma > 1 else [])
+  branches = [(w, False) for w in widths] + ([(static.cache_len, True)] if variable else [])
+
+  def feed(width: int, from_start: bool):
+    def call(cache):
+      start = jnp.zeros_like(dlen) if from_start else dlen
+      tokens = jnp.take_along_axis(sequences, jnp.clip(start[:, None] + jnp.arange(width)[None], 0,
+                                                       sequences.shape[1] - 1), axis=1)  # [B, W]
+      with jax.named_scope("draft_step"):
+        logits, cache = decoder.step(params, cache.rollback(start), tokens)
+      at = jnp.clip(lengths - 1 - start, 0, width - 1)
+      base = jnp.minimum(start + width, lengths)
+      return jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0], cache.rollback(base), base
+    return call
+
+  index = sum((lag > w - 1).astype(jnp.int32) for w in widths[:len(branches) - 1])
+  return jax.lax.switch(index, [feed(w, s) for w, s in branches], cache)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDrafter:
+  """A draft model behind the `Drafter` protocol. decoder: the draft's `Decoder` (its weights come as params)."""
+
+  decoder: Decoder
+  may_find_nothing: bool = False
+  default_cost: float = adaptive.DEFAULT_DRAFT_COST
+
+  def init(self, params, input_ids, input_lengths, cache_len):
+    return self.decoder.prefill(params, input_ids, input_lengths, cache_len)[0]
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    if limit is None:
+      return self._propose_fixed(params, state, history, static, knobs, keys)
+    return self._propose_variable(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+
+  def idle(self, state, history, static):
+    batch = history.lengths.shape[0]
+    zeros = jnp.zeros((batch,), jnp.int32)
+    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None,
+                    after=Drafted(cache=state, base=state.positions, steps=jnp.int32(0)))
+
+  def settle(self, proposal, history, lengths, accepted, block, emit):
+    """A caught-up row keeps the last token and the x_1..x_steps it fed that were accepted; a row still behind
+    keeps what its catch-up fed; never more than lengths - 1 (the newest token is fed next iteration)."""
+    after = proposal.after
+    kept = jnp.where(after.base == history.lengths, history.lengths + jnp.minimum(accepted, after.steps), after.base)
+    return after.cache.rollback(jnp.minimum(kept, lengths - 1))
+
+  def _propose_fixed(self, params: Any, cache: Any, history: History, static: ProposalSettings,
+                     knobs: sampling.SamplingKnobs, keys: jax.Array) -> Proposal:
+    """gamma tokens for every row (schedule "constant"); finished rows need no catch-up."""
+    first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, history.lengths,
+                                  ~history.done, variable=False)
+    x1, q1 = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), first, knobs)
+
+    def one_step(carry, j):
+      cache, token = carry
+      with jax.named_scope("draft_step"):
+        logits, cache = self.decoder.step(params, cache, token[:, None])
+      x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits[:, 0], knobs)
+      return (cache, x), (x, q)
+
+    (cache, _), (xs, qs) = jax.lax.scan(one_step, (cache, x1), jnp.arange(1, static.gamma))
+    tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
+    q = None if static.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return Proposal(tokens=tokens, counts=None, q=q,
+                    after=Drafted(cache=cache, base=base, steps=jnp.int32(static.gamma - 1)))
+
+  def _propose_variable(self, params: Any, cache: Any, history: History, limit: jax.Array,
+                        static: ProposalSettings, knobs: sampling.SamplingKnobs, confidence: jax.Array,
+                        keys: jax.Array, some_row_drafts: bool) -> Proposal:
+    """At most limit[b] tokens for row b ([B] int32 in [0, G], 0 = none), each row stopping after a token whose
+    distribution's top probability is below `confidence` ([] float32). Rows still behind after the catch-up call
+    draft nothing. With no row to draft, no draft call at all (a `lax.cond`, unless some_row_drafts)."""
+    gamma, batch, lengths = static.gamma, history.lengths.shape[0], history.lengths
+
+    def draft(cache):
+      first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, lengths, limit > 0,
+                                    variable=True)
+      row_limit = jnp.where(base == lengths, limit, 0)
+      x1, q1 = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), first, knobs)
+      tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
+      qs = None if q1 is None else jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
+      counts = (row_limit > 0).astype(jnp.int32)
+      going = (counts > 0) & (row_limit > 1) & (_top_prob(first, q1) >= confidence)
+
+      def body(carry):
+        cache, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
+        with jax.named_scope("draft_step"):
+          logits, cache = self.decoder.step(params, cache, jax.lax.dynamic_slice_in_dim(tokens, j - 1, 1, 1))
+        x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits[:, 0], knobs)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x[:, None], j, axis=1)
+        if qs is not None:
+          qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
+        counts = counts + going
+        going = going & (row_limit > j + 1) & (_top_prob(logits[:, 0], q) >= confidence)
+        return cache, j + 1, tokens, qs, counts, going
+
+      cache, j, tokens, qs, counts, _ = jax.lax.while_loop(
+          lambda c: (c[1] < gamma) & jnp.any(c[5]), body, (cache, jnp.int32(1), tokens, qs, counts, going))
+      return Proposal(tokens=tokens, counts=counts, q=qs, after=Drafted(cache=cache, base=base, steps=j - 1))
+
+    def skip(cache):
+      q = None
+      if not static.greedy:
+        vocab = jax.eval_shape(lambda c: self.decoder.step(params, c, history.sequences[:, :1])[0], cache).shape[-1]
+        q = jnp.zeros((batch, gamma, vocab), jnp.float32)
+      return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
+                      after=Drafted(cache=cache, base=cache.positions, steps=jnp.int32(0)))
+
+    if some_row_drafts:
+      return draft(cache)
+    return jax.lax.cond(jnp.any(limit > 0), draft, skip, cache)

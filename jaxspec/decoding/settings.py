@@ -1,0 +1,143 @@
+"""`Sampling` and `Speculation`: what `jaxspec.generate` decodes with, as two typed settings objects.
+
+    out = jaxspec.generate(target, texts, jaxspec.Speculation(draft, gamma=5), jaxspec.Sampling(temperature=0.7))
+
+Each checks itself when it is made and raises one `SettingsError` (a `jaxspec.JaxspecError`, a ValueError) naming
+the field, so a bad value never reaches a compiled program. Both are frozen: the tuner returns a `Speculation`,
+launch scripts build them from flags, and `dataclasses.replace(s, gamma=3)` gives a checked variant.
+
+What recompiles: `Sampling.temperature == 0` (greedy or not) and whether top-k / top-p are on, and
+`Speculation`'s draft (its kind and shapes), gamma and schedule, are static; the temperature itself, top_k, top_p
+and every other `Speculation` field are runtime values (a new value never recompiles).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import TYPE_CHECKING, Union
+
+import numpy as np
+
+from jaxspec.errors import SettingsError
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.ngram import NGramDraft
+  from jaxspec.model import Model
+
+SCHEDULES = ("constant", "heuristic", "adaptive")
+MAX_SEED = 2**31 - 1  # seeds are integers in [0, MAX_SEED]
+
+
+def is_int(x) -> bool:
+  """A Python or numpy integer, not a bool."""
+  return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def is_real(x) -> bool:
+  """A Python or numpy real number, not a bool."""
+  return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _require(ok: bool, message: str) -> None:
+  if not ok:
+    raise SettingsError(message)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How the next token is chosen from the target's distribution (and the draft's, warped the same way).
+
+  temperature: 0 for greedy (argmax on both sides; the output is the target's greedy decode), > 0 samples.
+  top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1] (1 = off).
+  """
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    t, k, p = self.temperature, self.top_k, self.top_p
+    _require(is_real(t) and math.isfinite(t) and t >= 0,
+             f"Sampling.temperature must be a finite number >= 0 (0 = greedy), got {t!r}.")
+    _require(is_int(k) and 0 <= k < 2**31, f"Sampling.top_k must be an integer >= 0 (0 = off), got {k!r}.")
+    _require(is_real(p) and 0 < p <= 1, f"Sampling.top_p must be in (0, 1] (1 = off), got {p!r}.")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0
+
+  @property
+  def filtering(self) -> bool:
+    """Top-k or top-p is active when sampling (the loop then sorts the vocabulary)."""
+    return not self.greedy and (self.top_k > 0 or self.top_p < 1)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Speculation:
+  """What drafts for the target, and how many tokens per iteration.
+
+  draft: a smaller `jaxspec.Model` with the target's tokenizer, or `jaxspec.NGramDraft(...)` (prompt lookup, no
+    model).
+  gamma: the most draft tokens per row and iteration (>= 1).
+  schedule: how many of them each iteration drafts (jaxspec.decoding.adaptive): "constant" (gamma every
+    iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma]) or
+    "adaptive" (the length that maximises Theorem 3.8's tokens per cost from the running acceptance estimates).
+    At batch > 1 the length is the batch's. Output is exact under every schedule; when sampling, a row's sample
+    under "heuristic" / "adaptive" depends on its batch neighbours' histories (its distribution does not).
+  draft_confidence: in [0, 1), 0 = off; a row stops drafting after a token whose draft distribution's top
+    probability is below it (schedules other than "constant").
+  fallback_alpha: in [0, 1], 0 = off; when the active rows' mean running acceptance estimate is below it, the
+    batch decodes plainly and drafts again after `probe_interval` such iterations (not with "constant").
+  probe_interval: resting iterations between probes (>= 1); doubles after each failed probe.
+  draft_cost: c, a draft step's cost relative to a verify call, read by "adaptive"; None: the drafter's default
+    (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model).
+  prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: every row starts by drafting);
+    `jaxspec.tune` passes the draft's measured acceptance.
+
+  Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
+  """
+
+  draft: Union["Model", "NGramDraft"]
+  gamma: int = 4
+  schedule: str = "constant"
+  draft_confidence: float = 0.0
+  fallback_alpha: float = 0.0
+  probe_interval: int = 4
+  draft_cost: float | None = None
+  prior_alpha: float = 1.0
+
+  def __post_init__(self):
+    from jaxspec.decoding.ngram import NGramDraft  # pylint: disable=import-outside-toplevel
+    from jaxspec.model import Model  # pylint: disable=import-outside-toplevel
+    _require(isinstance(self.draft, (Model, NGramDraft)),
+             f"Speculation.draft must be a jaxspec.Model (from jaxspec.load) or a jaxspec.NGramDraft, got "
+             f"{type(self.draft).__name__}.")
+    g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
+                        self.prior_alpha)
+    _require(is_int(g) and 1 <= g <= 256, f"Speculation.gamma must be an integer in [1, 256] (draft tokens per "
+             f"iteration), got {g!r}.")
+    _require(self.schedule in SCHEDULES, f"Speculation.schedule must be one of {SCHEDULES}, got {self.schedule!r}.")
+    _require(is_real(c) and 0 <= c < 1, f"Speculation.draft_confidence must be in [0, 1) (0 = off), got {c!r}.")
+    _require(is_real(f) and 0 <= f <= 1, f"Speculation.fallback_alpha must be in [0, 1] (0 = off), got {f!r}.")
+    _require(is_int(i) and 1 <= i < 2**31, f"Speculation.probe_interval must be an integer >= 1, got {i!r}.")
+    _require(d is None or (is_real(d) and math.isfinite(d) and d >= 0),
+             f"Speculation.draft_cost must be a finite number >= 0 (or None), got {d!r}.")
+    _require(is_real(a) and 0 <= a <= 1, f"Speculation.prior_alpha must be in [0, 1] (1 = optimistic), got {a!r}.")
+    _require(self.schedule != "constant" or (c == 0 and f == 0),
+             "Speculation.draft_confidence and fallback_alpha need schedule='heuristic' or 'adaptive': "
+             "schedule='constant' drafts gamma tokens every iteration.")
+
+  def replace(self, **changes) -> "Speculation":
+    """A checked copy with some fields changed."""
+    return dataclasses.replace(self, **changes)
+
+  def describe(self) -> str:
+    """'NAME gamma=G' plus the schedule and every knob away from its default, for logs and reports."""
+    name = getattr(self.draft, "name", None) or type(self.draft).__name__
+    parts = [f"{name} gamma={self.gamma}"]
+    for field in dataclasses.fields(self):
+      if field.name not in ("draft", "gamma") and getattr(self, field.name) != field.default:
+        parts.append(f"{field.name}={getattr(self, field.name)}")
+    return " ".join(parts)
