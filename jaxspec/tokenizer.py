@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from jaxspec.errors import NoChatTemplateError
+from jaxspec.errors import InputError, NoChatTemplateError
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 
@@ -34,14 +34,20 @@ class Tokenizer:
 
     `encode` of the result equals transformers' `apply_chat_template(messages, tokenize=True,
     add_generation_prompt=True)`: no double BOS. Raises NoChatTemplateError when the tokenizer has no template,
-    and ValueError when the template renders a text that `encode` cannot reproduce (no BOS in the template while
+    InputError for anything but a str or a list of {"role", "content"} dicts, and ValueError when the template renders a text that `encode` cannot reproduce (no BOS in the template while
     the tokenizer adds special tokens).
     """
     if not getattr(self.hf_tokenizer, "chat_template", None):
       raise NoChatTemplateError(f"the tokenizer {self.hf_tokenizer.name_or_path!r} has no chat template (not a chat "
                                 f"or instruct model): pass plain prompts.")
-    messages = [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else list(
+    messages = [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else (
         text_or_messages)
+    if not isinstance(messages, (list, tuple)) or not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
+      raise InputError(f"apply_chat_template takes one user message (a str) or a non-empty list of "
+                       f"{{'role': str, 'content': ...}} messages, got {type(text_or_messages).__name__} "
+                       f"{str(text_or_messages)[:80]!r}.")
+    messages = list(messages)
     text = self.hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     want = self.hf_tokenizer(text, add_special_tokens=False)["input_ids"]
     if self.encode(text) != list(want):
