@@ -91,12 +91,35 @@ class Tokenizer:
     self.hf_tokenizer.save_pretrained(directory)
 
 
+def _check_tokenizer_config(directory: str) -> None:
+  """Refuses a tokenizer_config.json whose file entries (vocab_file, merges_file, tokenizer_file, ...) leave the
+  directory: a tokenizer reads only its own directory's files."""
+  import json
+  from jaxspec.checkpoint.hf_dir import check_inside  # Lazily: jaxspec.checkpoint imports this module.
+  path = os.path.join(directory, "tokenizer_config.json")
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return  # transformers reports an unreadable file.
+  for key, value in (config.items() if isinstance(config, dict) else ()):
+    if key.endswith("_file") and isinstance(value, str):
+      check_inside(path, key, value)
+
+
 def load_tokenizer(directory: str) -> Tokenizer | None:
-  """The tokenizer saved in a model directory, or None when it has no tokenizer files."""
+  """The tokenizer saved in a model directory, or None when it has no tokenizer files.
+
+  Never runs code from the directory: transformers is called with trust_remote_code=False, so a tokenizer_config
+  `auto_map` naming the directory's Python is neither imported nor asked about (no prompt on a terminal).
+  """
   if not any(os.path.exists(os.path.join(directory, f)) for f in TOKENIZER_FILES):
     return None
+  _check_tokenizer_config(directory)
   from transformers import AutoTokenizer  # Imported lazily: transformers is slow to import.
-  return Tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+  return Tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False))
 
 
 def write_sentencepiece_tokenizer(spiece_model: str, directory: str, extra_ids: int = 0) -> None:

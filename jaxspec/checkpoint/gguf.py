@@ -254,7 +254,7 @@ def eos_ids(reader, meta: dict) -> list[int]:
 def _write_tokenizer(gguf_path: str, meta: dict, directory: str) -> None:
   from transformers import AutoTokenizer
   tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(gguf_path)),
-                                            gguf_file=os.path.basename(gguf_path))
+                                            gguf_file=os.path.basename(gguf_path), trust_remote_code=False)
   if "tokenizer.chat_template" in meta:
     tokenizer.chat_template = meta["tokenizer.chat_template"]
   tokenizer.save_pretrained(directory)
