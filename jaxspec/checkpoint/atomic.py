@@ -45,7 +45,8 @@ _ORBAX_METADATA = ("_CHECKPOINT_METADATA", "_METADATA")
 
 
 def _unexpected_entries(directory: str) -> list[str]:
-  """Entries of `directory` that a model directory jaxspec writes never holds (a trailing / marks a folder)."""
+  """Entries of `directory` that a model directory jaxspec writes never holds (a trailing / marks a folder; a
+  symlink is never jaxspec's, so a Hugging Face cache snapshot is never replaced)."""
   out = []
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
@@ -55,7 +56,7 @@ def _unexpected_entries(directory: str) -> list[str]:
         and os.path.exists(os.path.join(directory, "jaxspec.json"))
         and any(os.path.exists(os.path.join(path, m)) for m in _ORBAX_METADATA)):
       continue  # An Orbax tree of a jaxspec save.
-    out.append(name + ("/" if os.path.isdir(path) else ""))
+    out.append(name + (" (a symlink)" if os.path.islink(path) else "/" if os.path.isdir(path) else ""))
   return out
 
 
