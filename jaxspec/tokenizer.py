@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-from jaxspec.errors import NoChatTemplateError
+from jaxspec.errors import InputError, NoChatTemplateError
 
 TOKENIZER_FILES = ("tokenizer.json", "spiece.model", "tokenizer_config.json")
 
@@ -34,14 +34,20 @@ class Tokenizer:
 
     `encode` of the result equals transformers' `apply_chat_template(messages, tokenize=True,
     add_generation_prompt=True)`: no double BOS. Raises NoChatTemplateError when the tokenizer has no template,
-    and ValueError when the template renders a text that `encode` cannot reproduce (no BOS in the template while
+    InputError for anything but a str or a list of {"role", "content"} dicts, and ValueError when the template renders a text that `encode` cannot reproduce (no BOS in the template while
     the tokenizer adds special tokens).
     """
     if not getattr(self.hf_tokenizer, "chat_template", None):
       raise NoChatTemplateError(f"the tokenizer {self.hf_tokenizer.name_or_path!r} has no chat template (not a chat "
                                 f"or instruct model): pass plain prompts.")
-    messages = [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else list(
+    messages = [{"role": "user", "content": text_or_messages}] if isinstance(text_or_messages, str) else (
         text_or_messages)
+    if not isinstance(messages, (list, tuple)) or not messages or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages):
+      raise InputError(f"apply_chat_template takes one user message (a str) or a non-empty list of "
+                       f"{{'role': str, 'content': ...}} messages, got {type(text_or_messages).__name__} "
+                       f"{str(text_or_messages)[:80]!r}.")
+    messages = list(messages)
     text = self.hf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     want = self.hf_tokenizer(text, add_special_tokens=False)["input_ids"]
     if self.encode(text) != list(want):
@@ -85,12 +91,35 @@ class Tokenizer:
     self.hf_tokenizer.save_pretrained(directory)
 
 
+def _check_tokenizer_config(directory: str) -> None:
+  """Refuses a tokenizer_config.json whose file entries (vocab_file, merges_file, tokenizer_file, ...) leave the
+  directory: a tokenizer reads only its own directory's files."""
+  import json
+  from jaxspec.checkpoint.hf_dir import check_inside  # Lazily: jaxspec.checkpoint imports this module.
+  path = os.path.join(directory, "tokenizer_config.json")
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      config = json.load(f)
+  except (OSError, ValueError):
+    return  # transformers reports an unreadable file.
+  for key, value in (config.items() if isinstance(config, dict) else ()):
+    if key.endswith("_file") and isinstance(value, str):
+      check_inside(path, key, value)
+
+
 def load_tokenizer(directory: str) -> Tokenizer | None:
-  """The tokenizer saved in a model directory, or None when it has no tokenizer files."""
+  """The tokenizer saved in a model directory, or None when it has no tokenizer files.
+
+  Never runs code from the directory: transformers is called with trust_remote_code=False, so a tokenizer_config
+  `auto_map` naming the directory's Python is neither imported nor asked about (no prompt on a terminal).
+  """
   if not any(os.path.exists(os.path.join(directory, f)) for f in TOKENIZER_FILES):
     return None
+  _check_tokenizer_config(directory)
   from transformers import AutoTokenizer  # Imported lazily: transformers is slow to import.
-  return Tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True))
+  return Tokenizer(AutoTokenizer.from_pretrained(directory, local_files_only=True, trust_remote_code=False))
 
 
 def write_sentencepiece_tokenizer(spiece_model: str, directory: str, extra_ids: int = 0) -> None:

@@ -4,14 +4,16 @@ r"""Converts a GGUF checkpoint (one file, its parts, or a directory of parts) to
 
 Writes config.json, model.safetensors (sharded with an index above --max_shard_mb), generation_config.json and
 the tokenizer (with the chat template, if the GGUF has one). Quantized tensors are dequantized: the result holds
-the quantized model's values, in --dtype. Needs the `gguf` package.
+the quantized model's values, in --dtype. Needs the `gguf` package. A bad flag or a checkpoint error (a missing
+part, an --output_dir that is empty, the working directory or a folder that is not a model) ends with one line.
 """
 
 import os
 import time
 
-from absl import app, flags
+from absl import flags
 
+from jaxspec import cli_flags
 from jaxspec.checkpoint.gguf import convert_gguf
 
 _GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, comma-separated parts in order, or a directory of parts "
@@ -20,6 +22,9 @@ _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "HF directory to write (re
 _DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Weight dtype of the safetensors.")
 _MAX_SHARD_MB = flags.DEFINE_integer("max_shard_mb", 2000, "Shard the weights above this size (MB).")
 _ALWAYS_INDEX = flags.DEFINE_bool("always_index", False, "Write model.safetensors.index.json even for one shard.")
+flags.register_validator("output_dir", lambda v: bool(v and v.strip()),
+                         message="--output_dir must name a directory (an empty value would be the working directory).")
+flags.register_validator("gguf", lambda v: bool(v and v.strip()), message="--gguf must name a GGUF file or directory.")
 
 
 def main(argv):
@@ -32,4 +37,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli_flags.run(main)

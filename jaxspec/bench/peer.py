@@ -42,9 +42,9 @@ def _load(source: Source, tmp: str, role: str):
     path = os.path.join(tmp, role)
     jaxspec.save(source, path, format="hf")
     source = path
-  config = transformers.AutoConfig.from_pretrained(source)
+  config = transformers.AutoConfig.from_pretrained(source, trust_remote_code=False)  # Never a checkpoint's code.
   cls = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-  model = cls.from_pretrained(source, dtype=torch.float32).eval()
+  model = cls.from_pretrained(source, dtype=torch.float32, trust_remote_code=False).eval()
   if config.model_type == "t5":
     # transformers' generate sizes T5's KV cache by config.num_layers (the ENCODER depth) and fails when the
     # decoder is deeper; the modules are built already, so raising the number only enlarges that cache.

@@ -254,7 +254,7 @@ def eos_ids(reader, meta: dict) -> list[int]:
 def _write_tokenizer(gguf_path: str, meta: dict, directory: str) -> None:
   from transformers import AutoTokenizer
   tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(os.path.abspath(gguf_path)),
-                                            gguf_file=os.path.basename(gguf_path))
+                                            gguf_file=os.path.basename(gguf_path), trust_remote_code=False)
   if "tokenizer.chat_template" in meta:
     tokenizer.chat_template = meta["tokenizer.chat_template"]
   tokenizer.save_pretrained(directory)
@@ -292,8 +292,8 @@ def convert_gguf(source: str | Sequence[str], output_dir: str, dtype: str = "flo
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype must be float32 or bfloat16, got {dtype!r}.")
   np_dtype = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+  atomic.check_replaceable(output_dir, ("config.json",))  # Before any work: '' or the working dir is refused.
   parts = resolve_parts(source)
-  atomic.check_replaceable(output_dir, ("config.json",))
   with atomic.staging_dir(output_dir) as staging, tempfile.TemporaryDirectory(
       dir=os.path.dirname(staging)) as tmp:
     path = join_parts(parts, os.path.join(tmp, "joined.gguf")) if len(parts) > 1 else parts[0]

@@ -38,6 +38,7 @@ class TensorSource:
     else:
       raise CheckpointError(f"{directory}: no weights (model.safetensors, model.safetensors.index.json, "
                             f"pytorch_model.bin or pytorch_model.bin.index.json).")
+    self.files = [os.path.join(directory, name) for name in files]  # The weight files, in the index's order.
     for name in files:
       path = os.path.join(directory, name)
       if not os.path.exists(path):
@@ -71,7 +72,20 @@ def _index_files(index_path: str) -> list[str]:
   weight_map = index.get("weight_map") if isinstance(index, dict) else None
   if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
     raise CheckpointError(f"{index_path}: no 'weight_map' of tensor name -> file name.")
-  return sorted(set(weight_map.values()))
+  files = sorted(set(weight_map.values()))
+  for name in files:
+    check_inside(index_path, "weight_map", name)
+  return files
+
+
+def check_inside(named_in: str, key: str, name: str) -> None:
+  """Refuses a file name that a model directory's `named_in` file gives (under `key`) and that leaves the
+  directory: an absolute path, or one whose `..` climbs out. Names are checked as written, so the symlinks of a
+  Hugging Face cache snapshot (into its blobs/) still load."""
+  normal = os.path.normpath(name)
+  if not name or os.path.isabs(name) or normal == ".." or normal.startswith(".." + os.sep):
+    raise CheckpointError(f"{named_in}: {key} names {name!r}, a path outside the model directory "
+                          f"{os.path.dirname(named_in)}: refused (a model directory names only its own files).")
 
 
 class _TorchFile:
@@ -109,7 +123,8 @@ def load_params(directory: str, family: Family, cfg, dtype, check_finite: bool =
   """Reads every tensor of `family.weight_table` from an HF directory. Returns (config fitted to the weights,
   params). Raises CheckpointError naming the file and tensor for missing, unused or misshapen tensors, for
   integer or boolean tensors where weights belong, and (unless check_finite=False, which skips a pass over every
-  weight on huge checkpoints) for tensors holding NaN or infinite values.
+  weight on huge checkpoints) for tensors holding NaN or infinite values, or values that `dtype` cannot hold
+  (float16 above 65504: checked as the cast would round them).
 
   With a `mesh`, every parameter is placed by the logical-axis `rules` (jaxspec.sharding) and each process reads
   only the slices of its own devices (`reader` counts the bytes; the finiteness check then covers those slices).
@@ -126,11 +141,15 @@ def load_params(directory: str, family: Family, cfg, dtype, check_finite: bool =
     raise CheckpointError(f"{directory}: tensors that this {family.name} config does not use (config.json and "
                           f"weights disagree?): {unexpected[:10]}{' ...' if len(unexpected) > 10 else ''} in "
                           f"{source.file_of(unexpected[0])}.")
+  dtype = jnp.dtype(dtype)
+  narrow = jnp.finfo(dtype).max < jnp.finfo(jnp.float32).max  # float16: float32 values may overflow to inf.
   params: dict = {}
   for row in table:
     if row.hf_name not in source.names():
-      raise CheckpointError(f"{directory}: missing tensor {row.hf_name!r} (needed for "
-                            f"{'/'.join(map(str, row.path))}).")
+      tied = (" (config.json has tie_word_embeddings=false: the head is not the embedding)"
+              if row.hf_name == "lm_head.weight" else "")
+      raise CheckpointError(f"{', '.join(source.files)}: missing tensor {row.hf_name!r} (needed for "
+                            f"{'/'.join(map(str, row.path))}){tied}.")
     want = hf_table.get_path(shapes, row.path)
     got = source.shape(row.hf_name)
     hf_want = row.layout.to_hf(np.empty(want, np.uint8), cfg).shape
@@ -142,9 +161,20 @@ def load_params(directory: str, family: Family, cfg, dtype, check_finite: bool =
       raise CheckpointError(f"{source.file_of(row.hf_name)}: tensor {row.hf_name!r} is stored as {stored}, not a "
                             f"floating-point type: not model weights (corrupt or wrong file).")
     def check(array, name=row.hf_name, bf16=stored.name == "bfloat16"):
-      if check_finite and not np.isfinite(array.astype(np.float32) if bf16 else array).all():
+      if not check_finite:
+        return
+      values = array.astype(np.float32) if bf16 else array
+      if not np.isfinite(values).all():
         raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} holds NaN or infinite values "
                               f"(load(..., check_finite=False) skips this check).")
+      if narrow and values.size:  # Finite here, infinite after the cast (float16 ends at 65504)?
+        largest = float(np.max(np.abs(values)))
+        with np.errstate(over="ignore"):
+          cast = np.asarray(largest, np.float32).astype(dtype)
+        if not np.isfinite(cast):
+          raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} holds {largest:g}, beyond {dtype.name}'s "
+                                f"largest value {float(jnp.finfo(dtype).max):g}: it would load as inf. Load in "
+                                f"float32 or bfloat16 (load(..., check_finite=False) skips this check).")
     ours = row.layout.to_ours(source.get(row.hf_name), cfg)  # A view of the memory map (layouts permitting).
     if shardings is not None:
       hf_table.set_path(params, row.path, reader.array(ours, hf_table.get_path(shardings, row.path), dtype, check))

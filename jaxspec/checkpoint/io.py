@@ -156,6 +156,9 @@ def load(path_or_name: str, dtype=None, mesh=None, rules=None, *, revision: str 
   """
   directory, name = _resolve(path_or_name, revision, token)
   dtype = _check_dtype(dtype)
+  if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+    raise CheckpointError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
+                          f"{type(mesh).__name__} {mesh!r}.")
   family, cfg = read_config(directory)
   if os.path.exists(os.path.join(directory, _MARKER)):
     params = _load_orbax_params(directory, family, cfg, dtype, mesh, rules)
@@ -204,13 +207,19 @@ def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> Non
   format="hf": config.json + model.safetensors that transformers' `from_pretrained` loads.
   dtype: store the parameters in this dtype (e.g. jnp.bfloat16 to halve the size); None keeps theirs.
   The tokenizer, when the model has one, is saved beside the weights in both formats. An existing `directory`
-  is replaced whole (never merged) when it is a model directory; any other non-empty directory is refused.
+  is replaced whole (never merged) when it holds only what jaxspec writes (configs, weights, tokenizer files, an
+  Orbax params/); any other non-empty directory is refused with a CheckpointError listing the other entries, as
+  are an empty path, the working directory, the home directory, their ancestors and a path under a file. A
+  symlink is followed (its target is replaced, the link stays).
   """
+  if not isinstance(model, Model):
+    raise CheckpointError(f"save expects a jaxspec.Model (from jaxspec.load, or jaxspec.Model(config, params, "
+                          f"tokenizer)), got {type(model).__name__}.")
   if format not in ("orbax", "hf"):
-    raise ValueError(f"format must be 'orbax' or 'hf', got {format!r}.")
+    raise CheckpointError(f"format must be 'orbax' or 'hf', got {format!r}.")
+  directory = atomic.resolve_destination(directory, marker_files=("config.json",))
   if dtype is not None:
     dtype = _check_dtype(dtype)
     model = dataclasses.replace(model, params=jax.tree.map(lambda x: x.astype(dtype), model.params))
-  atomic.check_replaceable(directory, marker_files=("config.json",))
   with atomic.staging_dir(directory) as staging:
     _write(model, staging, format)

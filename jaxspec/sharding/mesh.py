@@ -18,6 +18,8 @@ from typing import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
+from jaxspec.errors import SettingsError
+
 MESH_AXES = ("data", "model")
 DISTRIBUTED_ENV = "JAXSPEC_DISTRIBUTED"  # "1": call jax.distributed.initialize() (launch/tpu_pod.sh sets it).
 
@@ -27,22 +29,30 @@ def make_mesh(data: int | None = None, model: int | None = None,
   """A 2-D mesh ("data", "model") over `devices` (default: every device of every process).
 
   A size left out fills the devices (data * model == number of devices); with neither given, data is 1.
-  Raises ValueError when the sizes do not fill the devices exactly.
+  Raises SettingsError (a ValueError) when the sizes do not fill the devices exactly, or `devices` holds
+  anything but `jax.Device`s.
   """
+  if devices is not None and (isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__")):
+    raise SettingsError(f"make_mesh: devices must be a list of jax.Device (e.g. jax.devices()[:4]), got "
+                        f"{type(devices).__name__}.")
   devices = list(jax.devices() if devices is None else devices)
+  bad = [d for d in devices if not isinstance(d, jax.Device)]
+  if bad or not devices:
+    raise SettingsError(f"make_mesh: devices must be a non-empty list of jax.Device (e.g. jax.devices()[:4]), "
+                        f"got {bad[0]!r} ({type(bad[0]).__name__})." if bad else "make_mesh: devices is empty.")
   n = len(devices)
   for name, size in (("data", data), ("model", model)):
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-      raise ValueError(f"make_mesh: {name} must be an integer >= 1, got {size!r}.")
+      raise SettingsError(f"make_mesh: {name} must be an integer >= 1, got {size!r}.")
   if data is None and model is None:
     data = 1
   if data is None or model is None:
     given, name = (data, "data") if model is None else (model, "model")
     if n % given:
-      raise ValueError(f"make_mesh: {name}={given} does not divide the {n} devices.")
+      raise SettingsError(f"make_mesh: {name}={given} does not divide the {n} devices.")
     data, model = (given, n // given) if model is None else (n // given, given)
   if data * model != n:
-    raise ValueError(f"make_mesh: data={data} x model={model} = {data * model} devices, but {n} are given "
+    raise SettingsError(f"make_mesh: data={data} x model={model} = {data * model} devices, but {n} are given "
                      f"(pass devices=jax.devices()[:{data * model}] to use fewer).")
   # Auto axes: shardings propagate through the unannotated model code (GSPMD), as t5x and maxtext rely on.
   return jax.make_mesh((data, model), MESH_AXES, axis_types=(AxisType.Auto,) * 2, devices=devices)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,12 @@ import numpy as np
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
 FULL, SLIDING = "full_attention", "sliding_attention"
 _ROPE_KINDS = ("default", "linear", "llama3")
+
+
+def _require_positive(name: str, value) -> None:
+  """Raises ValueError naming `name` unless `value` is a finite number > 0."""
+  if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+    raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +51,8 @@ class Rope:
   def __post_init__(self):
     if self.kind not in _ROPE_KINDS:
       raise ValueError(f"unsupported rope_type {self.kind!r}: jaxspec implements {', '.join(_ROPE_KINDS)}.")
+    _require_positive("rope_theta", self.theta)  # 0, negative or non-finite bases make NaN frequencies.
+    _require_positive("rope factor", self.factor)
 
   def inv_freq(self, head_dim: int) -> np.ndarray:
     """[head_dim // 2] float32 inverse frequencies, computed in float32 as transformers does."""
@@ -139,6 +148,7 @@ class DecoderOnlyConfig:
       raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}.")
     if self.head_dim % 2:
       raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}.")
+    _require_positive("rms_norm_eps", self.rms_norm_eps)  # 0 divides by zero on a zero row; NaN spreads.
     eos = tuple(int(e) for e in self.eos_ids)
     if not eos:
       raise ValueError("no EOS id: config.json / generation_config.json must give eos_token_id.")

@@ -71,7 +71,10 @@ def ignored_names(cfg: DecoderOnlyConfig) -> set[str]:
 
 def fit_to_checkpoint(cfg: DecoderOnlyConfig, names: set[str],
                       get: Callable[[str], np.ndarray]) -> DecoderOnlyConfig:
-  """Ties the logits to the embedding unless the checkpoint holds an lm_head that differs from it (a tied model's
-  checkpoint has no lm_head.weight, or an exact copy)."""
-  untied = "lm_head.weight" in names and not np.array_equal(get("lm_head.weight"), get("model.embed_tokens.weight"))
+  """Unties the logits exactly when the checkpoint holds an lm_head that differs from the embedding (an exact copy
+  ties them). Without an lm_head, config.json decides: an untied config's missing lm_head stays missing (load then
+  names it); it is never silently replaced by the embedding."""
+  if "lm_head.weight" not in names:
+    return cfg
+  untied = not np.array_equal(get("lm_head.weight"), get("model.embed_tokens.weight"))
   return dataclasses.replace(cfg, tie_word_embeddings=not untied)

@@ -9,6 +9,8 @@ Covers every public T5 family that `T5ForConditionalGeneration` runs:
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from typing import Any
 
 _ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
@@ -49,8 +51,9 @@ class T5Config:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.vocab_size:
         raise ValueError(f"T5Config.{name} must be a token id in [0, {self.vocab_size}), got {value!r}.")
-    if not isinstance(self.layer_norm_epsilon, (int, float)) or not self.layer_norm_epsilon > 0:
-      raise ValueError(f"T5Config.layer_norm_epsilon must be a number > 0, got {self.layer_norm_epsilon!r}.")
+    eps = self.layer_norm_epsilon
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) or eps <= 0:
+      raise ValueError(f"T5Config.layer_norm_epsilon must be a finite number > 0, got {eps!r}.")
 
   def summary(self) -> dict:
     """The fields a model's repr shows."""

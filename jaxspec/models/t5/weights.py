@@ -63,7 +63,10 @@ def ignored_names(cfg: T5Config) -> set[str]:
 
 
 def fit_to_checkpoint(cfg: T5Config, names: set[str], get: Callable[[str], np.ndarray]) -> T5Config:
-  """transformers unties lm_head exactly when the checkpoint holds an lm_head different from `shared`."""
+  """transformers unties lm_head exactly when the checkpoint holds an lm_head different from `shared`; a missing
+  lm_head of a config with tie_word_embeddings=false stays missing (load names it), never the embedding."""
   import dataclasses
-  untied = "lm_head.weight" in names and not np.array_equal(get("lm_head.weight"), get("shared.weight"))
+  if "lm_head.weight" not in names:
+    return cfg
+  untied = not np.array_equal(get("lm_head.weight"), get("shared.weight"))
   return dataclasses.replace(cfg, tie_word_embeddings=not untied)
