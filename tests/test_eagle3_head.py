@@ -260,3 +260,29 @@ def test_cache_rollback_equals_fresh_prefill():
       np.isfinite(np.asarray(want))]).max(), rtol=0)
   for b, n in enumerate(lens + 3):
     np.testing.assert_allclose(np.asarray(cache.k[b, :n]), np.asarray(fresh.k[b, :n]), atol=1e-5, rtol=0)
+
+
+def test_target_features_feed_the_head(own_heads):
+  """The pieces a drafter chains: check_fits gives the layers, the target's prefill_features fill the head's cache,
+  the target's step_features of the loop's first tokens feed the head's first draft step, whose pre-norm output
+  feeds the next."""
+  from jaxspec.models import decoder_only as do
+  cfg, params = eagle3.load(own_heads["plain"])
+  target_cfg = _target()
+  target_params = do.init_params(target_cfg, jax.random.PRNGKey(3))
+  layers = eagle3.check_fits(cfg, target_cfg, params)
+  target, head = do.CausalDecoder(target_cfg), eagle3.Eagle3Head(cfg)
+  embed = eagle3.embedding_table(params, target_params["embedding"])
+  ids = jnp.asarray(np.random.RandomState(4).randint(0, VOCAB, size=(2, 5)))
+  lens = jnp.asarray([3, 5])
+  t_cache, first, feats = target.prefill_features(target_params, ids, lens, 4, layers)
+  h_cache = head.prefill(params, embed, feats, ids, lens, 4)
+  logits, feats, t_cache = target.step_features(target_params, t_cache, first[:, None], layers)
+  emitted = jnp.argmax(logits[:, -1], axis=-1)
+  q, prenorm, h_cache = head.step(params, embed, h_cache, head.fuse(params, feats), emitted[:, None])
+  drafted = jnp.argmax(q[:, -1], axis=-1)
+  assert bool(jnp.all(params["t2d"][drafted]))
+  q2, _, h_cache = head.step(params, embed, h_cache, prenorm, drafted[:, None])
+  assert q2.shape == (2, 1, VOCAB) and h_cache.positions.tolist() == [2, 2]
+  # The target has fed the loop's first token (position len - 1); the head one entry more (its draft).
+  assert t_cache.lengths.tolist() == [3, 5] and h_cache.lengths.tolist() == [4, 6]
