@@ -87,6 +87,44 @@ class Decoder(Protocol):
 
 
 @runtime_checkable
+class FeatureDecoder(Decoder, Protocol):
+  """A Decoder that can also return its hidden states ("features") for a feature-head drafter (EAGLE-3).
+
+  Feature index i is the hidden state ENTERING decoder layer i, before its norm: 0 the token embedding (as the
+  family scales it), num_feature_layers the final pre-norm output. This is transformers' `output_hidden_states`
+  index (hidden_states[i], i < L); EAGLE-3's aux layer id j (specforge, sglang: the output of layer j) is i = j + 1.
+  `layers` is a static tuple; `prefill` and `step` stay as they are (they collect nothing).
+  """
+
+  @property
+  def num_feature_layers(self) -> int: ...  # L: the largest index (decoder layers of the model).
+
+  @property
+  def feature_size(self) -> int: ...  # D: the width of one layer's feature.
+
+  def prefill_features(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+                       layers: tuple[int, ...]) -> tuple[DecoderCache, jax.Array, jax.Array]:
+    """`prefill` plus the features [B, S', len(layers) * D] of the positions it processed (S' = S for a
+    decoder-only prompt, 0 for an encoder-decoder, whose decoder starts empty)."""
+    ...
+
+  def step_features(self, params: Any, cache: DecoderCache, tokens: jax.Array,
+                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderCache]:
+    """`step` plus features: (logits [B, T, V] float32, features [B, T, len(layers) * D], cache)."""
+    ...
+
+
+def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
+  """`layers` as a non-empty tuple of ints in [0, num_layers] (num_layers: the final pre-norm output); else
+  ValueError."""
+  layers = tuple(int(i) for i in layers)
+  if not layers or any(not 0 <= i <= num_layers for i in layers):
+    raise ValueError(f"feature layers must be a non-empty tuple of indices in [0, {num_layers}] (the input of "
+                     f"decoder layer i; {num_layers}: the final pre-norm output), got {layers}.")
+  return layers
+
+
+@runtime_checkable
 class ModelConfig(Protocol):
   """What the engine and checkpoint I/O read from any family's config (a frozen, hashable dataclass)."""
 

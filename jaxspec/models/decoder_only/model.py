@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, shapes_from_axes
+from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 
@@ -130,8 +130,14 @@ def _attention(cfg: DecoderOnlyConfig, a: dict, h: jax.Array, rope: tuple[jax.Ar
 
 
 def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array, key_len: int,
-         with_logits: bool) -> tuple[jax.Array | None, DecoderOnlyCache]:
-  """Feeds tokens [B, T] at positions cache.lengths; attends over the first key_len cache positions."""
+         with_logits: bool, feature_layers: tuple[int, ...] = ()
+         ) -> tuple[jax.Array | None, jax.Array | None, DecoderOnlyCache]:
+  """Feeds tokens [B, T] at positions cache.lengths; attends over the first key_len cache positions.
+
+  Returns (logits [B, T, V] or None, features [B, T, len(feature_layers) * D] or None, cache). Features are the
+  hidden states entering the decoder layers `feature_layers` (a static tuple; () collects nothing and adds no
+  operation to the computation).
+  """
   starts = cache.lengths
   query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
   key_pos = jnp.arange(key_len)
@@ -144,7 +150,10 @@ def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: 
   if cfg.scale_embeddings:  # sqrt(hidden) rounded to the parameter dtype first, as transformers does.
     x = x * jnp.asarray(math.sqrt(cfg.hidden_size), embedding.dtype)
   ks, vs = list(cache.k), list(cache.v)
+  entering = {}  # Layer index -> hidden state [B, T, D] entering it (only the layers asked for).
   for i, lp in enumerate(params["layers"]):
+    if i in feature_layers:
+      entering[i] = x
     sliding = cfg.is_sliding(i)
     q, k, v = _attention(cfg, lp["attention"], _norm(cfg, x, lp["attention_norm"]), ropes[cfg.rope_of(i)])
     ks[i], vs[i] = _write_rows(ks[i], k, starts), _write_rows(vs[i], v, starts)
@@ -155,14 +164,18 @@ def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: 
     h = layers.gated_mlp(lp["mlp"], _norm(cfg, x, lp["mlp_norm"]), cfg.activation)
     x = x + (_norm(cfg, h, lp["post_mlp_norm"]) if cfg.sandwich_norms else h)
   cache = cache.replace(k=tuple(ks), v=tuple(vs), lengths=starts + tokens.shape[1])
+  features = None
+  if feature_layers:
+    entering[cfg.num_layers] = x  # The final pre-norm output: "the input of layer L".
+    features = jnp.concatenate([entering[i] for i in feature_layers], axis=-1)
   if not with_logits:
-    return None, cache
+    return None, features, cache
   x = _norm(cfg, x, params["final_norm"])
   if cfg.tie_word_embeddings:
     logits = jnp.einsum("btd,vd->btv", x, embedding)
   else:
     logits = jnp.einsum("btd,dv->btv", x, params["lm_head"])
-  return layers.softcap(logits.astype(jnp.float32), cfg.final_logit_softcap), cache
+  return layers.softcap(logits.astype(jnp.float32), cfg.final_logit_softcap), features, cache
 
 
 def decode(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache,
@@ -178,7 +191,8 @@ def decode(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache,
     logits [B, T, V] float32 (position t predicts the token after tokens[:, t]) and the cache with the new keys
     and values written and lengths advanced by T.
   """
-  return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True)
+  logits, _, cache = _run(params, cfg, cache, tokens, cache.max_length, with_logits=True)
+  return logits, cache
 
 
 def prefill(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array,
@@ -189,12 +203,51 @@ def prefill(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_le
   hold the padding's keys: never attended to (a query at t sees keys <= t, all rewritten by then). The cache
   keeps len - 1 positions: the last prompt token is the loop's first token, fed again at position len - 1.
   """
+  cache, first, _ = _prefill(params, cfg, input_ids, input_lengths, cache_len, ())
+  return cache, first
+
+
+def _prefill(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+             feature_layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array | None]:
   batch, width = input_ids.shape
   cache = init_cache(cfg, batch, width + cache_len, params["embedding"].dtype)
-  _, cache = _run(params, cfg, cache, input_ids, width, with_logits=False)
+  _, features, cache = _run(params, cfg, cache, input_ids, width, with_logits=False, feature_layers=feature_layers)
   last = (input_lengths - 1).astype(jnp.int32)
   first = jnp.take_along_axis(input_ids, last[:, None], axis=1)[:, 0].astype(jnp.int32)
-  return cache.replace(lengths=last, offsets=last), first
+  return cache.replace(lengths=last, offsets=last), first, features
+
+
+def decode_features(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
+                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
+  """`decode` that also returns the hidden states entering the decoder layers `layers` (static).
+
+  Layer i's feature is the residual stream before layer i's norm: index 0 is the (scaled) token embedding, index
+  num_layers the final pre-norm output. transformers' `output_hidden_states=True` gives the same tensors as
+  hidden_states[i] for i < num_layers (its last entry, hidden_states[num_layers], is after the final norm).
+  EAGLE-3's aux layer id j (specforge, sglang: the OUTPUT of layer j) is index j + 1 here.
+
+  Args:
+    tokens: [B, T] int token ids, fed at the per-row positions cache.lengths.
+    layers: static tuple of indices in [0, num_layers].
+  Returns:
+    logits [B, T, V] float32, features [B, T, len(layers) * D] (concatenated in the order of `layers`, in the
+    parameter dtype) and the cache advanced by T.
+  """
+  layers = check_feature_layers(layers, cfg.num_layers)
+  return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True, feature_layers=layers)
+
+
+def prefill_features(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array,
+                     cache_len: int, layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:
+  """`prefill` that also returns the prompt's features (see `decode_features` for what layer i means).
+
+  Returns:
+    (cache, first tokens [B], features [B, S, len(layers) * D]). Feature s is that of prompt position s, for
+    every s < input_lengths (the last real position included: the pass runs over all S tokens even though the
+    cache keeps len - 1 positions); positions past a row's length hold the padding's features.
+  """
+  layers = check_feature_layers(layers, cfg.num_layers)
+  return _prefill(params, cfg, input_ids, input_lengths, cache_len, layers)
 
 
 def forward(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array) -> jax.Array:
@@ -221,3 +274,23 @@ class CausalDecoder:
 
   def step(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
     return decode(params, self.config, cache, tokens)
+
+  def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+                       layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:
+    """`prefill` plus the prompt's features [B, S, len(layers) * D] (see `prefill_features`)."""
+    return prefill_features(params, self.config, input_ids, input_lengths, cache_len, layers)
+
+  def step_features(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array,
+                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
+    """`step` plus the features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
+    return decode_features(params, self.config, cache, tokens, layers)
+
+  @property
+  def num_feature_layers(self) -> int:
+    """The largest feature index: num_layers (the final pre-norm output)."""
+    return self.config.num_layers
+
+  @property
+  def feature_size(self) -> int:
+    """D: the width of one layer's feature."""
+    return self.config.hidden_size

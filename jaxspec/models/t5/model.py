@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, shapes_from_axes
+from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
@@ -221,6 +221,28 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
     logits [B, T, V] float32 (position t predicts the token after tokens[:, t]) and the cache with the new keys
     and values written and lengths advanced by T.
   """
+  logits, _, cache = _decode(params, cfg, cache, tokens, dropout, ())
+  return logits, cache
+
+
+def decode_features(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array,
+                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
+  """`decode` that also returns the hidden states entering the DECODER layers `layers` (static).
+
+  Index i is the decoder's residual stream before layer i's first norm: 0 the token embedding, num_decoder_layers
+  the final pre-norm output. transformers' `output_hidden_states=True` gives the same tensors as
+  decoder_hidden_states[i] for i < num_decoder_layers (its last entry is after the final norm).
+
+  Returns:
+    logits [B, T, V] float32, features [B, T, len(layers) * D] (in the order of `layers`) and the cache.
+  """
+  layers = check_feature_layers(layers, cfg.num_decoder_layers)
+  return _decode(params, cfg, cache, tokens, None, layers)
+
+
+def _decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, dropout: Dropout | None,
+            feature_layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array | None, T5Cache]:
+  """`decode`, collecting the hidden states entering `feature_layers` (static; () collects nothing)."""
   dec = params["decoder"]
   starts = cache.lengths  # [B] where this call writes
   query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
@@ -232,7 +254,10 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
   cross_allowed = cache.encoder_mask[:, None, None, :]  # [B, 1, 1, S]
   x = _drop(dropout, _embed(params, tokens))
   self_k, self_v = list(cache.self_k), list(cache.self_v)
+  entering = {}  # Layer index -> hidden state [B, T, D] entering it (only the layers asked for).
   for i, lp in enumerate(dec["layers"]):
+    if i in feature_layers:
+      entering[i] = x
     h = layers.rms_norm(x, lp["self_attention_norm"], cfg.layer_norm_epsilon)
     a = lp["self_attention"]
     q, k, v = layers.project_heads(h, a["q"]), layers.project_kv(h, a["k"]), layers.project_kv(h, a["v"])
@@ -245,6 +270,10 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
                                          lp["cross_attention"]["o"]))
     h = layers.rms_norm(x, lp["mlp_norm"], cfg.layer_norm_epsilon)
     x = x + _drop(dropout, layers.feed_forward(lp["mlp"], h, cfg.activation, cfg.gated))
+  features = None
+  if feature_layers:
+    entering[cfg.num_decoder_layers] = x
+    features = jnp.concatenate([entering[i] for i in feature_layers], axis=-1)
   x = _drop(dropout, layers.rms_norm(x, dec["final_norm"], cfg.layer_norm_epsilon))
   if cfg.scale_decoder_outputs:
     x = x * (cfg.d_model ** -0.5)
@@ -253,7 +282,7 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
   else:
     logits = jnp.einsum("btd,dv->btv", x, params["lm_head"])
   new_cache = cache.replace(self_k=tuple(self_k), self_v=tuple(self_v), lengths=starts + tokens.shape[1])
-  return logits.astype(jnp.float32), new_cache
+  return logits.astype(jnp.float32), features, new_cache
 
 
 def forward(params: dict, cfg: T5Config, input_ids: jax.Array, decoder_input_ids: jax.Array, *,
@@ -290,3 +319,27 @@ class T5Decoder:
 
   def step(self, params: dict, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
     return decode(params, self.config, cache, tokens)
+
+  def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+                       layers: tuple[int, ...]) -> tuple[T5Cache, jax.Array, jax.Array]:
+    """`prefill` plus the decoder features of the positions it processed: none, [B, 0, len(layers) * D] (the
+    decoder starts empty; its first features come from the loop's first `step_features`)."""
+    layers = check_feature_layers(layers, self.config.num_decoder_layers)
+    cache, first = self.prefill(params, input_ids, input_lengths, cache_len)
+    dtype = params["shared"]["embedding"].dtype
+    return cache, first, jnp.zeros((input_ids.shape[0], 0, len(layers) * self.config.d_model), dtype)
+
+  def step_features(self, params: dict, cache: T5Cache, tokens: jax.Array,
+                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
+    """`step` plus the decoder features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
+    return decode_features(params, self.config, cache, tokens, layers)
+
+  @property
+  def num_feature_layers(self) -> int:
+    """The largest feature index: num_decoder_layers (the decoder's final pre-norm output)."""
+    return self.config.num_decoder_layers
+
+  @property
+  def feature_size(self) -> int:
+    """D: the width of one layer's feature."""
+    return self.config.d_model

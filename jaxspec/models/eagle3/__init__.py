@@ -1,0 +1,14 @@
+"""The EAGLE-3 feature head (Li et al. 2025; SpecForge's LlamaForCausalLMEagle3) in JAX.
+
+config.py reads and writes the head's config.json; model.py holds the head (fuse, prefill, step, its KV cache);
+weights.py reads and writes head directories and checks that a head fits a target. docs/heads.md explains the
+feature alignment and how a drafter calls these pieces.
+"""
+
+from jaxspec.models.eagle3.config import Eagle3Config
+from jaxspec.models.eagle3.model import (Eagle3Cache, Eagle3Head, embedding_table, fuse, init_cache, init_params,
+                                         param_shapes, prefill, step, vocab_maps)
+from jaxspec.models.eagle3.weights import check_fits, check_vocab_map, load, save
+
+__all__ = ["Eagle3Cache", "Eagle3Config", "Eagle3Head", "check_fits", "check_vocab_map", "embedding_table", "fuse",
+           "init_cache", "init_params", "load", "param_shapes", "prefill", "save", "step", "vocab_maps"]

@@ -1,0 +1,127 @@
+"""EAGLE-3 head hyperparameters: one frozen, hashable dataclass (a static jit argument), read from and written to
+the `config.json` of an EAGLE-3 / SpecForge head (architectures ["LlamaForCausalLMEagle3"], model_type "llama").
+
+What the reference (specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3, after SafeAILab/EAGLE) reads:
+  hidden_size, intermediate_size, num_attention_heads, num_key_value_heads, head_dim, hidden_act, rms_norm_eps,
+  RoPE (rope_theta + rope_scaling, or transformers 5's rope_parameters), max_position_embeddings;
+  vocab_size (the TARGET's vocabulary: t2d rows, embedding rows), draft_vocab_size (lm_head rows);
+  target_hidden_size (feature width per target layer, default hidden_size: fc takes 3 * it);
+  fc_norm (an RMSNorm per feature chunk before fc, default false), norm_output (the final norm before lm_head,
+  default true); eagle_config.eagle_aux_hidden_state_layer_ids (the target layers whose OUTPUTS are the features).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jaxspec.errors import CheckpointError
+from jaxspec.models.decoder_only.config import ACTIVATIONS, Rope
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Config:
+  """Shapes and conventions of an EAGLE-3 head: one Llama decoder layer over [embedding, fused feature]."""
+
+  vocab_size: int = 128256  # The target's vocabulary (t2d rows, embedding rows, the logits `step` returns).
+  draft_vocab_size: int = 32000  # lm_head rows: the draft vocabulary (d2t rows).
+  hidden_size: int = 4096
+  target_hidden_size: int = 4096  # Width of one target feature; fc maps 3 * this to hidden_size.
+  intermediate_size: int = 14336
+  num_heads: int = 32
+  num_kv_heads: int = 8
+  head_dim: int = 128
+  activation: str = "silu"
+  rms_norm_eps: float = 1e-5
+  rope: Rope = Rope(theta=500000.0)
+  max_position_embeddings: int = 2048
+  fc_norm: bool = False  # RMSNorm of each of the 3 feature chunks before fc (some SpecForge heads).
+  norm_output: bool = True  # Final RMSNorm before lm_head (false: lm_head reads the pre-norm output).
+  # Target layer ids whose OUTPUTS are the features (specforge / sglang convention: id j = output of layer j =
+  # transformers' hidden_states[j + 1]); None: the EAGLE-3 default, the inputs of layers (2, L // 2, L - 3).
+  aux_layer_ids: tuple[int, ...] | None = None
+  pad_token_id: int | None = None
+
+  def __post_init__(self):
+    for name in ("vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "intermediate_size",
+                 "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise CheckpointError(f"EAGLE-3 head: {name} must be an integer >= 1, got {value!r}.")
+    if self.draft_vocab_size > self.vocab_size:
+      raise CheckpointError(f"EAGLE-3 head: draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary "
+                            f"vocab_size {self.vocab_size}.")
+    if self.num_heads % self.num_kv_heads:
+      raise CheckpointError(f"EAGLE-3 head: num_attention_heads {self.num_heads} is not a multiple of "
+                            f"num_key_value_heads {self.num_kv_heads}.")
+    if self.head_dim % 2:
+      raise CheckpointError(f"EAGLE-3 head: head_dim must be even for RoPE, got {self.head_dim}.")
+    if self.activation not in ACTIVATIONS:
+      raise CheckpointError(f"EAGLE-3 head: unknown hidden_act {self.activation!r}; expected one of {ACTIVATIONS}.")
+    if self.aux_layer_ids is not None:
+      object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+  @property
+  def num_features(self) -> int:
+    """Target layers fused by fc: 3 (EAGLE-3's low, middle and high layers)."""
+    return 3
+
+  def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
+    """The target feature indices to ask a `FeatureDecoder` for (index i: the hidden state entering layer i).
+
+    Aux id j (the output of layer j) is index j + 1; without ids, EAGLE-3's default (2, L // 2, L - 3). Call
+    `check_fits` first: it says which ids the target lacks.
+    """
+    if self.aux_layer_ids is None:
+      return (2, num_target_layers // 2, num_target_layers - 3)
+    return tuple(j + 1 for j in self.aux_layer_ids)
+
+  @classmethod
+  def from_hf_dict(cls, raw: dict[str, Any]) -> "Eagle3Config":
+    """From an EAGLE-3 head's `config.json`; CheckpointError for another architecture or what jaxspec lacks."""
+    architectures = raw.get("architectures") or []
+    if ARCHITECTURE not in architectures:
+      raise CheckpointError(f"not an EAGLE-3 head: config.json has architectures {architectures}, expected "
+                            f"[{ARCHITECTURE!r}].")
+    layers = raw.get("num_hidden_layers", 1)
+    if layers != 1:
+      raise CheckpointError(f"EAGLE-3 head with num_hidden_layers {layers}: the reference has one decoder layer.")
+    if "draft_vocab_size" not in raw:
+      raise CheckpointError("EAGLE-3 head: config.json has no draft_vocab_size.")
+    if raw.get("mlp_bias") or raw.get("attention_bias"):
+      raise CheckpointError("EAGLE-3 head: biases (attention_bias / mlp_bias) are not in the reference head.")
+    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
+    max_pos = int(raw.get("max_position_embeddings", 2048))
+    rope_params = raw.get("rope_parameters") or raw.get("rope_scaling")
+    try:
+      rope = Rope.from_hf(rope_params, float(raw.get("rope_theta", 10000.0)), max_pos)
+    except (ValueError, KeyError) as e:
+      raise CheckpointError(f"EAGLE-3 head: unsupported RoPE {rope_params}: {e}") from e
+    aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    return cls(vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw["draft_vocab_size"]), hidden_size=hidden,
+               target_hidden_size=int(raw.get("target_hidden_size") or hidden),
+               intermediate_size=int(raw["intermediate_size"]), num_heads=heads,
+               num_kv_heads=int(raw.get("num_key_value_heads") or heads),
+               head_dim=int(raw.get("head_dim") or hidden // heads), activation=raw.get("hidden_act", "silu"),
+               rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope=rope, max_position_embeddings=max_pos,
+               fc_norm=bool(raw.get("fc_norm", False)), norm_output=bool(raw.get("norm_output", True)),
+               aux_layer_ids=None if aux is None else tuple(aux), pad_token_id=raw.get("pad_token_id"))
+
+  def to_hf_dict(self) -> dict[str, Any]:
+    """The `config.json` that `from_hf_dict` and the reference (transformers' LlamaConfig) read back."""
+    out = {
+        "architectures": [ARCHITECTURE], "model_type": "llama", "vocab_size": self.vocab_size,
+        "draft_vocab_size": self.draft_vocab_size, "hidden_size": self.hidden_size,
+        "target_hidden_size": self.target_hidden_size, "intermediate_size": self.intermediate_size,
+        "num_hidden_layers": 1, "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
+        "head_dim": self.head_dim, "hidden_act": self.activation, "rms_norm_eps": self.rms_norm_eps,
+        "rope_theta": self.rope.theta, "rope_scaling": self.rope.hf_scaling(),
+        "max_position_embeddings": self.max_position_embeddings, "fc_norm": self.fc_norm,
+        "norm_output": self.norm_output, "pad_token_id": self.pad_token_id, "tie_word_embeddings": False,
+        "attention_bias": False, "mlp_bias": False,
+    }
+    if self.aux_layer_ids is not None:
+      out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
+    return out

@@ -1,0 +1,248 @@
+"""The EAGLE-3 head as pure functions: parameters are a plain pytree, its KV cache an explicit pytree.
+
+    g = fuse(params, cfg, features)                                   # [B, T, 3 Ht] -> [B, T, H]
+    cache = prefill(params, cfg, embed, features, input_ids, input_lengths, cache_len)
+    logits, prenorm, cache = step(params, cfg, embed, cache, hidden, tokens)
+
+Architecture (specforge's LlamaForCausalLMEagle3): `fc` (3 Ht -> H, no bias) fuses the target's three features
+into g. One Llama decoder layer reads concat(input_norm(embed(token)), hidden_norm(g)) [.., 2H] into q, k and v
+(the projections take 2H), with g as the attention's residual; then the gated MLP with its pre-norm and residual.
+Its output is the "pre-norm hidden"; final_norm (unless norm_output is false) and lm_head (H -> draft vocabulary)
+give the draft logits, mapped back to the target vocabulary by target_id = draft_id + d2t[draft_id].
+
+Alignment. The entry at position p pairs the target's feature of position p (the hidden states the target
+computed while reading token p) with the embedding of token p + 1, and predicts token p + 2; RoPE uses p (the
+reference's position_ids = arange over the feature positions). At later draft steps the head's own pre-norm output
+at p stands in for the feature of p + 1: the entry at p + 1 is (prenorm_p, drafted token p + 2), predicting p + 3.
+This is how SpecForge trains it (its test-time-training unroll: step i at index t uses position t + i, attends to
+the target-feature keys at indices <= t and to its own earlier steps' keys at index t: a chain of cache entries).
+
+The cache counts positions like the target's (`jaxspec.models.contract`): after `prefill` of a prompt of length
+n, the head holds the n - 1 entries 0 .. n - 2 (the last pairs feature n - 2 with token n - 1), and `offsets` =
+n - 1: the loop's first head entry is position n - 1, the target feature of the prompt's last token with the
+first token the target emits. Rolling back is setting lengths (`rollback(positions)`), as in the target.
+
+The embedding is the target's, frozen, raw (unscaled, even for a Gemma target): pass `embedding_table(params,
+target_embedding)` as `embed`. Published heads may omit embed_tokens; when present it is `params["embedding"]`.
+
+Shape letters: B batch, S input positions, T new entries, C cache positions, N query heads, K key/value heads,
+Hd head_dim, H hidden, Ht target feature width, F intermediate, V target vocabulary, Vd draft vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxspec.models.contract import CachePositions, shapes_from_axes
+from jaxspec.models.decoder_only import layers
+from jaxspec.models.eagle3.config import Eagle3Config
+
+
+@struct.dataclass
+class Eagle3Cache(CachePositions):
+  """Keys and values of the head's one layer (`jaxspec.models.contract.DecoderCache`)."""
+
+  k: jax.Array  # [B, C, K, Hd] post-RoPE keys, written in place at per-row positions.
+  v: jax.Array  # [B, C, K, Hd]
+  lengths: jax.Array  # [B] int32 entries written per row.
+  offsets: jax.Array  # [B] int32 prompt length - 1: the loop's first entry's position.
+
+  @property
+  def max_length(self) -> int:
+    return self.k.shape[1]
+
+
+def param_axes(cfg: Eagle3Config, with_embedding: bool = False) -> dict:
+  """Logical axis names of every parameter (the structure of `init_params`). d2t [Vd] int32 and t2d [V] bool are
+  the vocabulary maps (not trained: leave them out of gradients)."""
+  axes = {
+      "fc": ("features", "embed"),
+      "input_norm": ("embed",), "hidden_norm": ("embed",),
+      "attention": {"q": ("embed2", "heads", "kv"), "k": ("embed2", "kv_heads", "kv"),
+                    "v": ("embed2", "kv_heads", "kv"), "o": ("heads", "kv", "embed")},
+      "mlp_norm": ("embed",),
+      "mlp": {"gate": ("embed", "mlp"), "up": ("embed", "mlp"), "down": ("mlp", "embed")},
+      "final_norm": ("embed",),
+      "lm_head": ("embed", "draft_vocab"),
+      "d2t": ("draft_vocab",),
+      "t2d": ("vocab",),
+  }
+  if cfg.fc_norm:
+    axes["fc_norm"] = ("three", "target_embed")
+  if with_embedding:
+    axes["embedding"] = ("vocab", "embed")
+  return axes
+
+
+def param_shapes(cfg: Eagle3Config, with_embedding: bool = False) -> dict:
+  """The shape of every parameter, as a pytree of tuples matching `param_axes`."""
+  size = {"features": cfg.num_features * cfg.target_hidden_size, "embed": cfg.hidden_size,
+          "embed2": 2 * cfg.hidden_size, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "kv": cfg.head_dim,
+          "mlp": cfg.intermediate_size, "draft_vocab": cfg.draft_vocab_size, "vocab": cfg.vocab_size,
+          "three": cfg.num_features, "target_embed": cfg.target_hidden_size}
+  return shapes_from_axes(param_axes(cfg, with_embedding), size)
+
+
+def vocab_maps(draft_to_target: np.ndarray, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(d2t [Vd] int32, t2d [V] bool) of a draft vocabulary given as its target ids [Vd] (distinct, ascending in
+  the published heads)."""
+  ids = np.asarray(draft_to_target, np.int64)
+  t2d = np.zeros((vocab_size,), np.bool_)
+  t2d[ids] = True
+  return (ids - np.arange(ids.shape[0])).astype(np.int32), t2d
+
+
+def init_params(cfg: Eagle3Config, key: jax.Array, dtype=jnp.float32, std: float = 0.02,
+                with_embedding: bool = False) -> dict:
+  """Random weights N(0, std), norms the identity, and a random draft vocabulary (Vd distinct target ids)."""
+  shapes = param_shapes(cfg, with_embedding)
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  keys = jax.random.split(key, len(leaves) + 1)
+  out = []
+  for k, (path, shape) in zip(keys, leaves):
+    name = path[-1].key
+    if name.endswith("norm"):
+      out.append(jnp.ones(shape, dtype))
+    else:
+      out.append((jax.random.normal(k, shape, jnp.float32) * std).astype(dtype))
+  params = jax.tree_util.tree_unflatten(treedef, out)
+  ids = np.sort(np.asarray(jax.random.permutation(keys[-1], cfg.vocab_size)[:cfg.draft_vocab_size]))
+  d2t, t2d = vocab_maps(ids, cfg.vocab_size)
+  return {**params, "d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
+
+
+def embedding_table(params: dict, target_embedding: jax.Array) -> jax.Array:
+  """[V, H] the table the head embeds tokens with: its own embed_tokens when the file has one, else the target's
+  (raw, as stored: a Gemma target's sqrt(H) scaling is not applied)."""
+  return params.get("embedding", target_embedding)
+
+
+def init_cache(cfg: Eagle3Config, batch: int, length: int, dtype) -> Eagle3Cache:
+  """An empty cache of `length` positions per row (lengths and offsets 0)."""
+  shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+  zeros = jnp.zeros((batch,), jnp.int32)
+  return Eagle3Cache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=zeros, offsets=zeros)
+
+
+def _norm(cfg: Eagle3Config, x: jax.Array, scale: jax.Array) -> jax.Array:
+  return layers.rms_norm(x, scale, cfg.rms_norm_eps, 0.0)
+
+
+def fuse(params: dict, cfg: Eagle3Config, features: jax.Array) -> jax.Array:
+  """g [B, T, H]: `fc` of the concatenated target features [B, T, 3 Ht] (each chunk RMS-normed first when
+  cfg.fc_norm)."""
+  if cfg.fc_norm:
+    chunks = jnp.split(features, cfg.num_features, axis=-1)
+    features = jnp.concatenate([_norm(cfg, c, s) for c, s in zip(chunks, params["fc_norm"])], axis=-1)
+  return features @ params["fc"]
+
+
+def _write_rows(buffer: jax.Array, block: jax.Array, starts: jax.Array) -> jax.Array:
+  """Writes block [B, T, K, Hd] into buffer [B, C, K, Hd] at per-row positions starts [B]."""
+  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=0))(
+      buffer, block, starts)
+
+
+def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+           tokens: jax.Array, key_len: int) -> tuple[jax.Array, Eagle3Cache]:
+  """The decoder layer over T entries at positions cache.lengths: (pre-norm output [B, T, H], cache)."""
+  starts = cache.lengths
+  positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
+  e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)  # [B, T, H]
+  x = jnp.concatenate([_norm(cfg, e, params["input_norm"]), _norm(cfg, hidden, params["hidden_norm"])], axis=-1)
+  a = params["attention"]
+  cos, sin = layers.rope_angles(cfg.rope, cfg.head_dim, positions)
+  q = layers.apply_rope(layers.project(x, a["q"]), cos, sin)  # [B, T, N, Hd]
+  k = layers.apply_rope(layers.project(x, a["k"]), cos, sin)  # [B, T, K, Hd]
+  v = layers.project(x, a["v"])
+  ks, vs = _write_rows(cache.k, k, starts), _write_rows(cache.v, v, starts)
+  allowed = layers.attention_mask(positions, jnp.arange(key_len), None)  # [B, 1, 1, T, C]
+  o = layers.attend(q, ks[:, :key_len], vs[:, :key_len], allowed, cfg.head_dim ** -0.5, None)
+  h = hidden + layers.output_projection(o, a["o"])
+  h = h + layers.gated_mlp(params["mlp"], _norm(cfg, h, params["mlp_norm"]), cfg.activation)
+  return h, cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
+
+
+def draft_logits(params: dict, cfg: Eagle3Config, prenorm: jax.Array) -> jax.Array:
+  """[B, T, Vd] float32 logits over the draft vocabulary from the pre-norm output [B, T, H]."""
+  x = _norm(cfg, prenorm, params["final_norm"]) if cfg.norm_output else prenorm
+  return (x @ params["lm_head"]).astype(jnp.float32)
+
+
+def to_target_vocab(params: dict, logits: jax.Array, vocab_size: int) -> jax.Array:
+  """Draft logits [B, T, Vd] scattered to the target vocabulary [B, T, V]: column d goes to d + d2t[d], every
+  other column is -inf (so softmax gives q = 0 outside the draft vocabulary)."""
+  target_ids = jnp.arange(params["d2t"].shape[0], dtype=jnp.int32) + params["d2t"]  # [Vd]
+  full = jnp.full(logits.shape[:-1] + (vocab_size,), -jnp.inf, logits.dtype)
+  return full.at[..., target_ids].set(logits, unique_indices=True)
+
+
+def step(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+         tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+  """Feeds T entries per row at that row's positions cache.lengths .. + T - 1.
+
+  Entry t is (hidden[:, t], tokens[:, t]): the fused target feature g of position p (`fuse`), or the head's own
+  pre-norm output at p - 1 at later draft steps, with the token at p + 1. Inputs are per entry, so a tree drafter
+  can feed any mix of fused features and pre-norm outputs (a tree also needs an ancestor mask and per-node
+  positions, which this causal step does not take yet). The caller leaves room: lengths + T <= cache.max_length.
+
+  Args:
+    embed: [V, H] the embedding table (`embedding_table`).
+    hidden: [B, T, H]; tokens: [B, T] int.
+  Returns:
+    logits [B, T, V] float32 over the TARGET vocabulary, -inf outside the draft vocabulary (entry t predicts
+    the token two past its feature's position), prenorm_hidden [B, T, H] (the next draft step's `hidden`), and
+    the cache with lengths advanced by T.
+  """
+  prenorm, cache = _layer(params, cfg, embed, cache, hidden, tokens, cache.max_length)
+  logits = to_target_vocab(params, draft_logits(params, cfg, prenorm), cfg.vocab_size)
+  return logits, prenorm, cache
+
+
+def prefill(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
+            input_lengths: jax.Array, cache_len: int) -> Eagle3Cache:
+  """Writes the prompt's entries in one call: entry s pairs features[:, s] with input_ids[:, s + 1].
+
+  Args:
+    features: [B, S, 3 Ht] the target's features of the prompt positions (`prefill_features` of the target).
+    input_ids: [B, S] int right-padded prompts; input_lengths: [B] int32 (>= 1).
+    cache_len: positions the loop may write per row from its first entry on.
+  Returns:
+    a cache of S + cache_len positions holding entries 0 .. len - 2 (lengths = offsets = len - 1). The entries
+    the call also computed at s >= len - 1 (padding tokens) are stale: masked and overwritten by later steps.
+  """
+  batch, width = input_ids.shape
+  next_tokens = jnp.concatenate([input_ids[:, 1:], jnp.zeros((batch, 1), input_ids.dtype)], axis=1)  # [B, S]
+  g = fuse(params, cfg, features)
+  cache = init_cache(cfg, batch, width + cache_len, g.dtype)
+  _, cache = _layer(params, cfg, embed, cache, g, next_tokens, width)
+  last = (input_lengths - 1).astype(jnp.int32)
+  return cache.replace(lengths=last, offsets=last)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eagle3Head:
+  """The head bound to its config (hashable: a static argument), with the calls a drafter makes in the loop.
+
+      g = head.fuse(params, features)                                   # [B, T, 3 Ht] -> [B, T, H]
+      cache = head.prefill(params, embed, features, input_ids, input_lengths, cache_len)
+      logits, prenorm, cache = head.step(params, embed, cache, hidden, tokens)
+  """
+
+  config: Eagle3Config
+
+  def fuse(self, params: dict, features: jax.Array) -> jax.Array:
+    return fuse(params, self.config, features)
+
+  def prefill(self, params: dict, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
+              input_lengths: jax.Array, cache_len: int) -> Eagle3Cache:
+    return prefill(params, self.config, embed, features, input_ids, input_lengths, cache_len)
+
+  def step(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+           tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+    return step(params, self.config, embed, cache, hidden, tokens)

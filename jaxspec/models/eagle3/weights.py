@@ -1,0 +1,235 @@
+"""EAGLE-3 head directories (SpecForge / SafeAILab format) read and written, and the check that a head fits a target.
+
+    config, params = load(directory)            # config.json + model.safetensors (or pytorch_model.bin)
+    save(directory, config, params)             # the same format back, atomically
+    check_fits(config, target_config, params)   # CheckpointError naming every mismatch
+
+Tensor names (PyTorch Linear weights are [out, in]; ours [in, out], attention split per head):
+
+| file                                        | params                          |
+|---------------------------------------------|---------------------------------|
+| fc.weight [H, 3 Ht]                         | fc [3 Ht, H]                    |
+| fc_norm.{0,1,2}.weight [Ht] (if fc_norm)    | fc_norm [3, Ht]                 |
+| midlayer.input_layernorm.weight             | input_norm [H]                  |
+| midlayer.hidden_norm.weight                 | hidden_norm [H]                 |
+| midlayer.self_attn.{q,k,v}_proj.weight      | attention.{q,k,v} [2H, N|K, Hd] |
+| midlayer.self_attn.o_proj.weight [H, N Hd]  | attention.o [N, Hd, H]          |
+| midlayer.post_attention_layernorm.weight    | mlp_norm [H]                    |
+| midlayer.mlp.{gate,up,down}_proj.weight     | mlp.{gate,up,down}              |
+| norm.weight                                 | final_norm [H]                  |
+| lm_head.weight [Vd, H]                      | lm_head [H, Vd]                 |
+| d2t [Vd] int64, t2d [V] bool                | d2t [Vd] int32, t2d [V] bool    |
+| embed_tokens.weight [V, H] (optional)       | embedding [V, H]                |
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import jax.numpy as jnp
+import numpy as np
+
+from jaxspec.checkpoint.atomic import check_replaceable, staging_dir
+from jaxspec.checkpoint.hf_dir import TensorSource
+from jaxspec.checkpoint.safetensors_io import save_file
+from jaxspec.errors import CheckpointError
+from jaxspec.models.eagle3.config import Eagle3Config
+from jaxspec.models.eagle3.model import param_shapes
+
+
+def _linear(*shape: int) -> tuple[Callable, Callable]:
+  """(file -> params, params -> file) for a Linear weight [out, in] stored as [in, *shape]."""
+  return (lambda w: w.T.reshape(shape), lambda p: p.reshape(p.shape[0], -1).T)
+
+
+def _linear_out(*shape: int) -> tuple[Callable, Callable]:
+  """For o_proj: [H, N Hd] in the file, [N, Hd, H] here."""
+  return (lambda w: w.T.reshape(shape), lambda p: p.reshape(-1, p.shape[-1]).T)
+
+
+_SAME = (lambda w: w, lambda p: p)
+
+
+def _table(cfg: Eagle3Config) -> list[tuple[str, tuple, tuple[Callable, Callable]]]:
+  """(file name, params path, (to params, to file)) for every float tensor of the head."""
+  h, n, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  rows = [("fc.weight", ("fc",), _linear(cfg.num_features * cfg.target_hidden_size, h)),
+          ("midlayer.input_layernorm.weight", ("input_norm",), _SAME),
+          ("midlayer.hidden_norm.weight", ("hidden_norm",), _SAME),
+          ("midlayer.self_attn.q_proj.weight", ("attention", "q"), _linear(2 * h, n, hd)),
+          ("midlayer.self_attn.k_proj.weight", ("attention", "k"), _linear(2 * h, k, hd)),
+          ("midlayer.self_attn.v_proj.weight", ("attention", "v"), _linear(2 * h, k, hd)),
+          ("midlayer.self_attn.o_proj.weight", ("attention", "o"), _linear_out(n, hd, h)),
+          ("midlayer.post_attention_layernorm.weight", ("mlp_norm",), _SAME),
+          ("midlayer.mlp.gate_proj.weight", ("mlp", "gate"), _linear(h, cfg.intermediate_size)),
+          ("midlayer.mlp.up_proj.weight", ("mlp", "up"), _linear(h, cfg.intermediate_size)),
+          ("midlayer.mlp.down_proj.weight", ("mlp", "down"), _linear(cfg.intermediate_size, h)),
+          ("norm.weight", ("final_norm",), _SAME),
+          ("lm_head.weight", ("lm_head",), _linear(h, cfg.draft_vocab_size))]
+  return rows
+
+
+def _get(tree: dict, path: tuple) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _put(tree: dict, path: tuple, value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def check_vocab_map(d2t: np.ndarray, t2d: np.ndarray, vocab_size: int, draft_vocab_size: int,
+                    where: str = "EAGLE-3 head") -> None:
+  """CheckpointError unless d2t [Vd] and t2d [V] describe one draft vocabulary: the target ids d + d2t[d] are
+  distinct and in [0, V), and t2d is True exactly at them."""
+  d2t, t2d = np.asarray(d2t), np.asarray(t2d)
+  if d2t.shape != (draft_vocab_size,) or t2d.shape != (vocab_size,):
+    raise CheckpointError(f"{where}: d2t has shape {d2t.shape} and t2d {t2d.shape}; expected ({draft_vocab_size},) "
+                          f"(draft_vocab_size) and ({vocab_size},) (vocab_size).")
+  ids = np.arange(draft_vocab_size, dtype=np.int64) + d2t.astype(np.int64)
+  if ids.min() < 0 or ids.max() >= vocab_size or np.unique(ids).size != ids.size:
+    raise CheckpointError(f"{where}: d2t maps the draft vocabulary outside [0, {vocab_size}) or onto a target id "
+                          f"twice.")
+  expected = np.zeros((vocab_size,), np.bool_)
+  expected[ids] = True
+  if not np.array_equal(expected, t2d.astype(np.bool_)):
+    raise CheckpointError(f"{where}: t2d and d2t disagree at {int(np.sum(expected != t2d.astype(np.bool_)))} target "
+                          f"ids (t2d must be True exactly at the ids d + d2t[d]).")
+
+
+def load(directory: str, dtype=jnp.float32) -> tuple[Eagle3Config, dict]:
+  """Reads an EAGLE-3 head directory into (config, params); floats in `dtype`, d2t int32, t2d bool.
+
+  Raises CheckpointError naming the file and tensor for a missing, misshapen or unexpected tensor, a missing or
+  inconsistent d2t / t2d, or a config that is not an EAGLE-3 head.
+  """
+  path = os.path.join(directory, "config.json")
+  try:
+    with open(path) as f:
+      raw = json.load(f)
+  except (OSError, ValueError) as e:
+    raise CheckpointError(f"{path}: cannot read the head's config: {e}") from e
+  cfg = Eagle3Config.from_hf_dict(raw)
+  source = TensorSource(directory)
+  names = source.names()
+  with_embedding = "embed_tokens.weight" in names
+  shapes = param_shapes(cfg, with_embedding)
+  file_tensors = {name: (dest, fns[0]) for name, dest, fns in _table(cfg)}
+  if cfg.fc_norm:
+    for i in range(cfg.num_features):
+      file_tensors[f"fc_norm.{i}.weight"] = (("fc_norm", i), _SAME[0])
+  if with_embedding:
+    file_tensors["embed_tokens.weight"] = (("embedding",), _SAME[0])
+  missing = sorted(set(file_tensors) - names)
+  for name in ("d2t", "t2d"):
+    if name not in names:
+      missing.append(name)
+  if missing:
+    raise CheckpointError(f"{directory}: EAGLE-3 head lacks tensors {missing}"
+                          + (" (d2t / t2d map its draft vocabulary to the target's)" if {"d2t", "t2d"} & set(missing)
+                             else "") + ".")
+  unexpected = sorted(names - set(file_tensors) - {"d2t", "t2d"})
+  if unexpected:
+    raise CheckpointError(f"{directory}: unexpected tensors for an EAGLE-3 head with this config: {unexpected}.")
+  params: dict = {}
+  fc_norm_rows = {}
+  for name, (dest, to_params) in file_tensors.items():
+    want = (cfg.target_hidden_size,) if dest[0] == "fc_norm" else _get(shapes, dest)
+    try:
+      value = to_params(np.asarray(source.get(name)))
+    except ValueError:  # A reshape of the wrong number of elements.
+      value = None
+    if value is None or value.shape != want:
+      raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} has shape {source.shape(name)}, which does "
+                            f"not give {want} for this config.")
+    if dest[0] == "fc_norm":
+      fc_norm_rows[dest[1]] = value
+      continue
+    _put(params, dest, jnp.asarray(value, dtype))
+  if cfg.fc_norm:
+    params["fc_norm"] = jnp.asarray(np.stack([fc_norm_rows[i] for i in range(cfg.num_features)]), dtype)
+  d2t, t2d = np.asarray(source.get("d2t")), np.asarray(source.get("t2d"))
+  check_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size, where=directory)
+  params["d2t"], params["t2d"] = jnp.asarray(d2t, jnp.int32), jnp.asarray(t2d, jnp.bool_)
+  return cfg, params
+
+
+def to_state_dict(cfg: Eagle3Config, params: dict) -> dict[str, np.ndarray]:
+  """The tensors of the head's file, named and laid out as the reference writes them."""
+  out = {name: np.asarray(fns[1](np.asarray(_get(params, dest)))) for name, dest, fns in _table(cfg)}
+  if cfg.fc_norm:
+    for i in range(cfg.num_features):
+      out[f"fc_norm.{i}.weight"] = np.asarray(params["fc_norm"][i])
+  if "embedding" in params:
+    out["embed_tokens.weight"] = np.asarray(params["embedding"])
+  out["d2t"] = np.asarray(params["d2t"]).astype(np.int64)
+  out["t2d"] = np.asarray(params["t2d"]).astype(np.bool_)
+  return out
+
+
+def save(directory: str, cfg: Eagle3Config, params: dict) -> None:
+  """Writes config.json and model.safetensors in the reference's format, atomically (the directory is replaced
+  whole, or left as it was)."""
+  check_vocab_map(params["d2t"], params["t2d"], cfg.vocab_size, cfg.draft_vocab_size)
+  check_replaceable(directory, ("config.json",))
+  tensors = to_state_dict(cfg, params)
+  with staging_dir(directory) as staging:
+    with open(os.path.join(staging, "config.json"), "w") as f:
+      json.dump(cfg.to_hf_dict(), f, indent=2)
+    save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
+
+
+def _target_sizes(target_config: Any) -> tuple[int, int, int]:
+  """(hidden, vocabulary, decoder layers) of a decoder-only or T5 config."""
+  hidden = getattr(target_config, "hidden_size", None) or getattr(target_config, "d_model")
+  layers = getattr(target_config, "num_layers") if hasattr(target_config, "hidden_size") else getattr(
+      target_config, "num_decoder_layers")
+  return int(hidden), int(target_config.vocab_size), int(layers)
+
+
+def check_fits(cfg: Eagle3Config, target_config: Any, params: dict | None = None) -> tuple[int, ...]:
+  """Checks that a head fits a target; returns the target feature layers to ask for (`Eagle3Config.feature_layers`).
+
+  Raises one CheckpointError listing every mismatch: the feature width (target_hidden_size) or the vocabulary
+  differs from the target's, the head has no embedding of its own and its hidden size differs from the target's
+  (it embeds with the target's table), or an aux layer id is outside the target's layers (id j: the output of
+  layer j, 0 <= j < L; without ids the default layers 2, L // 2, L - 3 need L >= 3). With `params`, also d2t / t2d
+  present and consistent, and an own embedding of the right shape.
+  """
+  hidden, vocab, num_layers = _target_sizes(target_config)
+  problems = []
+  if cfg.target_hidden_size != hidden:
+    problems.append(f"its features are {cfg.target_hidden_size} wide (target_hidden_size), the target's hidden size "
+                    f"is {hidden}")
+  if cfg.vocab_size != vocab:
+    problems.append(f"its vocab_size is {cfg.vocab_size}, the target's {vocab}")
+  own_embedding = params is not None and "embedding" in params
+  if not own_embedding and cfg.hidden_size != hidden:
+    problems.append(f"it has no embedding of its own and its hidden size {cfg.hidden_size} differs from the "
+                    f"target's embedding width {hidden}")
+  if cfg.aux_layer_ids is not None:
+    if len(cfg.aux_layer_ids) != cfg.num_features or any(not 0 <= j < num_layers for j in cfg.aux_layer_ids):
+      problems.append(f"its aux layer ids {list(cfg.aux_layer_ids)} must be {cfg.num_features} layer ids in "
+                      f"[0, {num_layers}) (the target has {num_layers} layers)")
+  elif num_layers < 3:
+    problems.append(f"the default feature layers (2, L // 2, L - 3) need a target of at least 3 layers, it has "
+                    f"{num_layers}")
+  if params is not None:
+    if "d2t" not in params or "t2d" not in params:
+      problems.append("its parameters lack d2t / t2d (the draft-to-target vocabulary maps)")
+    else:
+      try:
+        check_vocab_map(params["d2t"], params["t2d"], cfg.vocab_size, cfg.draft_vocab_size)
+      except CheckpointError as e:
+        problems.append(str(e).removeprefix("EAGLE-3 head: ").rstrip("."))
+    if own_embedding and tuple(params["embedding"].shape) != (cfg.vocab_size, cfg.hidden_size):
+      problems.append(f"its embedding has shape {tuple(params['embedding'].shape)}, expected "
+                      f"({cfg.vocab_size}, {cfg.hidden_size})")
+  if problems:
+    raise CheckpointError("the EAGLE-3 head does not fit this target: " + "; ".join(problems) + ".")
+  return cfg.feature_layers(num_layers)
