@@ -13,7 +13,7 @@ import time
 
 from absl import flags
 
-from jaxspec import cli_flags
+from jaxspec.cli import flags as cli_flags
 from jaxspec.checkpoint.gguf import convert_gguf
 
 _GGUF = flags.DEFINE_string("gguf", None, "A .gguf file, comma-separated parts in order, or a directory of parts "

@@ -33,11 +33,12 @@ HEADS = {
 
 def _reference_class():
   """specforge's head class. specforge declares sglang among its dependencies: install the reference alone with
-  `pip install --no-deps specforge==0.2.0` (it needs only torch and transformers); without it these tests skip."""
+  `pip install --no-deps specforge==0.2.0` (it needs only torch and transformers; the README's test command and
+  .ci/run do that)."""
   import torch
   torch._dynamo.config.disable = True  # The reference compiles its RoPE and RMSNorm; eager is exact and quick.
-  module = pytest.importorskip("specforge.modeling.draft.llama3_eagle")
-  return module.LlamaForCausalLMEagle3
+  from specforge.modeling.draft import llama3_eagle  # pylint: disable=import-outside-toplevel
+  return llama3_eagle.LlamaForCausalLMEagle3
 
 
 def write_reference_head(directory: str, name: str, seed: int = 0):

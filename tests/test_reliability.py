@@ -262,7 +262,7 @@ def test_bad_inputs_name_the_argument(pair, inputs, message):
     (dict(seed=2**32), "seed must be an integer in"), (dict(seed=[1, 2]), "seed has 2 entries for a batch of 1"),
     (dict(seed=[1.5]), r"seed\[0\] must be an integer"), (dict(seed="7"), "seed must be an integer or a sequence"),
     (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),
-    (dict(max_new_tokens=2**63), r"max_new_tokens must be an integer in \[1, 16777216\]"),
+    (dict(max_new_tokens=2**63), r"max_new_tokens must be an integer in \[1, 1073741824\]"),
     (dict(on_failure="ignore"), "on_failure must be"), (dict(max_input_length=0), "max_input_length must be"),
     (dict(sampling=dict(temperature=1.0)), "sampling must be a jaxspec.Sampling"),
 ])

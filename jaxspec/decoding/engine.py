@@ -28,7 +28,8 @@ from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.model import Model
 
 MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
-MAX_NEW_TOKENS = 2**24  # the most tokens a call may ask for (the memory check refuses what does not fit)
+MAX_NEW_TOKENS = 2**30  # the most tokens a call may ask for (positions stay int32; the memory check refuses
+# what does not fit)
 
 
 @dataclasses.dataclass(frozen=True)
