@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 
 from jaxspec.models import registry
 from jaxspec.models.contract import Decoder, ModelConfig
@@ -20,6 +21,15 @@ class Model:
   params: dict
   tokenizer: Tokenizer | None = None
   name: str | None = None
+
+  @classmethod
+  def random(cls, config: ModelConfig, seed: int = 0, dtype=None, name: str | None = None,
+             tokenizer: Tokenizer | None = None) -> "Model":
+    """A model of `config`'s family and shapes with random weights (the family's initialisation, float32 unless
+    `dtype`): for benchmarks of real shapes, demos and a draft that is never right (`random:NAME` drafts)."""
+    family = registry.family_of(config)
+    params = family.init_params(config, jax.random.key(seed), dtype or jnp.float32)
+    return cls(config, params, tokenizer, name)
 
   @property
   def family(self) -> registry.Family:

@@ -23,7 +23,7 @@ _CONFIG = cli_flags.define_config_file("config", CONFIG, "Demo settings.")
 def random_model(name: str, vocab_size: int, shape: dict, seed: int) -> jaxspec.Model:
   cfg = t5.T5Config(vocab_size=vocab_size, activation="gelu_new", gated=True, tie_word_embeddings=False,
                     scale_decoder_outputs=False, **shape)
-  return jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), name=name)
+  return jaxspec.Model.random(cfg, seed, name=name)
 
 
 def timed(fn, repeats: int):

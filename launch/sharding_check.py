@@ -22,7 +22,6 @@ import jaxspec
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec import sharding
 from jaxspec.bench import presets, timing
-from jaxspec.models.t5.model import init_params
 
 _TARGET = flags.DEFINE_enum("target", "t5-11b", sorted(T5_SHAPES), "Target shape.")
 _DRAFT = flags.DEFINE_enum("draft", "t5-small", sorted(T5_SHAPES), "Draft shape.")
@@ -38,7 +37,7 @@ _OUTPUT = flags.DEFINE_string("output", "", "Write the results here as JSON.")
 def _model(shape: str, seed: int) -> jaxspec.Model:
   # EOS out of reach: every row decodes max_new_tokens tokens, so every contender does the same work.
   cfg = jaxspec.T5Config(**T5_SHAPES[shape], eos_token_id=32127)
-  return jaxspec.Model(cfg, init_params(cfg, jax.random.key(seed), jnp.bfloat16), name=shape)
+  return jaxspec.Model.random(cfg, seed, jnp.bfloat16, name=shape)
 
 
 def main(argv):

@@ -27,9 +27,8 @@ LOOP_HEADER = ["draft", "gamma", "plain ms/step (loop)", "target step (model)", 
 
 
 def random_model(shape: str, dtype, seed: int = 0) -> jaxspec.Model:
-  cfg = t5.T5Config(**T5_SHAPES[shape])
-  params = t5.init_params(cfg, jax.random.key(seed), dtype)  # Leaf by leaf: float32 temporaries stay small.
-  return jaxspec.Model(cfg, params, None, shape)
+  """A public T5 shape ('t5-small' ... 't5-11b') with random weights, initialised leaf by leaf in `dtype`."""
+  return jaxspec.Model.random(t5.T5Config(**T5_SHAPES[shape]), seed, dtype, name=shape)
 
 
 def loop_overhead(target, draft, gamma: int, step: dict, repeats: int) -> dict:
@@ -37,7 +36,8 @@ def loop_overhead(target, draft, gamma: int, step: dict, repeats: int) -> dict:
   ids = np.random.RandomState(0).randint(3, 32000, size=(1, 24)).tolist()
   row = {}
   for name, d in (("plain", None), ("speculative", draft)):
-    run = lambda d=d: jaxspec.generate(target, ids, jaxspec.Speculation(d, gamma=gamma), max_new_tokens=64)
+    speculation = None if d is None else jaxspec.Speculation(d, gamma=gamma)
+    run = lambda s=speculation: jaxspec.generate(target, ids, s, max_new_tokens=64)
     out = run()  # Compilation (and the iteration counts: greedy, so every call does the same).
     seconds = timing.median_time(run, repeats, warmup=0)
     it = int(out.stats.iterations.sum())

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+import jaxspec
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.bench import presets
 from jaxspec.bench import oracle
@@ -29,8 +30,8 @@ from jaxspec.models import t5
 
 def random_t5(shape: str, dtype, seed: int) -> tuple[t5.T5Decoder, dict]:
   """A T5 decoder of a public checkpoint's shape ('t5-small' ... 't5-11b') with random weights."""
-  cfg = t5.T5Config(**T5_SHAPES[shape])
-  return t5.T5Decoder(cfg), t5.init_params(cfg, jax.random.key(seed), dtype)
+  model = jaxspec.Model.random(t5.T5Config(**T5_SHAPES[shape]), seed, dtype, name=shape)
+  return model.decoder(), model.params
 
 
 def random_inputs(count: int, length: int, bucket: int, vocab: int, seed: int = 0) -> list[tuple]:

@@ -114,9 +114,8 @@ def adaptive_fields(c: float, r: float, gamma: int, alpha: float | None = None) 
 
   fallback_alpha is the acceptance below which drafting is expected at FALLBACK_VALUE times plain decoding's speed
   or slower; but when the measured alpha says that drafting pays on average (above the break-even point), the
-  batch rests only when its running estimate falls NOISE_MARGIN below that alpha: measured on the embedded pair at
-  batch 4, a threshold 0.14 below a good draft's rate rested 41% of the iterations on the estimate's dips, 0.22
-  below it 6%."""
+  batch rests only when its running estimate falls NOISE_MARGIN below that alpha (a threshold close below a good
+  draft's rate rests it on the estimate's dips: docs/adaptive.md)."""
   fallback = break_even_alpha(c, r, gamma, FALLBACK_VALUE)
   fields = {"draft_cost": c / r}
   if alpha is not None:

@@ -54,8 +54,7 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
     config = model.config
     if getattr(config, "tie_word_embeddings", False):
       config = dataclasses.replace(config, tie_word_embeddings=False)
-    params = model.family.init_params(config, jax.random.key(1), model.dtype)
-    model = jaxspec.Model(config, params, model.tokenizer, name=name)
+    model = jaxspec.Model.random(config, seed=1, dtype=model.dtype, name=name, tokenizer=model.tokenizer)
   if mesh is not None:
     model = jaxspec.shard(model, mesh, rules=jaxspec.DRAFT_RULES)
   if model.tokenizer is not None and not model.tokenizer.same_as(target.tokenizer):

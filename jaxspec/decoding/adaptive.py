@@ -14,7 +14,7 @@ Within it, `Speculation.schedule` (its values: settings.SCHEDULES) picks this it
 
 The decision is the batch's, from every active row's history: the draft steps run for the whole batch and the
 verify call's width is the batch's, so a row drafting less than the others would save nothing and only give up
-tokens (measured: at batch 4 a lone resting row lost 48-60% of its iterations' tokens, docs/bench/adaptive). So
+tokens (docs/adaptive.md has the measurement). So
 "heuristic" drafts the longest active row's length and "adaptive" the k above, for every active row; at batch 1
 this is the row's own rule. Prompt lookup (NGramDraft) still proposes per row what it finds. Padding rows
 (a short last batch filled with copies, mesh padding) count like the rows they copy: a matter of speed only.
@@ -34,16 +34,14 @@ Knobs (runtime: changing them never recompiles; for the first two 0 = off, and "
                     draft's acceptance on this kind of input (jaxspec.tune does) passes it, so that a useless
                     draft rests from the first iteration and a good one is not sent resting by an early miss.
                     A batch that starts below fallback_alpha has in effect failed its calibration: its first
-                    probe comes after probe_interval * 2**COLD_BACKOFF iterations (a probe at batch 4 costs ~2
-                    plain iterations; measured with a useless draft at batch 4: first probes after 4 resting
-                    iterations 0.77x of plain decoding, after 16 0.86-0.89x, after 32 0.95-1.00x).
+                    probe comes after probe_interval * 2**COLD_BACKOFF iterations (a probe at batch 4 costs
+                    about two plain iterations; docs/adaptive.md has what each backoff measured).
 
 The running estimate: a = S / N over verified draft positions, S and N sums of beta (= sum_x min(p, q); at
 temperature 0, 1 when the draft's token is the target's argmax) and of 1, each decayed by ALPHA_DECAY per new
 verified position (a memory of ~10 positions), both starting from the prior: one early rejection moves a from
 prior_alpha to 0.82 of it rather than to 0 (without a prior, a good draft's first miss sent its row to rest for
-most of a short output: measured 1.22x against constant gamma's 1.38x on docs/bench/adaptive; with 2 positions
-and a calibrated prior, two early misses still did).
+most of a short output; docs/adaptive.md has the measurements behind PRIOR_POSITIONS).
 
 Exactness: every input of these rules is known before the target scores the tokens being verified: the rows' past
 verdicts (a, the heuristic's length, the resting counters), the knobs, and the draft's own probabilities while it

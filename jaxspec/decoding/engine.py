@@ -154,7 +154,7 @@ def generate(target: Model, inputs, speculation: Speculation | None = None, samp
   generated = lengths - 1
   tokens = sequences[:, 1:1 + max_new_tokens]
   tokens = np.where(np.arange(max_new_tokens)[None] < generated[:, None], tokens, settings.pad_id)
-  stats = DecodeStats.from_loop(st, generated)
+  stats = st.replace(generated=np.asarray(generated))
   texts = None
   if target.tokenizer is not None:
     texts = [target.tokenizer.decode(t[:n]) for t, n in zip(tokens, generated)]

@@ -45,7 +45,7 @@ from flax import struct
 
 from jaxspec.decoding import adaptive, sampling, streaming, verify
 from jaxspec.decoding.drafter import Drafter, History, Proposal, ProposalSettings
-from jaxspec.decoding.stats import LoopStats
+from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, write_rows
 
 
@@ -107,7 +107,7 @@ class LoopState:
   schedule: adaptive.ScheduleState | None  # Rows' histories (schedules other than "constant").
   keys: jax.Array  # [B] PRNG keys, one per row (from its seed); the iteration number is folded in each step.
   step: jax.Array  # [] int32 iteration counter.
-  stats: LoopStats
+  stats: DecodeStats
   rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (adaptive.limits).
 
   @property
@@ -250,7 +250,7 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   state = LoopState(
       sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
       draft_state=draft_state, schedule=schedule, keys=keys, step=jnp.int32(0),
-      stats=LoopStats.create(batch, settings.gamma))
+      stats=DecodeStats.create(batch, settings.gamma))
 
   def cond(state: LoopState):
     return jnp.any(~state.done) & (state.step <= settings.max_new_tokens)

@@ -1,10 +1,10 @@
-"""What the loop counts (`LoopStats`, on the device) and what `jaxspec.generate` returns (`DecodeStats`,
-`GenerateOutput`, numpy on the host)."""
+"""What the loop counts and `jaxspec.generate` returns (`DecodeStats`: on the device in the loop, numpy on the
+host), and the call's whole output (`GenerateOutput`)."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -13,20 +13,30 @@ from flax import struct
 
 
 @struct.dataclass
-class LoopStats:
-  """Counters per row, accumulated over the iterations in which the row was unfinished. G = gamma (the most)."""
+class DecodeStats:
+  """What happened inside the loop, per row: the loop accumulates it on the device (`create`, `add`) and
+  `jaxspec.generate` returns it on the host (numpy arrays, `generated` filled in), with batch means as properties.
 
-  iterations: jax.Array  # [B] int32 target calls.
-  drafted: jax.Array  # [B] int32 draft tokens really proposed (k per iteration).
-  accepted: jax.Array  # [B] int32 draft tokens accepted by verification (before EOS / max_new_tokens cuts).
-  accepted_per_position: jax.Array  # [B, G] int32: how often draft position j was accepted.
-  beta_sum: jax.Array  # [B] float32 sum of beta = sum_x min(p, q) over verified positions (see `beta_count`).
-  beta_count: jax.Array  # [B] int32 verified positions: drafted ones up to and including the first rejection.
-  draft_lengths: jax.Array  # [B, G + 1] int32: iterations in which the row drafted k = 0..G tokens.
-  fallback_iterations: jax.Array  # [B] int32: iterations in which the row rested (fallback_alpha).
+  alpha is the paper's acceptance-rate estimate: the mean over verified draft positions (those up to and
+  including each iteration's first rejection) of beta = sum_x min(p(x), q(x)). At temperature 0 beta is 1 when
+  the draft's argmax equals the target's and 0 otherwise. It is NOT accepted / drafted (which also counts the
+  positions after a rejection that were never judged). With schedule="constant" every row drafts gamma tokens
+  per iteration; other schedules, draft_confidence, fallback and NGramDraft draft k <= gamma (`draft_lengths`).
+  G = gamma (the most a row drafts).
+  """
+
+  iterations: Any  # [B] int32 target calls per row (each emits 1 to gamma + 1 tokens).
+  drafted: Any  # [B] int32 draft tokens really proposed (k per iteration).
+  accepted: Any  # [B] int32 draft tokens accepted by verification (before EOS / max_new_tokens cuts).
+  accepted_per_position: Any  # [B, G] int32: how often draft position j was accepted.
+  beta_sum: Any  # [B] float32 sum of beta = sum_x min(p, q) over verified positions (see `beta_count`).
+  beta_count: Any  # [B] int32 verified positions: drafted ones up to and including the first rejection.
+  draft_lengths: Any  # [B, G + 1] int32: iterations in which the row drafted k = 0..G tokens.
+  fallback_iterations: Any  # [B] int32: iterations in which the row rested (fallback_alpha).
+  generated: Any = None  # [B] tokens emitted (== output lengths); filled in on the host (None in the loop).
 
   @classmethod
-  def create(cls, batch: int, gamma: int) -> "LoopStats":
+  def create(cls, batch: int, gamma: int) -> "DecodeStats":
     zeros = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=zeros, drafted=zeros, accepted=zeros,
                accepted_per_position=jnp.zeros((batch, gamma), jnp.int32),
@@ -34,13 +44,13 @@ class LoopStats:
                draft_lengths=jnp.zeros((batch, gamma + 1), jnp.int32), fallback_iterations=zeros)
 
   def add(self, active: jax.Array, drafted: jax.Array, accepted: jax.Array, beta: jax.Array,
-          resting: jax.Array | None) -> "LoopStats":
+          resting: jax.Array | None) -> "DecodeStats":
     """One iteration: active [B] bool, drafted (k) and accepted (n <= k) [B] int32, beta [B, G]."""
     gamma = self.accepted_per_position.shape[1]
     a = active.astype(jnp.int32)
     positions = jnp.arange(gamma)[None]
     verified = positions < jnp.minimum(accepted + 1, drafted)[:, None]  # [B, G] up to the first rejection
-    return LoopStats(
+    return DecodeStats(
         iterations=self.iterations + a,
         drafted=self.drafted + drafted * a,
         accepted=self.accepted + accepted * a,
@@ -49,34 +59,6 @@ class LoopStats:
         beta_count=self.beta_count + jnp.sum(verified, axis=1) * a,
         draft_lengths=self.draft_lengths + (jnp.arange(gamma + 1)[None] == drafted[:, None]) * a[:, None],
         fallback_iterations=self.fallback_iterations + (0 if resting is None else resting * a))
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeStats:
-  """What happened inside the loop; per-row numpy arrays, and batch means as properties.
-
-  alpha is the paper's acceptance-rate estimate: the mean over verified draft positions (those up to and
-  including each iteration's first rejection) of beta = sum_x min(p(x), q(x)). At temperature 0 beta is 1 when
-  the draft's argmax equals the target's and 0 otherwise. It is NOT accepted / drafted (which also counts the
-  positions after a rejection that were never judged). With schedule="constant" every row drafts gamma tokens
-  per iteration; other schedules, draft_confidence, fallback and NGramDraft draft k <= gamma (`draft_lengths`).
-  """
-
-  iterations: np.ndarray  # [B] target calls per row (each emits 1 to gamma + 1 tokens).
-  drafted: np.ndarray  # [B] draft tokens really proposed.
-  accepted: np.ndarray  # [B] draft tokens accepted by verification (before EOS / max_new_tokens cuts).
-  accepted_per_position: np.ndarray  # [B, gamma]: acceptances of draft position j = 1..gamma.
-  generated: np.ndarray  # [B] tokens emitted (== output lengths).
-  beta_sum: np.ndarray  # [B]
-  beta_count: np.ndarray  # [B]
-  draft_lengths: np.ndarray  # [B, gamma + 1]: iterations in which the row drafted k = 0..gamma tokens.
-  fallback_iterations: np.ndarray  # [B]: iterations in which the row rested (plain decoding, fallback_alpha).
-
-  @classmethod
-  def from_loop(cls, stats: LoopStats, generated: np.ndarray) -> "DecodeStats":
-    """From the loop's final counters (already on the host) and the tokens generated per row."""
-    fields = {f.name: np.asarray(getattr(stats, f.name)) for f in dataclasses.fields(cls) if f.name != "generated"}
-    return cls(generated=np.asarray(generated), **fields)
 
   @property
   def tokens_per_iteration(self) -> float:
