@@ -119,6 +119,7 @@ def generate_all(target, items: Sequence[Sequence[int]], *, draft=None, gamma: i
   if batch_size < 1:
     raise InputError(f"batch_size must be >= 1, got {batch_size}.")
   check_seed(seed)
+  batch_size = max(min(batch_size, len(items) - start), 1)  # No call pads beyond the items there are.
   knobs = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                max_input_length=max_input_length)
   decode = _Decoder(target, knobs)
