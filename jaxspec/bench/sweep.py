@@ -61,13 +61,13 @@ def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, bucke
 
   def probe():
     """c and r per draft and gamma (one interleaved round of `cost_table`) and the encoders' times, in isolation."""
-    costs = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
+    table = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
              for n, d in models.items()}
-    costs.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
+    table.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
     encoder_s = {n: {"target": costs.encoder_time(target, batch, n, repeats=repeats),
                      **{m: costs.encoder_time(d, batch, n, repeats=repeats) for m, d in models.items()}}
                  for n in sorted(set(buckets))}
-    return {"costs": costs, "encoder_s": encoder_s}
+    return {"costs": table, "encoder_s": encoder_s}
   return probe
 
 
