@@ -7,17 +7,29 @@ r"""Text generation with any target and draft jaxspec loads, speculatively, next
 Every line of --input (a text file, or '-' for stdin) is one prompt and gives exactly one output line (an empty
 prompt, an empty line); newlines inside an output are written as \n (`jaxspec.cli.outputs.escape_line`). With --chat
 each prompt goes through the target tokenizer's chat template first (decoder-only instruction models). With
---output, lines are written as they are made and a rerun resumes after the last complete line. Then the same
-speed summary as translate.py. Prompt i is sampled with a seed derived from --seed and i.
+--output, lines are written as they are made and a rerun resumes after the last complete line, only when this
+script wrote the file with the same input lines and settings (`jaxspec.cli.resume`; --resume_with_new_settings
+lets a sampled run continue with another --draft or --gamma). Then the same speed summary as translate.py. Prompt
+i is sampled with a seed derived from --seed and i.
+
+--draft left at its default (the embedded EN-DE draft) with a target it cannot draft for (another tokenizer or
+family) decodes plainly and says so. --gamma takes an integer: the measured choice (--gamma=auto) is
+translate.py's.
 """
+
+import sys
 
 from absl import flags
 
-from jaxspec.cli import flags as cli_flags, jobs
-from jaxspec.cli.inputs import STDIN, read_texts
+import jaxspec
+from jaxspec.cli import flags as cli_flags, jobs, resume
+from jaxspec.cli.inputs import STDIN, InputError, read_texts
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
-cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512)
+cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512, auto_gamma=True)
+flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma=auto is translate.py's (it "
+                         "calibrates on the inputs); generate.py takes an integer >= 1")
+resume.define_flags()
 cli_flags.define_sampling()
 cli_flags.define_mesh()
 _INPUT = flags.DEFINE_string("input", STDIN, "A text file (one prompt a line), a TSV (its 'en' column) or '-' "
@@ -30,12 +42,32 @@ _LONG = flags.DEFINE_enum("long_inputs", "truncate", ["truncate", "refuse"],
 _COMPARE = flags.DEFINE_boolean("compare", True, "Also decode plainly and time both side by side.")
 
 
+def _draft_spec(target: jaxspec.Model) -> str:
+  """--draft, or '' (plain decoding, said on stderr) when it is left at its default and cannot draft for target."""
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  if FLAGS["draft"].present or not FLAGS.draft:
+    return FLAGS.draft
+  default = jaxspec.load(FLAGS.draft)
+  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
+      and target.tokenizer.same_as(default.tokenizer)):
+    return FLAGS.draft
+  print(f"--draft left at its default {FLAGS.draft!r}, which cannot draft for {FLAGS.target} (another tokenizer or "
+        "family): decoding plainly; pass --draft to speculate.", file=sys.stderr)
+  return ""
+
+
 def main(argv):
   del argv
   mesh = cli_flags.mesh()
   texts = read_texts(_INPUT.value, column="en")
-  writer = jobs.open_output(_OUTPUT.value, len(texts))
-  target, draft = jobs.load_pair(flags.FLAGS.target, flags.FLAGS.draft, mesh)
+  writer = jobs.open_output(_OUTPUT.value, texts, resume.record_from_flags(texts, _INPUT.value),
+                            input_spec=_INPUT.value, allow_new_settings=flags.FLAGS.resume_with_new_settings)
+  target = jobs.load_target(flags.FLAGS.target, mesh)
+  spec = _draft_spec(target)
+  drafts = jobs.load_drafts(spec, target, mesh)
+  if len(drafts) > 1:
+    raise InputError(f"--draft={spec}: one draft expected here (a pool is translate.py's), got {len(drafts)}.")
+  draft = next(iter(drafts.values()), None)
   run = jobs.generate_texts(texts, target, cli_flags.speculation(draft), cli_flags.sampling(), writer=writer,
                             prefix=_PREFIX.value, chat=_CHAT.value, long_inputs=_LONG.value, compare=_COMPARE.value,
                             desc="generate", **cli_flags.run_kwargs())

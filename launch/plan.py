@@ -5,12 +5,17 @@ r"""Prints the memory plan of a decoding run on a device mesh, and whether it fi
 
 --model and --draft: a public T5 shape name (t5-small ... t5-11b), an embedded model name or a model directory
 (only config.json is read: nothing is loaded or allocated). --device: a device kind (tpu-v5e, h100-80gb, ...) or a
-machine (tpu-v5e-8, tpu-v4-8, 8xh100, ...), whose device count fills a mesh axis left out of --mesh.
+machine (tpu-v5e-8, tpu-v4-8, 8xh100, ...), whose device count fills a mesh axis left out of --mesh; a mesh of
+more devices than the machine has is refused. Errors (a bad number, a mesh, a broken config.json) end with one line.
 """
 
-from absl import app, flags
+import math
+
+from absl import flags
 
 from jaxspec import sharding
+from jaxspec.cli import flags as cli_flags
+from jaxspec.errors import SettingsError
 from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB, memory_plan
 
 _MODEL = flags.DEFINE_string("model", "t5-11b", "Target: a T5 shape name, an embedded name or a model directory.")
@@ -24,16 +29,24 @@ _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16", "float32
 _GREEDY = flags.DEFINE_boolean("greedy", False, "Greedy decoding (no sampled distributions held).")
 _DEVICE = flags.DEFINE_string("device", "", "Device kind or machine: " + ", ".join(
     sorted(DEVICE_MEMORY) + sorted(MACHINES)))
-_GIB = flags.DEFINE_float("device_gib", 0.0, "Memory per device in GiB (overrides --device's).")
+_GIB = flags.DEFINE_float("device_gib", 0.0, "Memory per device in GiB (overrides --device's; 0 = --device's).")
+flags.register_validator("device_gib", lambda v: math.isfinite(v) and v >= 0,
+                         message="--device_gib must be a finite number of GiB >= 0 (0 = --device's memory)")
 
 
 def _mesh_shape(devices: int | None) -> tuple[int, int]:
-  sizes = sharding.parse_mesh(_MESH.value)
+  try:
+    sizes = sharding.parse_mesh(_MESH.value)
+  except ValueError as e:
+    raise SettingsError(f"--mesh={_MESH.value}: {e}") from None
   data, model = sizes.get("data"), sizes.get("model")
+  if devices and (data or 1) * (model or 1) > devices:
+    raise SettingsError(f"--mesh={_MESH.value} needs {(data or 1) * (model or 1)} devices, but "
+                        f"--device={_DEVICE.value} has {devices}.")
   if devices and (data is None) != (model is None):
     given = data or model
     if devices % given:
-      raise app.UsageError(f"--mesh {_MESH.value!r} does not divide the {devices} devices of --device.")
+      raise SettingsError(f"--mesh {_MESH.value!r} does not divide the {devices} devices of --device.")
     data, model = (data, devices // data) if data else (devices // model, model)
   elif devices and data is None:
     data, model = 1, devices
@@ -44,7 +57,7 @@ def main(argv):
   del argv
   kind, devices = MACHINES.get(_DEVICE.value, (_DEVICE.value, None))
   if kind and kind not in DEVICE_MEMORY:
-    raise app.UsageError(f"--device {_DEVICE.value!r}: expected one of {sorted(DEVICE_MEMORY)} or "
+    raise SettingsError(f"--device {_DEVICE.value!r}: expected one of {sorted(DEVICE_MEMORY)} or "
                          f"{sorted(MACHINES)}.")
   shape = _mesh_shape(devices)
   plan = memory_plan(_MODEL.value, shape, _BATCH.value, _INPUT.value, _NEW.value, _GAMMA.value, _DTYPE.value,
@@ -60,4 +73,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli_flags.run(main)

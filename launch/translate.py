@@ -9,7 +9,8 @@ r"""The main job: English -> German with a T5 target and a T5 draft, speculative
 
 Inputs (`jaxspec.cli.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
 column), is one input and gives exactly one output line (an empty input, an empty line). Prints the
-translations, or writes them to --output as they are made (a rerun resumes after the last complete line), then a
+translations, or writes them to --output as they are made (a rerun resumes after the last complete line, only
+of a file this script wrote with the same input lines and settings: `jaxspec.cli.resume`), then a
 summary: alpha, tokens per iteration, acceptance per draft position, wall time per token of plain and speculative
 decoding measured side by side (compilation excluded), the speedup, the speedup Theorem 3.8 predicts from the
 measured alpha, c and r, and at temperature 0 whether both outputs are identical. Line i is sampled with a seed
@@ -28,13 +29,14 @@ import os
 from absl import flags
 
 import jaxspec
-from jaxspec.cli import flags as cli_flags, jobs
+from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.cli.inputs import InputError, read_texts
 
 cli_flags.define_models()
 cli_flags.define_decoding(gamma=3, batch_size=1, max_new_tokens=64, max_input_length=128, auto_gamma=True)
 cli_flags.define_sampling()
 cli_flags.define_mesh()
+resume.define_flags()
 _INPUT = flags.DEFINE_string("input", "", "A text file (one sentence a line), a TSV whose header names an 'en' "
                              "column, '-' for stdin, or empty for the built-in sample.")
 _OUTPUT = flags.DEFINE_string("output", "", "Where translations go, one line per input (resumable).")
@@ -55,7 +57,8 @@ def main(argv):
   del argv
   mesh = cli_flags.mesh()
   texts = read_texts(_INPUT.value or SAMPLE)  # Input and output problems surface before any model loads.
-  writer = jobs.open_output(_OUTPUT.value, len(texts))
+  writer = jobs.open_output(_OUTPUT.value, texts, resume.record_from_flags(texts, _INPUT.value or SAMPLE),
+                            input_spec=_INPUT.value or SAMPLE, allow_new_settings=FLAGS.resume_with_new_settings)
   target = jobs.load_target(FLAGS.target, mesh)
   drafts = jobs.load_drafts(FLAGS.draft, target, mesh)
   kw, sampling, gamma = cli_flags.run_kwargs(), cli_flags.sampling(), FLAGS.gamma

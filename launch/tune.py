@@ -17,7 +17,7 @@ speedup_vs_gamma.png and acceptance.png to --output_dir and prints where they ar
 from absl import flags
 
 import jaxspec
-from jaxspec.cli import flags as cli_flags, jobs
+from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.bench import report, tune
 from jaxspec.data.ende import read_pairs, split_path
 from jaxspec.cli.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
@@ -62,6 +62,7 @@ def _inputs(target) -> tuple[list[list[int]], list[str] | None]:
 
 def main(argv):
   del argv
+  resume.check_output_dir(_OUT.value)  # Before loading, tuning and timing: not a lost run at the end.
   target = jobs.load_target(FLAGS.target)
   drafts = jobs.load_drafts(_DRAFTS.value, target)
   if not drafts:

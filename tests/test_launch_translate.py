@@ -4,6 +4,8 @@ Tiny random models (the embedded tokenizer, 1-layer T5s) keep the runs short; wh
 the output (one line per input row, resumes, seeds) and the errors, not translation quality.
 """
 
+import shutil
+
 import pytest
 
 from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
@@ -48,12 +50,14 @@ def test_resume_redoes_a_partial_last_line_and_refuses_a_longer_output(models, t
   expected = _lines(full)
   out = tmp_path / "out.txt"
   out.write_text(expected[0] + "\n" + expected[1] + "\n" + "Das Ha")  # killed in the middle of line 3
+  shutil.copy(f"{full}.jaxspec.json", f"{out}.jaxspec.json")  # what the run wrote first (jaxspec.cli.resume)
   res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
   assert res.returncode == 0, res.stderr[-3000:]
   assert "resuming: 2 of 4" in res.stderr
   assert _lines(out) == expected
   too_long = tmp_path / "too_long.txt"
   too_long.write_text("a\nb\nc\nd\ne\nf\n")
+  shutil.copy(f"{full}.jaxspec.json", f"{too_long}.jaxspec.json")
   res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={too_long}"] + models)
   assert_one_line_error(res, "already has 6 lines, more than the 4 inputs")
   assert too_long.read_text() == "a\nb\nc\nd\ne\nf\n"  # left as it was
@@ -73,6 +77,7 @@ def test_sampled_lines_do_not_depend_on_batch_size_or_resume_point(models, tmp_p
   assert _lines(outs[1]) == _lines(outs[3])
   resumed = tmp_path / "resumed.txt"
   resumed.write_text("\n".join(_lines(outs[1])[:2]) + "\n")
+  shutil.copy(f"{outs[1]}.jaxspec.json", f"{resumed}.jaxspec.json")  # the batch size is not part of it
   res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={resumed}", "--batch_size=2"]
                    + models + sample)
   assert res.returncode == 0, res.stderr[-3000:]

@@ -223,8 +223,9 @@ def speed_summary(run, target, speculation: jaxspec.Speculation | None, sampling
   if draft is None:
     return lines + [f"plain decoding: {run.ms_per_token('plain'):.2f} ms/token"]
   alpha, a = stats.alpha, min(stats.alpha, 1.0)
-  accept = " ".join(f"{x:.2f}" for x in stats.acceptance_per_position)
-  lines += [f"gamma {gamma} | alpha {alpha:.3f} | tokens per iteration {stats.tokens_per_iteration:.2f} (bonus token "
+  accept = " ".join("n/a" if math.isnan(x) else f"{x:.2f}" for x in stats.acceptance_per_position)
+  shown = "n/a (no draft token was verified)" if math.isnan(alpha) else f"{alpha:.3f}"
+  lines += [f"gamma {gamma} | alpha {shown} | tokens per iteration {stats.tokens_per_iteration:.2f} (bonus token "
             "included)", f"acceptance per draft position: {accept}",
             f"speculative: {run.ms_per_token('speculative'):.2f} ms/token"]
   if not run.seconds["plain"]:

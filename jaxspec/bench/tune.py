@@ -34,6 +34,7 @@ import jaxspec
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
 from jaxspec.cli.inputs import encode_texts
+from jaxspec.errors import SettingsError
 
 SCHEDULES = ("constant", "adaptive", "heuristic")
 MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured at least this much faster
@@ -220,6 +221,9 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     ids = encode_texts(target.tokenizer, list(inputs), max_input_length=max_input_length)
   ids = [list(map(int, i)) for i in ids]
   _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, schedules)
+  for name, value in (("repeats", repeats), ("max_new_tokens", max_new_tokens)):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+      raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
   variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
   start, load = time.time(), os.getloadavg()
   rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,

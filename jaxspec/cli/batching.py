@@ -84,6 +84,7 @@ def generate_all(target, items: Sequence[Sequence[int]], speculation: jaxspec.Sp
   if not is_int(batch_size) or batch_size < 1:
     raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
   check_seed(seed)
+  batch_size = max(min(batch_size, len(items) - start), 1)  # No call pads beyond the items there are.
   sampling = jaxspec.Sampling() if sampling is None else sampling
   kw = dict(max_new_tokens=max_new_tokens, max_input_length=max_input_length)
   decoders = {"speculative": speculation} if speculation is not None else {"plain": None}

@@ -23,7 +23,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from jaxspec.cli.batching import MAX_SEED
-from jaxspec.errors import JaxspecError
+from jaxspec.errors import JaxspecError, SettingsError
 from jaxspec.sharding.mesh import MESH_AXES
 
 FLAGS = flags.FLAGS
@@ -157,7 +157,10 @@ def mesh():
   --mesh asks for, or None for one device. Call it first in main(), before anything else touches JAX."""
   from jaxspec import sharding  # pylint: disable=import-outside-toplevel
   sharding.initialize_distributed()
-  return sharding.mesh_from_flag(FLAGS.mesh)
+  try:
+    return sharding.mesh_from_flag(FLAGS.mesh)
+  except ValueError as e:  # e.g. a size that does not divide the devices there are
+    raise SettingsError(f"--mesh={FLAGS.mesh}: {e}") from None
 
 
 def sampling():

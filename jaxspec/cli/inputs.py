@@ -21,6 +21,9 @@ STDIN = "-"
 
 def _read_bytes(spec: str) -> bytes:
   if spec == STDIN:
+    if sys.stdin.isatty():  # Not a silent wait on a terminal.
+      print("reading inputs from stdin, one per line; end with Ctrl-D (or pass --input=FILE)", file=sys.stderr,
+            flush=True)
     return sys.stdin.buffer.read()
   if not os.path.exists(spec):
     raise InputError(f"{spec}: no such file.")

@@ -9,7 +9,8 @@
     run = generate_texts(texts, target, choice.speculation, batch_size=1)
 
 One output line per input item (`jaxspec.cli.inputs` for the rule), printed next to its input or appended to
-`output` as batches finish (`jaxspec.cli.outputs.LineWriter`: resumable, only complete lines count), then the speed
+`output` as batches finish (`open_output`, from `jaxspec.cli.resume`: checked, locked and fingerprinted; a
+`jaxspec.cli.outputs.LineWriter`: resumable, only complete lines count), then the speed
 summary (`jaxspec.bench.report.speed_summary`). Family-agnostic: any model `jaxspec.load` reads whose tokenizer
 encodes and decodes text; `chat` applies the tokenizer's chat template to every input.
 """
@@ -31,6 +32,8 @@ from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table
 from jaxspec.cli.inputs import InputError, encode_texts
 from jaxspec.cli.outputs import LineWriter
+from jaxspec.cli.resume import open_output  # pylint: disable=unused-import (the scripts' entry: checked, locked)
+from jaxspec.decoding.arguments import draft_decoder
 
 NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
 RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right)
@@ -60,6 +63,10 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
   if model.tokenizer is not None and not model.tokenizer.same_as(target.tokenizer):
     raise InputError(f"the draft's tokenizer ({name}) differs from the target's ({target.name}): "
                      "speculative decoding needs the same token ids on both sides.")
+  try:
+    draft_decoder(target, model)  # every other pair check of generate (vocabularies, families), before any batch
+  except ValueError as e:
+    raise InputError(f"--draft={name}: {e}") from None
   return model
 
 
@@ -108,17 +115,6 @@ def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, 
   if main:
     print("\n".join(tune_table(result.rows)) + f"\nchosen: {choice.describe()}: {choice.why}\n", flush=True)
   return choice
-
-
-def open_output(output: str, total: int) -> LineWriter | None:
-  """The resumable writer of `output` ('' = print instead), saying on stderr how far an earlier run got. Only the
-  main process writes (every process of a multi-host job runs the same program)."""
-  if not output or not jaxspec.is_main_process():
-    return None
-  writer = LineWriter(output, total)
-  if writer.done:
-    print(f"resuming: {writer.done} of {total} lines already in {output}", file=sys.stderr)
-  return writer
 
 
 def _resume_point(writer: LineWriter | None) -> int:

@@ -4,7 +4,9 @@ A `LineWriter` file holds one line per input item, in order (after an optional h
 after the last COMPLETE line: a partial last line (a full disk, a kill mid-write) is dropped and redone, and a file
 with more lines than there are inputs is refused. Every batch of lines is flushed and fsynced before the next
 starts. Lines are escaped (backslash, newline, carriage return as \\, \n, \r), so a multi-line output stays on
-its line; `unescape_line` reverses it. `.gz` files are written as one gzip member per batch.
+its line; `unescape_line` reverses it. `.gz` files are written as one gzip member per batch; a `.gz` file that is
+not gzip data is refused (`OutputError`), never truncated. Which files the launch scripts may resume at all, and
+with which settings: `jaxspec.cli.resume`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from tqdm import tqdm
 
 from jaxspec.cli.inputs import InputError
 from jaxspec.errors import OutputError
+
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 def escape_line(text: str) -> str:
@@ -48,6 +52,9 @@ def _existing(path: str) -> tuple[bytes, bool]:
     raw = f.read()
   if not path.endswith(".gz"):
     return raw, True
+  if not GZIP_MAGIC.startswith(raw[:2]):  # b'' and a first byte cut after 0x1f pass
+    raise OutputError(f"{path}: named .gz but not gzip data: not an output of this script, left untouched (remove "
+                      "it or choose another output).")
   out, pos = [], 0
   while pos < len(raw):
     member = zlib.decompressobj(wbits=31)

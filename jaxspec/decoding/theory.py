@@ -41,14 +41,16 @@ def expected_speedup(alpha: float, gamma: int, c: float, r: float | None = None)
 
 
 def best_gamma(alpha: float, c: float, r_of_gamma=None, max_gamma: int = 16) -> tuple[int, float]:
-  """The gamma in [1, max_gamma] that maximises the expected speedup, and that speedup.
+  """The gamma in [1, max_gamma] that maximises the expected speedup, and that speedup; (0, 1.0) when no gamma
+  is expected to beat plain decoding (speedup <= 1): 0 means decode plainly.
 
   Args:
     r_of_gamma: optional callable gamma -> measured verify-cost ratio r (default: r = 1).
   """
   best = max(range(1, max_gamma + 1),
              key=lambda g: expected_speedup(alpha, g, c, None if r_of_gamma is None else r_of_gamma(g)))
-  return best, expected_speedup(alpha, best, c, None if r_of_gamma is None else r_of_gamma(best))
+  speedup = expected_speedup(alpha, best, c, None if r_of_gamma is None else r_of_gamma(best))
+  return (best, speedup) if speedup > 1 else (0, 1.0)
 
 
 def iterations_cdf(alpha: float, gamma: int, max_tokens: int) -> np.ndarray:
