@@ -1,4 +1,4 @@
-"""Subprocess side of tests/test_sharding.py: runs on simulated CPU devices and writes what it saw as JSON.
+"""Subprocess side of tests/sharding/test_sharding.py: runs on simulated CPU devices and writes what it saw as JSON.
 
     python tests/sharding_worker.py tokens OUT.json FAMILY[,FAMILY...]   # 8 devices: tokens on 4 meshes vs one
     python tests/sharding_worker.py programs OUT.json                    # 8 devices: HLO, memory, Orbax

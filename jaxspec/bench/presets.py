@@ -2,7 +2,7 @@
 
 Table 2: T5-XXL (11B) target, batch 1, one TPU-v4; for each task, draft and temperature the paper's best gamma,
 its measured alpha and speedup, the draft's cost ratio c, and `exp`: Theorem 3.8's expected speedup with that
-alpha, gamma and c, rounded as the paper prints it (tests/test_presets.py recomputes it).
+alpha, gamma and c, rounded as the paper prints it (tests/bench/test_presets.py recomputes it).
 """
 
 from __future__ import annotations

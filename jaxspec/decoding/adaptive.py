@@ -47,7 +47,7 @@ Exactness: every input of these rules is known before the target scores the toke
 verdicts (a, the heuristic's length, the resting counters), the knobs, and the draft's own probabilities while it
 drafts. Another row's past verdicts are as much "the past" as the row's own: its draws are independent of this
 iteration's. A rule that looked at the target's verdict for the tokens being verified would bias the output
-(tests/test_sampling_lossless.py shows one failing).
+(tests/decoding/test_sampling_lossless.py shows one failing).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Parameters and caches are exact: every array's per-device shape under the logica
 to a multiple of `data`. Activations are an estimate: the most bytes simultaneously live in one program (prefill,
 or a loop iteration: target or draft step plus the sampled distributions), from a liveness pass over the traced
 programs at the per-device batch, an intermediate counted per device when one of its non-batch dimensions is a
-dimension the weights split over `model`. tests/test_sharding.py holds it against XLA's `memory_analysis()`.
+dimension the weights split over `model`. tests/sharding/test_sharding.py holds it against XLA's `memory_analysis()`.
 Nothing is allocated and no device of the planned mesh is needed.
 """
 

@@ -7,7 +7,7 @@ import gzip
 import pytest
 
 from jaxspec.data.ende import Pair, read_pairs, write_pairs
-from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, run_script, tiny_pair
 
 SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
              ("Open the file.", "Öffnen Sie die Datei."), ("I like green tea.", "Ich mag grünen Tee."),

@@ -22,7 +22,7 @@ from jaxspec.errors import JaxspecError
 
 from conftest import write_hf_t5
 from decoder_only_models import write_hf_decoder
-from test_launch_inputs import assert_one_line_error, run_script
+from script_helpers import assert_one_line_error, run_script
 
 
 @pytest.fixture(scope="module")

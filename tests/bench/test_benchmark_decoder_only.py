@@ -11,7 +11,7 @@ import sys
 
 from decoder_only_models import write_hf_decoder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 
 def test_benchmark_decoder_only_with_peer(tmp_path):

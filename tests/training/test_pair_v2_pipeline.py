@@ -16,9 +16,9 @@ import jaxspec
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile
 from jaxspec.data.ende import DOMAINS, distillation_sources, read_pairs, write_pairs
 from jaxspec.tokenizer import load_tokenizer
-from test_launch_inputs import run_script
+from script_helpers import run_script
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 TOKENIZER_V2 = os.path.join(ROOT, "configs", "ende_tokenizer")
 TINY = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2}
 COMMON = ["max_len=32", "length_buckets=16", "tokens_per_batch=256", "log_every=2", "eval_every=3",

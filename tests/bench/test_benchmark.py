@@ -12,7 +12,7 @@ import pytest
 
 from conftest import write_hf_t5
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 
 def test_benchmark_smoke_run(tmp_path):

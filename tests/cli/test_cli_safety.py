@@ -24,7 +24,7 @@ from jaxspec.bench import report
 from jaxspec.errors import InputError, OutputError
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
-from test_launch_inputs import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, tiny_pair
+from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, tiny_pair
 
 TEXTS = ["The house is small.", "", "Hello.", "Thank you."]
 SETTINGS = dict(draft="ngram", gamma=3, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=8,

@@ -10,7 +10,7 @@ import pytest
 
 from jaxspec.data import token_cache
 from jaxspec.data.ende import Pair, write_pairs
-from test_launch_inputs import EMBEDDED_TOKENIZER, assert_one_line_error, run_script
+from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script
 
 PAIRS = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
          ("Open the file.", "Öffnen Sie die Datei."), ("I like green tea.", "Ich mag grünen Tee.")]

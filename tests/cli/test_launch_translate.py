@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, run_script, tiny_pair
 
 
 @pytest.fixture(scope="module")

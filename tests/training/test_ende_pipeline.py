@@ -17,7 +17,7 @@ from jaxspec.data.ende import Pair, bucketed_batches, distillation_sources, leng
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
              ("Open the file.", "Öffnen Sie die Datei."), ("The cat sleeps.", "Die Katze schläft."),
              ("Save the document now.", "Speichern Sie das Dokument jetzt."),

@@ -13,7 +13,7 @@ import pytest
 from jaxspec.data.corpus import align, build, manpages, markup, sources, text
 from jaxspec.data.ende import Pair, read_pairs, write_pairs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
 # Twelve translated paragraphs; each a different sentence so that none is a repeat of another.
 PARAGRAPHS = [(f"The package number {i} installs the program on your system. You can remove version {i} again.",

@@ -13,7 +13,7 @@ import pytest
 
 import jaxspec
 from jaxspec.bench import tune
-from test_launch_inputs import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, run_script, tiny_pair
 
 NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
            "draft_step_ms", "target_step_ms", "plain_ms_per_token", "spec_ms_per_token", "plain_tokens_per_s",

@@ -28,7 +28,7 @@ from jaxspec.models.t5 import T5Config
 
 import sharding_worker
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where sharding_worker.py lives
 ROOT = os.path.dirname(HERE)
 FAMILIES = sorted(f.name for f in registry.families())
 MESHES = [f"{d}x{m}" for d, m in sharding_worker.MESHES]
