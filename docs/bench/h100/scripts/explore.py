@@ -66,9 +66,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxspec.models.t5.shapes import T5_SHAPES
-from jaxspec.bench import presets
-from jaxspec.bench import profiling  # noqa: E402
+from jaxspec import presets, profiling  # noqa: E402
 from jaxspec.bench import oracle  # noqa: E402
 from jaxspec.bench import paper_speedups as ps  # noqa: E402
 from jaxspec.decoding import loop as L  # noqa: E402
@@ -87,7 +85,7 @@ GAMMA = 7
 DRAFT_DEADLINE = float(os.environ.get("DRAFT_DEADLINE_S", "110"))
 if os.environ.get("EXPLORE_TINY"):
   for k in ("t5-11b", "t5-small", "t5-base", "t5-large"):
-    T5_SHAPES[k] = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4)
+    presets.T5_SHAPES[k] = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4)
   N = 24
 
 

@@ -4,8 +4,8 @@
 """
 import json, sys
 from jaxspec.decoding import theory
-from jaxspec.bench import presets
-from jaxspec.cli.outputs import markdown_table
+from jaxspec import presets
+from jaxspec.outputs import markdown_table
 
 r = json.load(open(sys.argv[1]))
 t1, t8 = r["target_steps"]["target_ms"], r["target_steps"]["verify8_ms"]
