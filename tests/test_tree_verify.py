@@ -99,16 +99,16 @@ def run_rounds(verify, table, bias, rows: int, length: int, seed: int, parents: 
 
 
 def test_greedy_hand_made():
-  """The argmax chain 0 -> 2 -> 6, then node 6's argmax; another row stops at the root."""
+  """The argmax chain 0 -> 2 -> 5 -> 7, then node 7's argmax; another row stops at the root."""
   tokens = jnp.asarray([[9, 1, 2, 3, 4, 5, 6, 7], [9, 1, 2, 3, 4, 5, 6, 7]], jnp.int32)
   logits = np.zeros((2, 8, 10), np.float32)
-  logits[0, 0, 2] = logits[0, 2, 6] = logits[0, 6, 8] = 1.0  # node 2 (token 2), node 6 (token 6), then 8
-  logits[1, 0, 0] = 1.0  # token 0: no child carries it
+  logits[0, 0, 2] = logits[0, 2, 5] = logits[0, 5, 7] = logits[0, 7, 8] = 1.0
+  logits[1, 0, 0] = 1.0  # token 0: no child of the root carries it
   parents = jnp.asarray(np.stack([PARENTS, PARENTS]))
   verdict = tree_verify.accept_tree_greedy(tokens, parents, jnp.asarray(logits), path_size=4)
-  np.testing.assert_array_equal(verdict.path, [[0, 2, 6, 0], [0, 0, 0, 0]])
-  np.testing.assert_array_equal(verdict.path_len, [3, 1])
-  np.testing.assert_array_equal(verdict.num_accepted, [2, 0])
+  np.testing.assert_array_equal(verdict.path, [[0, 2, 5, 7], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(verdict.path_len, [4, 1])
+  np.testing.assert_array_equal(verdict.num_accepted, [3, 0])
   np.testing.assert_array_equal(verdict.next_token, [8, 0])
 
 
@@ -126,22 +126,26 @@ def test_greedy_is_plain_greedy_decoding():
   np.testing.assert_array_equal(got, np.tile(want, (rows, 1)))
 
 
-def test_sampled_deterministic_cases():
-  """One-hot targets: the path follows the only token with mass; a target with no mass on any child gives a
-  correction drawn from it; the root's children with all the mass rejected leave the rest."""
-  tokens = jnp.asarray([[0, 1, 2, 3, 0, 2, 1, 3]] * 3, jnp.int32)
-  p = np.zeros((3, 8, VOCAB), np.float32)
-  p[0, 0, 2] = p[0, 2, 1] = p[0, 6, 3] = 1.0  # 0 -> node 2 (token 2) -> node 6 (token 1), then 3
-  p[1, 0, 0] = 1.0  # no child of the root carries 0
-  p[2, 0] = [0.0, 0.5, 0.0, 0.5]  # tokens 1 and 3 are children: one of them is accepted
-  p[2, 1:] = 1.0 / VOCAB
-  parents = jnp.asarray(np.stack([PARENTS] * 3))
-  for seed in range(5):
-    keys = jax.random.split(jax.random.key(seed), 3)
-    verdict = tree_verify.accept_tree_sampled(keys, tokens, parents, jnp.asarray(p), path_size=4)
-    np.testing.assert_array_equal(verdict.path[:2], [[0, 2, 6, 0], [0, 0, 0, 0]])
-    np.testing.assert_array_equal(verdict.next_token[:2], [3, 0])
-    assert int(verdict.path[2, 1]) in (1, 3) and int(verdict.path_len[2]) >= 2
+def test_sampled_hand_made():
+  """Row 0: one-hot targets, the path follows them to the deepest node. Row 1: no child carries the target's
+  only token: the correction is that token. Rows 2+: the root's children carry tokens 1 (p 0.5) and 2 (p 0):
+  either node 1 is accepted, or both are rejected and the correction comes from what remains, token 3."""
+  rows = 66
+  tokens = jnp.asarray([[0, 1, 2, 3, 0, 2, 1, 3]] * rows, jnp.int32)
+  p = np.full((rows, 8, VOCAB), 1.0 / VOCAB, np.float32)
+  p[0] = 0.0
+  p[0, 0, 2] = p[0, 2, 2] = p[0, 5, 3] = p[0, 7, 1] = 1.0  # nodes 2 (token 2), 5 (token 2), 7 (token 3); then 1
+  p[1, 0] = [1.0, 0.0, 0.0, 0.0]
+  p[2:, 0] = [0.0, 0.5, 0.0, 0.5]
+  parents = jnp.asarray(np.stack([PARENTS] * rows))
+  keys = jax.random.split(jax.random.key(0), rows)
+  verdict = tree_verify.accept_tree_sampled(keys, tokens, parents, jnp.asarray(p), path_size=4)
+  path, path_len, nxt = (np.asarray(a) for a in (verdict.path, verdict.path_len, verdict.next_token))
+  np.testing.assert_array_equal(path[:2], [[0, 2, 5, 7], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(nxt[:2], [1, 0])
+  accepted = path[2:, 1] == 1
+  assert np.all(accepted | ((path_len[2:] == 1) & (nxt[2:] == 3)))
+  assert 10 < accepted.sum() < 54  # both happen (binomial(64, 0.5))
 
 
 def _sampled_verify(temperature: float):
