@@ -207,3 +207,44 @@ def test_compact_rows():
   np.testing.assert_array_equal(out[0, :, 0], [0, 1, 3, 4, 4, 5, 6, 7])
   np.testing.assert_array_equal(out[1, :, 0], [8, 9, 10, 11, 12, 11, 14, 15])  # slot 5 past the kept length
 
+
+
+@pytest.mark.parametrize("family", ["llama2", "gemma2", "t5_v1_1"])
+def test_greedy_tree_rounds_are_greedy_decoding(family):
+  """step_tree, tree_verify.accept_tree_greedy and compact, round after round (a tree per round with the
+  target's greedy token hidden among siblings, at random depths), emit the target's greedy decode."""
+  from jaxspec.decoding import tree_verify
+  decoder, params, cache, vocab = setup(family)
+  rng = np.random.RandomState(5)
+  greedy, c, token = [], cache, jnp.asarray([3, 4], jnp.int32)  # a first token per row
+  for _ in range(12):  # plain greedy decoding, one token at a time
+    logits, c = step(decoder)(params, c, token[:, None])
+    token = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+    greedy.append(np.asarray(token))
+  greedy = np.stack(greedy, axis=1)  # [B, 12]
+  parents = np.array([-1, 0, 0, 1, 1, 3, 3], np.int32)
+  depths, ancestors = tree_arrays(np.stack([parents, parents]))
+  verify = jax.jit(lambda tokens, logits: tree_verify.accept_tree_greedy(
+      tokens, jnp.asarray(np.stack([parents, parents])), logits, path_size=4))
+  emitted, accepted = [[], []], 0
+  root = np.asarray([3, 4], np.int32)
+  while min(len(e) for e in emitted) < 8:
+    tokens = rng.randint(3, vocab, size=(2, 7)).astype(np.int32)
+    tokens[:, 0] = root
+    for r in range(2):  # the next greedy tokens on a random branch: node 1 or 2, then 3 or 4, then 5 or 6
+      done = len(emitted[r])
+      tokens[r, rng.choice([1, 2])] = greedy[r, done]
+      tokens[r, rng.choice([3, 4])] = greedy[r, done + 1]
+      tokens[r, rng.choice([5, 6])] = greedy[r, done + 2]
+    base = cache.lengths
+    logits, cache = step_tree(decoder)(params, cache, jnp.asarray(tokens), jnp.asarray(depths),
+                                       jnp.asarray(ancestors))
+    verdict = verify(jnp.asarray(tokens), logits)
+    cache = compact(cache, base, verdict.path, verdict.path_len)
+    path, path_len, nxt = (np.asarray(a) for a in (verdict.path, verdict.path_len, verdict.next_token))
+    for r in range(2):
+      emitted[r].extend(list(tokens[r, path[r, 1:path_len[r]]]) + [int(nxt[r])])
+    accepted += int(np.sum(path_len - 1))
+    root = nxt
+  np.testing.assert_array_equal([e[:8] for e in emitted], greedy[:, :8])
+  assert accepted >= 4, accepted  # drafts were accepted, at depths > 1 too
