@@ -47,20 +47,18 @@ def depths_of(parents: np.ndarray) -> np.ndarray:
   return depths
 
 
-def draft_trees(rng: np.random.RandomState, roots: np.ndarray, draft: np.ndarray,
-                parents: np.ndarray = PARENTS) -> np.ndarray:
-  """[R, N] node tokens: the root is each row's current token; a node's children are its draft's Gumbel-top-k
-  (draft [V, V] logits of a Markov draft, the test's own randomness), best first: draft information only, never
-  the target's. An informed draft matters to the negative control: with siblings drawn uniformly at random, the
-  bias of sampling the correction from p averages out over the trees."""
+def draft_trees(roots: np.ndarray, draft: np.ndarray, parents: np.ndarray = PARENTS) -> np.ndarray:
+  """[R, N] node tokens: the root is each row's current token; a node's children are the top-k of a Markov draft
+  (draft [V, V] logits) after the node's token, best first, as EAGLE proposes: draft information only, never the
+  target's verdict. The draft approximates the target (its table plus noise), as real drafts do: with siblings
+  unrelated to the target, the negative controls' biases average out over the trees."""
   rows, n = len(roots), len(parents)
   tokens = np.zeros((rows, n), np.int32)
   tokens[:, 0] = roots
   for node in range(n):
     children = np.flatnonzero(parents == node)
     if len(children):
-      scores = draft[tokens[:, node]] + rng.gumbel(size=(rows, VOCAB))
-      tokens[:, children] = np.argsort(-scores, axis=1)[:, :len(children)]
+      tokens[:, children] = np.argsort(-draft[tokens[:, node]], axis=1, kind="stable")[:, :len(children)]
   return tokens
 
 
@@ -69,18 +67,16 @@ def node_logits(table: np.ndarray, bias: np.ndarray, tokens: np.ndarray, positio
   return table[tokens] + bias[positions[:, None] + depths_of(PARENTS)[None]]
 
 
-def run_rounds(verify, table, bias, rows: int, length: int, seed: int, parents: np.ndarray = PARENTS,
+def run_rounds(verify, table, bias, draft, rows: int, length: int, parents: np.ndarray = PARENTS,
                argmax_first: bool = False):
   """Emitted tokens [rows, length] of tree verification repeated round after round, from start token 0 at
   position 0; `verify(round, tokens, logits) -> TreeVerdict`. argmax_first: every other round, the target's
   argmax is the root's first candidate (long greedy paths happen too)."""
-  rng = np.random.RandomState(seed)
-  draft = rng.randn(VOCAB, VOCAB).astype(np.float32) * 2.0
   out = [[] for _ in range(rows)]
   current, position = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
   rnd = 0
   while min(len(o) for o in out) < length:  # every round emits 1 to depth + 1 tokens per row
-    tokens = draft_trees(rng, current, draft, parents)
+    tokens = draft_trees(current, draft, parents)
     if argmax_first and rnd % 2 == 0:
       best = np.argmax(table[current] + bias[position], axis=1)
       siblings = np.flatnonzero(parents == 0)
@@ -118,7 +114,8 @@ def test_greedy_is_plain_greedy_decoding():
   rows, length = 64, 12
   verify = jax.jit(lambda rnd, tokens, logits: tree_verify.accept_tree_greedy(
       tokens, jnp.broadcast_to(jnp.asarray(PARENTS), tokens.shape), logits, path_size=4))
-  got = run_rounds(verify, table, bias, rows, length, seed=0, argmax_first=True)
+  draft = np.random.RandomState(0).randn(VOCAB, VOCAB)  # unrelated to the target
+  got = run_rounds(verify, table, bias, draft, rows, length, argmax_first=True)
   token, want = 0, []
   for t in range(length):
     token = int(np.argmax(table[token] + bias[t]))
@@ -159,7 +156,8 @@ def _sampled_verify(temperature: float):
 
 def _joint_chi_square(temperature: float) -> tuple[float, float]:
   table, bias = markov(2)
-  samples = run_rounds(_sampled_verify(temperature), table, bias, ROWS, LENGTH, seed=3)
+  draft = table + 0.3 * np.random.RandomState(3).randn(VOCAB, VOCAB)
+  samples = run_rounds(_sampled_verify(temperature), table, bias, draft, ROWS, LENGTH)
 
   def next_probs(prefix):
     logits = (table[prefix[-1]] + bias[len(prefix) - 1]) / temperature
@@ -183,5 +181,14 @@ def test_sampled_joint_distribution_is_the_targets():
 def test_negative_control_fallback_from_p_fails(monkeypatch):
   """Sampling the correction from p (rejected siblings left in) instead of the residual is detected."""
   monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
+  stat, limit = _joint_chi_square(temperature=0.8)
+  assert stat > limit, (stat, limit)
+
+
+@pytest.mark.slow
+def test_negative_control_no_renormalisation_fails(monkeypatch):
+  """Trying each sibling against p (accept with p(x)) instead of the residual left by the rejected ones before
+  it (p(x) / (1 - their mass)) is detected."""
+  monkeypatch.setattr(tree_verify, "_mass_when_tried", lambda p_node, p_x: jnp.sum(p_node, axis=1, keepdims=True))
   stat, limit = _joint_chi_square(temperature=0.8)
   assert stat > limit, (stat, limit)

@@ -117,6 +117,13 @@ def _first_candidates(tokens: jax.Array, candidate: jax.Array) -> jax.Array:
   return candidate & ~repeated
 
 
+def _mass_when_tried(p_node: jax.Array, p_x: jax.Array) -> jax.Array:
+  """[B, N] |r| when candidate n is tried: the node's mass (p_node [B, V]) less that of the earlier candidates
+  (p_x [B, N]: p(x) of each candidate, 0 elsewhere), all rejected by then."""
+  removed_before = jnp.cumsum(p_x, axis=1) - p_x
+  return jnp.sum(p_node, axis=1, keepdims=True) - removed_before
+
+
 def _residual(p_node: jax.Array, tokens: jax.Array, rejected: jax.Array) -> jax.Array:
   """p at a node [B, V] with the tokens of the rejected children (rejected [B, N] bool) zeroed, unnormalised;
   p itself where rounding left no mass at all."""
@@ -147,8 +154,7 @@ def accept_tree_sampled(key: jax.Array, tokens: jax.Array, parents: jax.Array, p
     p_node = jnp.take_along_axis(p, node[:, None, None], axis=1)[:, 0]  # [B, V]
     candidate = _first_candidates(tokens, _children(parents, node))
     p_x = jnp.where(candidate, jnp.take_along_axis(p_node, tokens, axis=1), 0.0)  # [B, N] r(x) before removals
-    removed_before = jnp.cumsum(p_x, axis=1) - p_x  # mass of the earlier candidates, all rejected by then
-    mass = jnp.sum(p_node, axis=1, keepdims=True) - removed_before  # |r| when candidate n is tried
+    mass = _mass_when_tried(p_node, p_x)
     u = sampling.uniform(sampling.fold(keys, step), (batch, tokens.shape[1]))
     accept = candidate & (u * mass < p_x)
     return jnp.argmax(accept, axis=1).astype(jnp.int32), jnp.any(accept, axis=1)
