@@ -248,3 +248,10 @@ def test_greedy_tree_rounds_are_greedy_decoding(family):
     root = nxt
   np.testing.assert_array_equal([e[:8] for e in emitted], greedy[:, :8])
   assert accepted >= 4, accepted  # drafts were accepted, at depths > 1 too
+
+
+def test_every_family_is_a_tree_decoder():
+  for family in ("llama2", "t5_v1_0"):
+    decoder, _, cache, _ = setup(family)
+    assert isinstance(decoder, contract.TreeDecoder) and isinstance(cache, contract.DecoderCache)
+    assert set(type(cache).position_fields) <= {f for f in type(cache).__dataclass_fields__}
