@@ -7,6 +7,11 @@ The loop (jaxspec/decoding/) sees a model only through these types, as t5x's dec
     logits, cache = decoder.step(params, cache, tokens)                         # [B, T] tokens at per-row offsets
     cache = cache.rollback(positions)                                            # per-row length change
 
+and, for token trees (docs/trees.md), a `TreeDecoder` also has
+
+    logits, cache = decoder.step_tree(params, cache, tokens, depths, ancestors)  # N tree nodes in one call
+    cache = cache.compact(base, path, path_len)                                  # keep one root-to-leaf path
+
 Positions. A cache counts absolute positions per row in `lengths` [B] and the positions that precede the loop's
 first token in `offsets` [B]: 0 for an encoder-decoder (the decoder starts empty, the first token is its start
 token), prompt length - 1 for a decoder-only model (the prompt but its last token is prefilled; that last token is
@@ -15,14 +20,16 @@ already fed, and rolls back by setting them: `rollback(positions)` is `lengths =
 values past `lengths` are stale: every family masks keys by position (a query at position t sees keys at
 positions <= t), so they are never attended to and are overwritten by later writes.
 
-Shape letters: B batch, S input (encoder or prompt) positions, T new positions fed in one call, V vocabulary.
+Shape letters: B batch, S input (encoder or prompt) positions, T new positions fed in one call, V vocabulary,
+N tree nodes fed in one call, D nodes on a kept path, C cache positions.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 
 C = TypeVar("C", bound="DecoderCache")
 
@@ -32,6 +39,9 @@ class CachePositions:
 
   lengths: jax.Array  # [B] int32 absolute positions written.
   offsets: jax.Array  # [B] int32 positions before the loop's first token.
+  # The cache's per-position arrays: field name -> the position axis of each array in that field (a tuple of
+  # per-layer arrays, or one array). A family's cache sets it; `compact` moves those arrays' entries.
+  position_fields: ClassVar[dict[str, int]]
 
   @property
   def positions(self) -> jax.Array:
@@ -41,6 +51,27 @@ class CachePositions:
   def rollback(self: C, positions: jax.Array) -> C:
     """The cache with `positions` [B] of the loop's tokens kept per row: a length change, nothing is copied."""
     return self.replace(lengths=self.offsets + positions)  # type: ignore[attr-defined]
+
+  def compact(self: C, base: jax.Array, path: jax.Array, path_len: jax.Array) -> C:
+    """Keeps one path of a tree fed by `step_tree`: the cache as if only that path had been fed.
+
+    Node n of the tree sits at slot base + n. Per row, the keys and values of slots base + path[:, d] move to
+    position base + d for d < path_len, and lengths becomes base + path_len (see `compact_rows`).
+
+    Args:
+      base: [B] int32 the lengths before `step_tree`.
+      path: [B, D] int32 node indices, root first (node 0, at slot base, stays in place); entries at
+        d >= path_len are ignored (any value).
+      path_len: [B] int32 nodes kept per row, in [0, D].
+    """
+    moved = {}
+    for name, axis in type(self).position_fields.items():
+      arrays = getattr(self, name)
+      if isinstance(arrays, tuple):
+        moved[name] = tuple(compact_rows(a, base, path, axis) for a in arrays)
+      else:
+        moved[name] = compact_rows(arrays, base, path, axis)
+    return self.replace(lengths=base + path_len, **moved)  # type: ignore[attr-defined]
 
 
 @runtime_checkable
@@ -82,6 +113,33 @@ class Decoder(Protocol):
     Returns:
       logits [B, T, V] float32 (position t predicts the token after tokens[:, t]) and the cache with the new
       keys and values written and `lengths` advanced by T. The caller leaves room: positions + T <= cache_len.
+    """
+    ...
+
+
+@runtime_checkable
+class TreeDecoder(Decoder, Protocol):
+  """A Decoder that verifies a token tree in one call (EAGLE-2, SpecInfer; docs/trees.md).
+
+  Its cache also has `compact(base, path, path_len)` (`CachePositions.compact`): after `step_tree`, keep the
+  accepted root-to-node path as consecutive positions.
+  """
+
+  def step_tree(self, params: Any, cache: DecoderCache, tokens: jax.Array, depths: jax.Array,
+                ancestors: jax.Array) -> tuple[jax.Array, DecoderCache]:
+    """Feeds N tree nodes per row; node n is at position cache.lengths + depths[:, n].
+
+    Node n attends to the cached prefix (positions < lengths, with the family's usual rules: sliding windows,
+    relative position biases, all from positions) and to the nodes m with ancestors[:, n, m] (itself included).
+    Keys and values of node n are written at slot lengths + n (slot order = node order) and lengths advances by
+    N; `cache.compact` then keeps one path. A chain (depths 0..N-1, ancestors lower-triangular) is `step`.
+
+    Args:
+      tokens: [B, N] int32 node tokens; depths: [B, N] int32 (depth 0: the root, the token `step` would feed
+        first); ancestors: [B, N, N] bool, [b, n, m] True where m is an ancestor of n or n itself. Parents come
+        before their children (m <= n wherever ancestors[b, n, m]).
+    Returns:
+      logits [B, N, V] float32 (node n's predict the token after n's path) and the cache.
     """
     ...
 
@@ -144,6 +202,60 @@ def write_rows(buffer: jax.Array, block: jax.Array, offsets: jax.Array, axis: in
   The caller leaves room: a start past the end would be silently shifted back by dynamic_update_slice."""
   return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=axis))(
       buffer, block, offsets)
+
+
+def compact_rows(buffer: jax.Array, base: jax.Array, path: jax.Array, axis: int) -> jax.Array:
+  """buffer [B, ..., C, ...] (positions on `axis`, counted with B) with, per row, the entries at base + path[:, d]
+  moved to base + d for every d < D: one gather of D entries and one per-row write (`write_rows`).
+
+  Entries past a row's kept length are written too (static shapes) but lie past its new length: stale, never
+  attended to. Indices are clipped into the buffer, so padding in `path` is harmless. The caller leaves room:
+  base + D <= C (a tree of N >= D nodes was written at base).
+
+  Args:
+    buffer: [B, ...] with C positions on `axis`; base: [B] int32; path: [B, D] int32 offsets from base.
+  """
+  src = base[:, None] + path  # [B, D] slots to read
+  rows = jax.vmap(lambda buf, idx: jnp.take(buf, idx, axis=axis - 1, mode="clip"))(buffer, src)
+  return write_rows(buffer, rows, base, axis=axis - 1)
+
+
+def tree_attention(lengths: jax.Array, depths: jax.Array, ancestors: jax.Array, cache_len: int,
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """Positions and the attention mask of a tree of N nodes written at slots lengths .. lengths + N - 1.
+
+  Mask layout: one dense bool [B, N, C] (query node, cache slot), the key axis last and contiguous, the layout
+  of the causal mask of a plain `step` of N tokens. It is built once per call (a gather of the [B, N, N] ancestor
+  block into the slots the nodes occupy), shared by every layer and head, and enters attention as the same
+  `where` on the scores, which XLA fuses into the softmax: a tree costs what a plain verify of N tokens costs.
+  A layout that puts the key axis anywhere but last, or repeats the mask per head or head_dim (sglang-jax's
+  TPU kernel did, 61x slower than causal until it stored keys on the lane axis), pays a transpose per block.
+  A fused kernel (Pallas, FlashInfer) would instead take `lengths` for the prefix (no mask) and the small
+  [B, N, N] block for the tree, as sglang's and vLLM's tree-attention backends do.
+
+  Args:
+    lengths: [B] int32 positions cached before the tree (node n at slot lengths + n).
+    depths: [B, N] int32 depth of each node (0: the root).
+    ancestors: [B, N, N] bool, [b, n, m] True where m is an ancestor of n or n itself.
+    cache_len: C, cache slots (static).
+  Returns:
+    query_pos [B, N] int32 (lengths + depths), key_pos [B, C] int32 (the position of the key in each slot:
+    the slot itself for the prefix, lengths + depths[m] for node m; past the tree, the slot), and
+    allowed [B, N, C] bool (prefix slots, and the slots of each node's ancestors). Windows (a key within W
+    positions of its query) are the family's to add, from query_pos and key_pos.
+  """
+  n = depths.shape[1]
+  slots = jnp.arange(cache_len)  # [C]
+  node = slots[None, :] - lengths[:, None]  # [B, C] node index of each slot (in the tree where 0 <= node < N)
+  in_tree = (node >= 0) & (node < n)
+  node = jnp.clip(node, 0, n - 1)
+  query_pos = lengths[:, None] + depths  # [B, N]
+  key_pos = jnp.where(in_tree, lengths[:, None] + jnp.take_along_axis(depths, node, axis=1), slots[None, :])
+  in_prefix = slots[None, :] < lengths[:, None]  # [B, C]
+  tree_allowed = jnp.take_along_axis(ancestors, jnp.broadcast_to(node[:, None, :], (node.shape[0], n, cache_len)),
+                                     axis=2)  # [B, N, C]
+  allowed = in_prefix[:, None, :] | (in_tree[:, None, :] & tree_allowed)
+  return query_pos, key_pos, allowed
 
 
 def shapes_from_axes(axes: Any, size: dict[str, int]) -> Any:

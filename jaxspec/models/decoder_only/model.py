@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes
+from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes, tree_attention
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 
@@ -35,6 +35,8 @@ from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 @struct.dataclass
 class DecoderOnlyCache(CachePositions):
   """Keys and values of every layer (`jaxspec.models.contract.DecoderCache`)."""
+
+  position_fields = {"k": 1, "v": 1}  # For `compact`: positions are axis 1 of every [B, C, K, H] array.
 
   # One [B, C, K, H] array per layer, written in place at per-row offsets (post-RoPE keys).
   k: tuple[jax.Array, ...]
@@ -129,21 +131,40 @@ def _attention(cfg: DecoderOnlyConfig, a: dict, h: jax.Array, rope: tuple[jax.Ar
   return layers.apply_rope(q, *rope), layers.apply_rope(k, *rope), v
 
 
+def _tree_masks(cfg: DecoderOnlyConfig, starts: jax.Array, key_len: int, depths: jax.Array,
+                ancestors: jax.Array) -> tuple[jax.Array, dict]:
+  """query_pos [B, N] and the masks ({window: [B, 1, 1, N, C] bool}) of a tree written at slots starts + n.
+
+  The layout is the one `attention_mask` gives a plain step (see `contract.tree_attention`); a sliding window
+  compares positions, not slots: a node at depth d sees keys at positions > starts + d - W.
+  """
+  query_pos, key_pos, allowed = tree_attention(starts, depths, ancestors, key_len)
+  masks = {None: allowed[:, None, None]}
+  if cfg.sliding_window is not None:
+    inside = key_pos[:, None, :] > query_pos[:, :, None] - cfg.sliding_window  # [B, N, C]
+    masks[cfg.sliding_window] = (allowed & inside)[:, None, None]
+  return query_pos, masks
+
+
 def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array, key_len: int,
-         with_logits: bool, feature_layers: tuple[int, ...] = ()
+         with_logits: bool, feature_layers: tuple[int, ...] = (), tree: tuple[jax.Array, jax.Array] | None = None
          ) -> tuple[jax.Array | None, jax.Array | None, DecoderOnlyCache]:
   """Feeds tokens [B, T] at positions cache.lengths; attends over the first key_len cache positions.
 
   Returns (logits [B, T, V] or None, features [B, T, len(feature_layers) * D] or None, cache). Features are the
   hidden states entering the decoder layers `feature_layers` (a static tuple; () collects nothing and adds no
-  operation to the computation).
+  operation to the computation). `tree` (depths [B, T], ancestors [B, T, T]) feeds the tokens as tree nodes
+  (`decode_tree`); None is the plain causal step, whose computation it leaves untouched.
   """
   starts = cache.lengths
-  query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
-  key_pos = jnp.arange(key_len)
-  masks = {None: layers.attention_mask(query_pos, key_pos, None)}
-  if cfg.sliding_window is not None:
-    masks[cfg.sliding_window] = layers.attention_mask(query_pos, key_pos, cfg.sliding_window)
+  if tree is None:
+    query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
+    key_pos = jnp.arange(key_len)
+    masks = {None: layers.attention_mask(query_pos, key_pos, None)}
+    if cfg.sliding_window is not None:
+      masks[cfg.sliding_window] = layers.attention_mask(query_pos, key_pos, cfg.sliding_window)
+  else:
+    query_pos, masks = _tree_masks(cfg, starts, key_len, *tree)
   ropes = {r: layers.rope_angles(r, cfg.head_dim, query_pos) for r in {cfg.rope_of(i) for i in range(cfg.num_layers)}}
   embedding = params["embedding"]
   x = jnp.take(embedding, tokens, axis=0)  # [B, T, D]
@@ -192,6 +213,25 @@ def decode(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache,
     and values written and lengths advanced by T.
   """
   logits, _, cache = _run(params, cfg, cache, tokens, cache.max_length, with_logits=True)
+  return logits, cache
+
+
+def decode_tree(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
+                depths: jax.Array, ancestors: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
+  """Feeds a token tree of N nodes per row in one call (`jaxspec.models.contract.TreeDecoder.step_tree`).
+
+  Node n is at position cache.lengths + depths[:, n] (its RoPE angle, its sliding window) and its keys and
+  values are written at slot cache.lengths + n; it attends to the cached prefix and to its ancestors
+  (`contract.tree_attention`). lengths advances by N; `cache.compact(base, path, path_len)` keeps one path.
+  The caller leaves room: lengths + N <= cache.max_length.
+
+  Args:
+    tokens: [B, N] int token ids; depths: [B, N] int32; ancestors: [B, N, N] bool (a node is its own ancestor).
+  Returns:
+    logits [B, N, V] float32 and the cache.
+  """
+  logits, _, cache = _run(params, cfg, cache, tokens, cache.max_length, with_logits=True,
+                          tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
   return logits, cache
 
 
@@ -274,6 +314,11 @@ class CausalDecoder:
 
   def step(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
     return decode(params, self.config, cache, tokens)
+
+  def step_tree(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array, depths: jax.Array,
+                ancestors: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
+    """N tree nodes [B, N] in one call (see `decode_tree`)."""
+    return decode_tree(params, self.config, cache, tokens, depths, ancestors)
 
   def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
                        layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes
+from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes, tree_attention
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
@@ -37,6 +37,10 @@ from jaxspec.models.t5.config import T5Config
 @struct.dataclass
 class T5Cache(CachePositions):
   """Decoder state for one batch of encoder inputs (`jaxspec.models.contract.DecoderCache`)."""
+
+  # For `compact`: positions are axis 2 of every head-major [B, N, C, H] self-attention array (cross-attention
+  # keys and values are per encoder position: never moved).
+  position_fields = {"self_k": 2, "self_v": 2}
 
   # Decoder self-attention keys and values: one [B, N, C, H] array per layer, written in place at per-row
   # offsets. Separate arrays (not one stacked [L, ...] array) let XLA update each without copying the others.
@@ -240,17 +244,47 @@ def decode_features(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Arr
   return _decode(params, cfg, cache, tokens, None, layers)
 
 
+def decode_tree(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
+                ancestors: jax.Array) -> tuple[jax.Array, T5Cache]:
+  """Feeds a token tree of N nodes per row in one call (`jaxspec.models.contract.TreeDecoder.step_tree`).
+
+  Node n is at decoder position cache.lengths + depths[:, n]: its relative position bias to a key is computed
+  from that position and the key's (the prefix's slot, or lengths + depth of an ancestor node), exactly the
+  bias of a plain step of n's path. Its keys and values are written at slot cache.lengths + n; it attends to the
+  cached prefix and to its ancestors (`contract.tree_attention`). lengths advances by N;
+  `cache.compact(base, path, path_len)` keeps one path. The caller leaves room: lengths + N <= cache.max_length.
+
+  Args:
+    tokens: [B, N] int decoder ids; depths: [B, N] int32; ancestors: [B, N, N] bool (a node is its own ancestor).
+  Returns:
+    logits [B, N, V] float32 and the cache.
+  """
+  logits, _, cache = _decode(params, cfg, cache, tokens, None, (),
+                             tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
+  return logits, cache
+
+
 def _decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, dropout: Dropout | None,
-            feature_layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array | None, T5Cache]:
-  """`decode`, collecting the hidden states entering `feature_layers` (static; () collects nothing)."""
+            feature_layers: tuple[int, ...], tree: tuple[jax.Array, jax.Array] | None = None
+            ) -> tuple[jax.Array, jax.Array | None, T5Cache]:
+  """`decode`, collecting the hidden states entering `feature_layers` (static; () collects nothing). `tree`
+  (depths [B, T], ancestors [B, T, T]) feeds the tokens as tree nodes (`decode_tree`); None is the plain causal
+  step, whose computation it leaves untouched."""
   dec = params["decoder"]
   starts = cache.lengths  # [B] where this call writes
-  query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
-  key_pos = jnp.arange(cache.max_length)  # [C]
-  bias = layers.relative_position_bias(dec["relpos_bias"], key_pos[None, None, :] - query_pos[:, :, None],
-                                       bidirectional=False,
-                                       max_distance=cfg.relative_attention_max_distance)  # [B, N, T, C]
-  causal = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, T, C]
+  if tree is None:
+    query_pos = starts[:, None] + jnp.arange(tokens.shape[1])  # [B, T]
+    key_pos = jnp.arange(cache.max_length)  # [C]
+    bias = layers.relative_position_bias(dec["relpos_bias"], key_pos[None, None, :] - query_pos[:, :, None],
+                                         bidirectional=False,
+                                         max_distance=cfg.relative_attention_max_distance)  # [B, N, T, C]
+    causal = (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]  # [B, 1, T, C]
+  else:
+    query_pos, key_pos, allowed = tree_attention(starts, *tree, cache.max_length)  # [B, T], [B, C], [B, T, C]
+    bias = layers.relative_position_bias(dec["relpos_bias"], key_pos[:, None, :] - query_pos[:, :, None],
+                                         bidirectional=False,
+                                         max_distance=cfg.relative_attention_max_distance)  # [B, N, T, C]
+    causal = allowed[:, None]  # [B, 1, T, C]
   cross_allowed = cache.encoder_mask[:, None, None, :]  # [B, 1, 1, S]
   x = _drop(dropout, _embed(params, tokens))
   self_k, self_v = list(cache.self_k), list(cache.self_v)
@@ -319,6 +353,11 @@ class T5Decoder:
 
   def step(self, params: dict, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
     return decode(params, self.config, cache, tokens)
+
+  def step_tree(self, params: dict, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
+                ancestors: jax.Array) -> tuple[jax.Array, T5Cache]:
+    """N tree nodes [B, N] in one call (see `decode_tree`)."""
+    return decode_tree(params, self.config, cache, tokens, depths, ancestors)
 
   def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
                        layers: tuple[int, ...]) -> tuple[T5Cache, jax.Array, jax.Array]:

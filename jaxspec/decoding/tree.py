@@ -1,0 +1,173 @@
+"""Token trees: the `Tree` setting and EAGLE-2's dynamic tree shape built from draft log-probabilities.
+
+    tree = Tree(top_k=8, nodes=60)   # later: jaxspec.Speculation(draft, gamma=6, tree=tree)
+
+EAGLE-2 (Li et al. 2024, arXiv 2406.16858) grows the tree by expected acceptance, estimated by the cumulative
+draft log-probability of a node's path. Depth 1: the root's top_k tokens. Each further depth expands the
+"beam", the top_k nodes of the previous depth by cumulative log-probability: each proposes its top_k children
+(k^2 candidates), and the best top_k of those become the next beam. After D depths, every candidate ever
+proposed is reranked by cumulative log-probability and the best `nodes` are kept. A child's score never exceeds
+its parent's (log-probabilities are <= 0) and ties go to the earlier candidate, so every kept node's parent is
+kept: the result is a tree.
+
+The drafter and the builder alternate: `start` takes the root's draft log-probabilities, each `grow` the
+log-probabilities the draft computed at the beam tokens `state.beam_tokens`, and `select` returns the tree
+(tokens, parents, depths, ancestors) that `TreeDecoder.step_tree` and `tree_verify` take. `build_tree` chains
+them over log-probabilities known in advance (tests, analysis). Static shapes throughout: a pool of
+1 + k + (D - 1) k^2 candidates per row, filled depth by depth.
+
+Shape letters: B rows, K top_k, V vocabulary, M candidates in the pool, N = nodes + 1 tree nodes (the root, node
+0, is the loop's own token, not a draft), D depths (the tree's deepest node has depth D).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from jaxspec.errors import SettingsError
+
+MAX_TOP_K = 64  # k^2 candidates per depth; EAGLE-2 uses 8 to 10
+MAX_NODES = 1024  # the target verifies nodes + 1 tokens in one call; EAGLE-2 uses 60
+
+
+def _check_int(name: str, value, low: int, high: int) -> None:
+  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= int(value) <= high:
+    raise SettingsError(f"Tree.{name} must be an integer in [{low}, {high}], got {value!r}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+  """The shape of the token tree a drafter proposes each iteration (EAGLE-2's dynamic tree).
+
+  top_k: children proposed per expanded node, and nodes expanded per depth (1: a chain).
+  nodes: drafted nodes kept after the rerank (the target verifies nodes + 1 tokens: the root too).
+  The depth is the speculation's gamma. Checked when made: one SettingsError naming the field.
+  """
+
+  top_k: int = 8
+  nodes: int = 60
+
+  def __post_init__(self):
+    _check_int("top_k", self.top_k, 1, MAX_TOP_K)
+    _check_int("nodes", self.nodes, 1, MAX_NODES)
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "nodes", int(self.nodes))
+
+  def pool_size(self, depth: int) -> int:
+    """Candidates proposed over `depth` expansions (the root excluded): k + (depth - 1) k^2."""
+    return self.top_k + (depth - 1) * self.top_k ** 2
+
+  def check_depth(self, depth: int) -> None:
+    """SettingsError unless `depth` (gamma) >= 1 expansions propose at least `nodes` candidates."""
+    if depth < 1 or self.pool_size(depth) < self.nodes:
+      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) needs a depth (gamma) proposing at least "
+                          f"{self.nodes} candidates; depth {depth} proposes {self.pool_size(max(depth, 1))}.")
+
+
+@struct.dataclass
+class TreeDraft:
+  """The candidate pool while the tree grows. Pool slot 0 is the root; unfilled slots score -inf."""
+
+  tokens: jax.Array  # [B, M] int32 candidate tokens.
+  parents: jax.Array  # [B, M] int32 pool slot of each candidate's parent (-1: the root, unfilled slots).
+  scores: jax.Array  # [B, M] float32 cumulative draft log-probability of the path (0 at the root).
+  depths: jax.Array  # [B, M] int32.
+  beam: jax.Array  # [B, K] int32 pool slots of the nodes the next `grow` expands, best first.
+  filled: int = struct.field(pytree_node=False)  # Slots filled so far (static).
+
+  @property
+  def beam_tokens(self) -> jax.Array:
+    """[B, K] int32: the tokens the draft must score next (its log-probabilities after each beam node's path)."""
+    return jnp.take_along_axis(self.tokens, self.beam, axis=1)
+
+
+def start(root_tokens: jax.Array, root_logprobs: jax.Array, top_k: int, depth: int) -> TreeDraft:
+  """Depth 1: the root's top_k tokens. root_tokens [B] int32, root_logprobs [B, V]: the draft's log-probabilities
+  of the first drafted token. `depth`: the expansions planned (sizes the pool)."""
+  batch = root_tokens.shape[0]
+  size = 1 + top_k + (depth - 1) * top_k ** 2
+  scores, tokens = jax.lax.top_k(root_logprobs.astype(jnp.float32), top_k)  # [B, K], best first
+  def pool(first, rest, fill, dtype):
+    out = jnp.full((batch, size), fill, dtype)
+    return out.at[:, :1 + top_k].set(jnp.concatenate([first.astype(dtype), rest.astype(dtype)], axis=1))
+  zeros = jnp.zeros((batch, 1), jnp.int32)
+  return TreeDraft(tokens=pool(root_tokens[:, None], tokens, 0, jnp.int32),
+                   parents=pool(zeros - 1, jnp.zeros_like(tokens), -1, jnp.int32),
+                   scores=pool(jnp.zeros((batch, 1)), scores, -jnp.inf, jnp.float32),
+                   depths=pool(zeros, jnp.ones_like(tokens), 0, jnp.int32),
+                   beam=jnp.broadcast_to(1 + jnp.arange(top_k, dtype=jnp.int32), (batch, top_k)),
+                   filled=1 + top_k)
+
+
+def grow(state: TreeDraft, beam_logprobs: jax.Array) -> TreeDraft:
+  """One more depth: each beam node proposes its top_k children (k^2 candidates, in beam order, then child rank);
+  the best top_k by cumulative log-probability become the beam. beam_logprobs [B, K, V]: the draft's
+  log-probabilities after each beam node's path."""
+  batch, k = state.beam.shape
+  logp, child = jax.lax.top_k(beam_logprobs.astype(jnp.float32), k)  # [B, K, K]
+  parent_scores = jnp.take_along_axis(state.scores, state.beam, axis=1)  # [B, K]
+  scores = (parent_scores[:, :, None] + logp).reshape(batch, k * k)
+  parents = jnp.broadcast_to(state.beam[:, :, None], (batch, k, k)).reshape(batch, k * k)
+  depth = jnp.take_along_axis(state.depths, state.beam[:, :1], axis=1) + 1  # [B, 1]: the beam shares a depth
+  at = state.filled
+  _, best = jax.lax.top_k(scores, k)  # [B, K] best first; ties to the earlier candidate
+  return TreeDraft(tokens=state.tokens.at[:, at:at + k * k].set(child.reshape(batch, k * k).astype(jnp.int32)),
+                   parents=state.parents.at[:, at:at + k * k].set(parents),
+                   scores=state.scores.at[:, at:at + k * k].set(scores),
+                   depths=state.depths.at[:, at:at + k * k].set(jnp.broadcast_to(depth, (batch, k * k))),
+                   beam=(at + best).astype(jnp.int32), filled=at + k * k)
+
+
+def select(state: TreeDraft, nodes: int) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """The root and the best `nodes` candidates by cumulative log-probability, in pool order (parents before
+  children, siblings by draft score).
+
+  Returns:
+    tokens [B, N] int32, parents [B, N] int32 (node indices; -1 at the root), depths [B, N] int32 and
+    ancestors [B, N, N] bool (a node is its own ancestor), N = nodes + 1.
+  """
+  batch, size = state.tokens.shape
+  if not 1 <= nodes <= state.filled - 1:
+    raise ValueError(f"select {nodes} nodes from {state.filled - 1} candidates.")
+  _, best = jax.lax.top_k(state.scores[:, 1:], nodes)  # [B, nodes] pool slots - 1
+  slots = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), jnp.sort(best, axis=1).astype(jnp.int32) + 1], axis=1)
+  rows = jnp.arange(batch)[:, None]
+  node_of_slot = jnp.full((batch, size), -1, jnp.int32).at[rows, slots].set(jnp.arange(nodes + 1, dtype=jnp.int32))
+  parent_slots = jnp.take_along_axis(state.parents, slots, axis=1)  # [B, N]
+  parents = jnp.where(parent_slots < 0, -1, jnp.take_along_axis(node_of_slot, jnp.maximum(parent_slots, 0), axis=1))
+  tokens = jnp.take_along_axis(state.tokens, slots, axis=1)
+  depths = jnp.take_along_axis(state.depths, slots, axis=1)
+  k = state.beam.shape[1]
+  return tokens, parents, depths, ancestors_of(parents, 1 + (state.filled - 1 - k) // (k * k))
+
+
+def ancestors_of(parents: jax.Array, max_depth: int) -> jax.Array:
+  """[B, N, N] bool ancestor mask (itself included) of parents [B, N] (-1 at roots), by following parents
+  max_depth times (>= the deepest node's depth)."""
+  batch, n = parents.shape
+  eye = jnp.broadcast_to(jnp.eye(n, dtype=bool), (batch, n, n))
+  has_parent = (parents >= 0)[:, :, None]
+
+  def body(_, anc):
+    from_parent = jnp.take_along_axis(anc, jnp.maximum(parents, 0)[:, :, None], axis=1)  # [B, N, N] parent's row
+    return eye | (has_parent & from_parent)
+
+  return jax.lax.fori_loop(0, max_depth, body, eye)
+
+
+def build_tree(root_tokens: jax.Array, logprobs: list[jax.Array], tree: Tree
+               ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """EAGLE-2's tree from draft log-probabilities known in advance: logprobs[0] [B, V] at the root, logprobs[d]
+  [B, K, V] at the beam of depth d (beam order: `TreeDraft.beam`, best first). D = len(logprobs) depths.
+  Returns (tokens, parents, depths, ancestors) as `select`."""
+  depth = len(logprobs)
+  tree.check_depth(depth)
+  state = start(root_tokens, logprobs[0], tree.top_k, depth)
+  for lp in logprobs[1:]:
+    state = grow(state, lp)
+  return select(state, tree.nodes)
