@@ -58,7 +58,7 @@ def test_profile_of_real_decodes_maps_every_kernel():
     assert parts["executions"] == 1
     assert parts["unmapped_instructions"] == []  # the HLO is the program that ran
     assert parts["target"] > 0 and parts["loop"] > 0
-    assert (parts["draft"] > 0) == ("draft" in kw)
+    assert (parts["draft"] > 0) == ("speculation" in kw)
     assert sum(parts[c] for c in profiling.CATEGORIES) == pytest.approx(parts["wall"], rel=1e-6)
 
 

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes, tree_attention
+from jaxspec.models.contract import (CachePositions, check_feature_layers, shapes_from_axes, tree_attention,
+                                     write_rows)
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 
@@ -111,12 +112,6 @@ def init_cache(cfg: DecoderOnlyConfig, batch: int, length: int, dtype) -> Decode
   return DecoderOnlyCache(k=empty(), v=empty(), lengths=zeros, offsets=zeros)
 
 
-def _write_rows(buffer: jax.Array, block: jax.Array, starts: jax.Array) -> jax.Array:
-  """Writes block [B, T, K, H] into buffer [B, C, K, H] at per-row positions starts [B]."""
-  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=0))(
-      buffer, block, starts)
-
-
 def _norm(cfg: DecoderOnlyConfig, x: jax.Array, scale: jax.Array) -> jax.Array:
   return layers.rms_norm(x, scale, cfg.rms_norm_eps, cfg.norm_offset)
 
@@ -177,7 +172,7 @@ def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: 
       entering[i] = x
     sliding = cfg.is_sliding(i)
     q, k, v = _attention(cfg, lp["attention"], _norm(cfg, x, lp["attention_norm"]), ropes[cfg.rope_of(i)])
-    ks[i], vs[i] = _write_rows(ks[i], k, starts), _write_rows(vs[i], v, starts)
+    ks[i], vs[i] = write_rows(ks[i], k, starts), write_rows(vs[i], v, starts)
     o = layers.attend(q, ks[i][:, :key_len], vs[i][:, :key_len], masks[cfg.sliding_window if sliding else None],
                       cfg.attention_scale, cfg.attn_logit_softcap)
     o = layers.output_projection(o, lp["attention"]["o"], lp["attention"].get("o_bias"))

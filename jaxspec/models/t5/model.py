@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, check_feature_layers, shapes_from_axes, tree_attention
+from jaxspec.models.contract import (CachePositions, check_feature_layers, shapes_from_axes, tree_attention,
+                                     write_rows)
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
@@ -204,12 +205,6 @@ def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len
                  lengths=zeros, offsets=zeros)
 
 
-def _write_rows(buffer: jax.Array, block: jax.Array, starts: jax.Array) -> jax.Array:
-  """Writes block [B, N, T, H] into buffer [B, N, C, H] at per-row positions starts [B]."""
-  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=1))(
-      buffer, block, starts)
-
-
 def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
            dropout: Dropout | None = None) -> tuple[jax.Array, T5Cache]:
   """Feeds T new decoder tokens per row at that row's offset `cache.lengths`.
@@ -295,8 +290,8 @@ def _decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, drop
     h = layers.rms_norm(x, lp["self_attention_norm"], cfg.layer_norm_epsilon)
     a = lp["self_attention"]
     q, k, v = layers.project_heads(h, a["q"]), layers.project_kv(h, a["k"]), layers.project_kv(h, a["v"])
-    self_k[i] = _write_rows(self_k[i], k, starts)
-    self_v[i] = _write_rows(self_v[i], v, starts)
+    self_k[i] = write_rows(self_k[i], k, starts, axis=1)
+    self_v[i] = write_rows(self_v[i], v, starts, axis=1)
     x = x + _drop(dropout, layers.attend(q, self_k[i], self_v[i], bias, causal, a["o"]))
     h = layers.rms_norm(x, lp["cross_attention_norm"], cfg.layer_norm_epsilon)
     q = layers.project_heads(h, lp["cross_attention"]["q"])
