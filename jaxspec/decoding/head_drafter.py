@@ -87,7 +87,8 @@ class HeadDrafter:
     if not self.feature_layers:
       raise ValueError("HeadDrafter needs the target feature layers it reads (eagle3.check_fits gives them).")
     if self.vocab_size != self.head.config.vocab_size:
-      raise ValueError(f"HeadDrafter: vocab_size {self.vocab_size} differs from the head's {self.head.config.vocab_size}.")
+      raise ValueError(f"HeadDrafter: vocab_size {self.vocab_size} differs from the head's "
+                       f"{self.head.config.vocab_size}.")
 
   def init(self, params, input_ids, input_lengths, cache_len, features=None):
     """The head's prefill from the prompt's features [B, S', F] (S' = S for a decoder-only target; 0 for T5,

@@ -3,8 +3,8 @@ draft models under "heuristic" / "adaptive", two inner loops within it: drafting
 
 The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step; `prefill_features` /
 `step_features` instead when the drafter's static `feature_layers` names target layers: a feature head) and its
-cache's `positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it imports
-no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
+cache's `positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it
+imports no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
 generated tokens; a cache's `positions` count how many of them it has fed.
 
