@@ -12,7 +12,7 @@ from jaxspec.decoding import (DecodeStats, GenerateOutput, LoweredCall, NGramDra
                               expected_tokens_per_iteration, generate, lower)
 from jaxspec.errors import (CacheTooLargeError, CheckpointError, InputError, JaxspecError, NonFiniteLogitsError,
                             OutputError, SettingsError)
-from jaxspec.model import Model
+from jaxspec.model import FeatureHead, Model
 from jaxspec.models.contract import Decoder, DecoderCache, ModelConfig
 from jaxspec.models.t5 import T5Config
 from jaxspec.sharding import (DEFAULT_RULES, DRAFT_RULES, initialize_distributed, is_main_process, make_mesh,
@@ -30,7 +30,7 @@ def __getattr__(name: str):
 
 
 __all__ = ["__version__", "CacheTooLargeError", "CheckpointError", "DecodeStats", "Decoder", "DecoderCache",
-           "GenerateOutput", "InputError", "JaxspecError", "LoweredCall", "Model", "ModelConfig", "NGramDraft",
+           "FeatureHead", "GenerateOutput", "InputError", "JaxspecError", "LoweredCall", "Model", "ModelConfig", "NGramDraft",
            "NonFiniteLogitsError", "OutputError", "Sampling", "SettingsError", "Speculation", "T5Config", "TokenChunk",
            "best_gamma",
            "expected_iterations", "expected_speedup", "expected_speedup_for_workload",

@@ -1,8 +1,10 @@
-"""`jaxspec.Model`: a configuration, its parameters and (optionally) its tokenizer, for any registered family."""
+"""`jaxspec.Model`: a configuration, its parameters and (optionally) its tokenizer, for any registered family; and
+`jaxspec.FeatureHead`: a draft head that reads a target's hidden states (EAGLE-3)."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +13,9 @@ from jaxspec.models import registry
 from jaxspec.models.contract import Decoder, ModelConfig
 from jaxspec.models.hf_table import get_path
 from jaxspec.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+  from jaxspec.models.eagle3 import Eagle3Config
 
 
 @dataclasses.dataclass
@@ -52,3 +57,25 @@ class Model:
         self.config, "summary") else f"vocab={self.config.vocab_size}"
     return (f"Model(name={self.name!r}, {self.family.name}, {self.num_params / 1e6:.1f}M params, {self.dtype}, "
             f"{fields}, tokenizer={'yes' if self.tokenizer else 'no'})")
+
+
+@dataclasses.dataclass(eq=False)
+class FeatureHead:
+  """A loaded feature head (EAGLE-3 / SpecForge `LlamaForCausalLMEagle3`, from `jaxspec.load`): it drafts for the
+  target it was trained on, reading that target's hidden states. Use it as `jaxspec.Speculation(head, gamma=3)`;
+  `jaxspec.save(head, directory)` writes the reference's format back. `params` is `jaxspec.models.eagle3`'s pytree
+  (d2t / t2d included; `embedding` only when the file has its own, else the target's table is used)."""
+
+  config: "Eagle3Config"
+  params: dict
+  name: str | None = None
+
+  @property
+  def num_params(self) -> int:
+    return sum(x.size for x in jax.tree.leaves(self.params))
+
+  def __repr__(self) -> str:
+    c = self.config
+    return (f"FeatureHead(name={self.name!r}, EAGLE-3, {self.num_params / 1e6:.1f}M params, hidden={c.hidden_size}, "
+            f"draft_vocab={c.draft_vocab_size}, vocab={c.vocab_size}, "
+            f"own_embedding={'yes' if 'embedding' in self.params else 'no'})")

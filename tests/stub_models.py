@@ -113,3 +113,22 @@ def chi_square(samples: list[tuple], exact: dict, min_expected: float = 5.0) -> 
 def chi_square_limit(dof: int, z: float = 4.5) -> float:
   """Wilson-Hilferty upper quantile of chi-square(dof) at a normal z (z = 4.5: p ~ 3e-6)."""
   return dof * (1 - 2 / (9 * dof) + z * np.sqrt(2 / (9 * dof))) ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovFeatureDecoder(MarkovDecoder):
+  """`MarkovDecoder` that is also a `jaxspec.models.contract.FeatureDecoder`, for feature-head drafters: the
+  feature of a position is params["features"][token fed] [V, D], the same for every layer asked for (concatenated
+  per layer). Its decoder starts empty, as T5's: the prompt has no features ([B, 0, F])."""
+
+  feature_size: int = 8
+  num_feature_layers: int = 3
+
+  def prefill_features(self, params, input_ids, input_lengths, cache_len, layers):
+    cache, first = self.prefill(params, input_ids, input_lengths, cache_len)
+    return cache, first, jnp.zeros((input_ids.shape[0], 0, len(layers) * self.feature_size), jnp.float32)
+
+  def step_features(self, params, cache, tokens, layers):
+    logits, cache = self.step(params, cache, tokens)
+    features = jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)
+    return logits, features, cache

@@ -1,5 +1,8 @@
 """`jaxspec.load` and `jaxspec.save`: Hugging Face directories, Orbax checkpoints and embedded models, for every
-registered model family (jaxspec/models/registry.py picks the family from `config.json`'s `model_type`).
+registered model family (jaxspec/models/registry.py picks the family from `config.json`'s `model_type`), and
+EAGLE-3 feature heads (config.json `architectures: ["LlamaForCausalLMEagle3"]`, told apart before the family
+registry, which would read them as Llama models): `load` returns a `jaxspec.FeatureHead`, `save` writes the
+reference's (SpecForge's) format back.
 
 Orbax directories are the ones `save(format="orbax")` writes: `config.json` (HF-style), `jaxspec.json`,
 `params/` (Orbax) and the tokenizer files. Saves are atomic: everything is written to a temporary sibling
@@ -20,8 +23,9 @@ from jaxspec import sharding
 from jaxspec.checkpoint import atomic, hf_dir, hub
 from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
-from jaxspec.model import Model
-from jaxspec.models import registry
+from jaxspec.model import FeatureHead, Model
+from jaxspec.models import eagle3, registry
+from jaxspec.models.eagle3.config import ARCHITECTURE as EAGLE3_ARCHITECTURE
 from jaxspec.tokenizer import load_tokenizer
 
 _MARKER = "jaxspec.json"
@@ -79,6 +83,23 @@ def _read_json(path: str):
       return json.load(f)
   except (OSError, ValueError) as e:
     raise CheckpointError(f"{path}: cannot parse: {e}") from e
+
+
+def is_feature_head(directory: str) -> bool:
+  """Whether a directory's config.json names the EAGLE-3 head architecture."""
+  path = os.path.join(directory, "config.json")
+  if not os.path.exists(path):
+    return False
+  raw = _read_json(path)
+  return isinstance(raw, dict) and EAGLE3_ARCHITECTURE in (raw.get("architectures") or [])
+
+
+def _load_head(directory: str, name: str, dtype, mesh) -> FeatureHead:
+  if mesh is not None:
+    raise CheckpointError(f"{directory}: an EAGLE-3 head is loaded on one device (mesh=None); generate replicates "
+                          f"it beside a target placed on a mesh.")
+  cfg, params = eagle3.load(directory, dtype)
+  return FeatureHead(config=cfg, params=params, name=name)
 
 
 def read_config(directory: str) -> tuple[registry.Family, object]:
@@ -150,7 +171,9 @@ def load(path_or_name: str, dtype=None, mesh=None, rules=None, *, revision: str 
     check_finite: refuse HF tensors holding NaN or infinite values (one pass over the weights; False skips it
       for huge checkpoints).
   Returns:
-    `jaxspec.Model` with `.config`, `.params` and `.tokenizer` (None when the directory has no tokenizer).
+    `jaxspec.Model` with `.config`, `.params` and `.tokenizer` (None when the directory has no tokenizer); for an
+    EAGLE-3 head directory (architectures ["LlamaForCausalLMEagle3"]) a `jaxspec.FeatureHead`, to draft with as
+    `jaxspec.Speculation(head, gamma=...)` for the target it was trained on.
   Raises:
     CheckpointError (a ValueError) naming the file and tensor for missing, corrupt or mismatched files.
   """
@@ -159,6 +182,8 @@ def load(path_or_name: str, dtype=None, mesh=None, rules=None, *, revision: str 
   if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
     raise CheckpointError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
                           f"{type(mesh).__name__} {mesh!r}.")
+  if is_feature_head(directory):
+    return _load_head(directory, name or path_or_name, dtype, mesh)
   family, cfg = read_config(directory)
   if os.path.exists(os.path.join(directory, _MARKER)):
     params = _load_orbax_params(directory, family, cfg, dtype, mesh, rules)
@@ -211,10 +236,19 @@ def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> Non
   Orbax params/); any other non-empty directory is refused with a CheckpointError listing the other entries, as
   are an empty path, the working directory, the home directory, their ancestors and a path under a file. A
   symlink is followed (its target is replaced, the link stays).
+  A `jaxspec.FeatureHead` is always written in the reference's format (config.json + model.safetensors, which
+  SpecForge and `jaxspec.load` read), whatever `format`; dtype converts its float weights (not d2t / t2d).
   """
+  if isinstance(model, FeatureHead):
+    params = model.params
+    if dtype is not None:
+      dtype = _check_dtype(dtype)
+      params = {k: v if k in ("d2t", "t2d") else jax.tree.map(lambda x: x.astype(dtype), v) for k, v in params.items()}
+    eagle3.save(directory, model.config, params)
+    return
   if not isinstance(model, Model):
     raise CheckpointError(f"save expects a jaxspec.Model (from jaxspec.load, or jaxspec.Model(config, params, "
-                          f"tokenizer)), got {type(model).__name__}.")
+                          f"tokenizer)) or a jaxspec.FeatureHead, got {type(model).__name__}.")
   if format not in ("orbax", "hf"):
     raise CheckpointError(f"format must be 'orbax' or 'hf', got {format!r}.")
   directory = atomic.resolve_destination(directory, marker_files=("config.json",))

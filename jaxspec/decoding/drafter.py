@@ -5,15 +5,23 @@ The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the ba
     proposal = drafter.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
       # or, in an iteration in which the batch rests (fallback): proposal = drafter.idle(state, history, static)
     ... the target verifies proposal.tokens in one call, the loop emits block[b, :emit[b]] per row ...
-    state = drafter.settle(proposal, history, lengths, accepted, block, emit)
+    state = drafter.settle(proposal, history, lengths, accepted, block, emit, params=params, features=features)
 
-and once per call, before the loop, `state = drafter.init(params, input_ids, input_lengths, cache_len)`. The
+and once per call, before the loop, `state = drafter.init(params, input_ids, input_lengths, cache_len,
+features=...)`. The
 drafter's `state` is its own pytree (a draft model's cache, the prompt-lookup context, nothing for plain
 decoding); the loop only carries it. Implementations, one module each:
 
   - `PlainDrafter` (below): proposes nothing; gamma is 0 and the loop is plain autoregressive decoding;
   - `model_drafter.ModelDrafter`: a smaller model of the same tokenizer (the paper's drafter);
-  - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot).
+  - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot);
+  - `head_drafter.HeadDrafter`: a feature head (EAGLE-3) reading the target's hidden states.
+
+Features. A drafter whose static `feature_layers` is non-empty reads the target's hidden states of those layers
+(`jaxspec.models.contract.FeatureDecoder`): the loop's prefill then calls the target's `prefill_features` and
+passes the prompt's features [B, S', F] to `init`, and each verify call is the target's `step_features`, whose
+features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration) go to `settle`. For every
+other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step`, features None.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
 weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
@@ -78,9 +86,13 @@ class Drafter(Protocol):
   may_find_nothing: bool
   # c, the cost of one proposed token relative to a verify call, when Speculation.draft_cost is None.
   default_cost: float
+  # The target feature layers the drafter reads (FeatureDecoder indices); () for none (see the module docstring).
+  feature_layers: tuple[int, ...]
 
-  def init(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int) -> Any:
-    """The state before the first iteration. input_ids [B, S] right-padded, input_lengths [B]."""
+  def init(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+           features: jax.Array | None = None) -> Any:
+    """The state before the first iteration. input_ids [B, S] right-padded, input_lengths [B]; features
+    [B, S', F] the target's features of the prompt positions it prefilled (None without feature_layers)."""
     ...
 
   def propose(self, params: Any, state: Any, history: History, limit: jax.Array | None, static: ProposalSettings,
@@ -97,9 +109,11 @@ class Drafter(Protocol):
     ...
 
   def settle(self, proposal: Proposal, history: History, lengths: jax.Array, accepted: jax.Array,
-             block: jax.Array, emit: jax.Array) -> Any:
+             block: jax.Array, emit: jax.Array, params: Any = None, features: jax.Array | None = None) -> Any:
     """The state after verification: history is the iteration's start; lengths [B] the new lengths; accepted
-    [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b."""
+    [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b; params the
+    drafter's weights; features [B, W, F] the target's features of the W positions the verify call fed (the last
+    token, then the drafts: position lengths - 1 + j of history for j < W; None without feature_layers)."""
     ...
 
 
@@ -109,8 +123,9 @@ class PlainDrafter:
 
   may_find_nothing: bool = False
   default_cost: float = 0.0
+  feature_layers: tuple[int, ...] = ()
 
-  def init(self, params, input_ids, input_lengths, cache_len):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None):
     return None
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
@@ -120,5 +135,5 @@ class PlainDrafter:
     batch = history.lengths.shape[0]
     return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=None, q=None, after=state)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit):
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
     return proposal.after

@@ -13,19 +13,22 @@ top-k / top-p are on, the drafter's kind and shapes, gamma, the schedule, whethe
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
 from jaxspec.decoding import adaptive, arguments, loop, memory_guard, placement, streaming
 from jaxspec.decoding.drafter import Drafter, PlainDrafter
+from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
 from jaxspec.decoding.settings import Sampling, Speculation, is_int
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
-from jaxspec.model import Model
+from jaxspec.model import FeatureHead, Model
+from jaxspec.models import eagle3
+from jaxspec.models.hf_table import get_path
 
 MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
 MAX_NEW_TOKENS = 2**30  # the most tokens a call may ask for (positions stay int32; the memory check refuses
@@ -42,15 +45,23 @@ class _Call:
   draft_model: Model | None  # The draft when it is a model (its weights go to the loop as draft params).
   speculation: Speculation | None
   sampling: Sampling
+  head_params: Any = None  # A feature head's draft params ({"head", "embed"}), or None.
 
 
-def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, Model | None]:
-  """The loop's drafter for this speculation, and the draft model whose weights it reads (or None)."""
+def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, Model | None, Any]:
+  """The loop's drafter for this speculation, the draft model whose weights it reads (or None), and a feature
+  head's params (or None)."""
   if speculation is None:
-    return PlainDrafter(), None
-  if isinstance(speculation.draft, Model):
-    return ModelDrafter(arguments.draft_decoder(target, speculation.draft)), speculation.draft
-  return speculation.draft, None  # NGramDraft is its own drafter.
+    return PlainDrafter(), None, None
+  draft = speculation.draft
+  if isinstance(draft, Model):
+    return ModelDrafter(arguments.draft_decoder(target, draft)), draft, None
+  if isinstance(draft, FeatureHead):
+    layers = eagle3.check_fits(draft.config, target.config, draft.params)  # one CheckpointError if it does not fit
+    embedding = get_path(target.params, target.family.embedding_path)
+    params = {"head": draft.params, "embed": eagle3.embedding_table(draft.params, embedding)}
+    return HeadDrafter(eagle3.Eagle3Head(draft.config), layers, target.config.vocab_size), None, params
+  return draft, None, None  # NGramDraft is its own drafter.
 
 
 def _check_int(name: str, value, upper: int) -> None:
@@ -69,7 +80,7 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
     raise SettingsError(f"sampling must be a jaxspec.Sampling or None, got {type(sampling).__name__}.")
   _check_int("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)
   _check_int("max_input_length", max_input_length, MAX_NEW_TOKENS)
-  drafter, draft_model = _drafter(target, speculation)
+  drafter, draft_model, head_params = _drafter(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   cfg = target.config
   settings = loop.LoopSettings(
@@ -77,7 +88,7 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
       max_new_tokens=int(max_new_tokens), greedy=sampling.greedy, filtering=sampling.filtering,
       eos_ids=tuple(cfg.eos_token_ids), pad_id=cfg.pad_token_id,
       schedule="constant" if speculation is None else speculation.schedule, streaming=stream)
-  return _Call(settings, ids, lengths, draft_model, speculation, sampling)
+  return _Call(settings, ids, lengths, draft_model, speculation, sampling, head_params)
 
 
 def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
@@ -94,7 +105,10 @@ def _placed(call: _Call, target: Model, seed) -> placement.Call:
   seeds, row_ids = arguments.seeds_for_rows(seed, call.ids.shape[0])
   where = placement.plan(target, call.draft_model, call.ids.shape[0])
   memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape)
-  return placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
+  run = placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
+  if call.head_params is not None:
+    run.draft_params = call.head_params  # (on a mesh the program places them, as any argument not on it)
+  return run
 
 
 def generate(target: Model, inputs, speculation: Speculation | None = None, sampling: Sampling | None = None, *,

@@ -1,9 +1,10 @@
 """The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance (for
 draft models under "heuristic" / "adaptive", two inner loops within it: drafting and resting iterations).
 
-The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step) and its cache's
-`positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it imports
-no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
+The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step; `prefill_features` /
+`step_features` instead when the drafter's static `feature_layers` names target layers: a feature head) and its
+cache's `positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it
+imports no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
 generated tokens; a cache's `positions` count how many of them it has fed.
 
@@ -27,7 +28,8 @@ Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences
   - the last token sequences[b, L-1] has not been fed to the target: target_cache.positions[b] == L - 1;
   - a draft model has fed positions < its cache's positions[b] <= L - 1 (L - 2 after it accepted all its drafts:
     it never saw the last one, REFERENCE.md pitfall 1; less after iterations in which it drafted nothing);
-    the lookup context holds the input and all L tokens;
+    the lookup context holds the input and all L tokens; a feature head holds the entries of positions < L - 1,
+    each from the target's real features (head_drafter.py);
   - choices of k use only what is known before the target scores the tokens (exact: adaptive.py);
   - a row's random draws depend only on its own key (from its seed) and the iteration number, never on other rows;
   - a finished row (EOS, max_new_tokens, or non-finite logits: `failed`) is frozen: nothing it emits is written.
@@ -123,8 +125,13 @@ def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.
   Returns:
     (target_cache, draft_state, first_tokens [B] int32).
   """
-  target_cache, first = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len)
-  draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len)
+  layers, features = settings.drafter.feature_layers, None
+  if layers:
+    target_cache, first, features = settings.target.prefill_features(target_params, input_ids, input_lengths,
+                                                                     settings.cache_len, layers)
+  else:
+    target_cache, first = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len)
+  draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len, features=features)
   return target_cache, draft_state, first
 
 
@@ -153,15 +160,24 @@ def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs,
 
 def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal,
             knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
-  """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache).
+  """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache, features).
 
   last [B, 1]; width: the call's positions (gamma + 1, or 1 when nothing was drafted), or None: picked per
-  iteration (1 when no row proposed anything)."""
-  gamma, tokens, counts = settings.gamma, proposal.tokens, proposal.counts
+  iteration (1 when no row proposed anything). features: [B, W, F] the target's features of the W positions fed
+  when the drafter reads features (W = width; gamma + 1 when picked per iteration, junk past the call's width),
+  else None."""
+  gamma, tokens, counts, layers = settings.gamma, proposal.tokens, proposal.counts, settings.drafter.feature_layers
+  width_picked = width is None  # both branches of the lax.cond below return features of one shape
 
   def score(cache, width: int):
+    fed, features = jnp.concatenate([last, tokens[:, :width - 1]], axis=1), None
     with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
-      logits, cache = settings.target.step(params, cache, jnp.concatenate([last, tokens[:, :width - 1]], axis=1))
+      if layers:
+        logits, features, cache = settings.target.step_features(params, cache, fed, layers)
+        if width_picked:
+          features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
+      else:
+        logits, cache = settings.target.step(params, cache, fed)
     # Non-finite logits (NaN or +inf; -inf is a legitimately excluded token) fail the row: it stops here, and
     # nothing drawn from them is written.
     bad = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=(1, 2))
@@ -174,7 +190,7 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, pr
       q = p[:, :0] if width == 1 else None if proposal.q is None else proposal.q[:, :width - 1]
       verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
     beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
-    return verdict.replace(beta=beta), bad, cache
+    return verdict.replace(beta=beta), bad, cache, features
 
   if width is not None:
     return score(cache, width)
@@ -191,8 +207,8 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
 
   proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
   last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-  verdict, bad, target_cache = _verify(settings, target_params, state.target_cache, last, proposal, knobs,
-                                       verify_keys, kind.width)
+  verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache, last, proposal,
+                                                 knobs, verify_keys, kind.width)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted
@@ -214,7 +230,8 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
 
   # Rollback: the target has now fed everything but the newest token; the drafter keeps what was accepted.
   target_cache = target_cache.rollback(lengths - 1)
-  draft_state = settings.drafter.settle(proposal, state.history, lengths, n, block, emit)
+  draft_state = settings.drafter.settle(proposal, state.history, lengths, n, block, emit, params=draft_params,
+                                       features=features)
   schedule = state.schedule
   if schedule is not None:
     schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)

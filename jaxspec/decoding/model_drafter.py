@@ -46,7 +46,7 @@ class Drafted:
   steps: jax.Array  # [] int32 single-token calls made after it (each fed x_1, x_2, ... to every row).
 
 
-def _top_prob(logits: jax.Array, q: jax.Array | None) -> jax.Array:
+def top_prob(logits: jax.Array, q: jax.Array | None) -> jax.Array:
   """[B] the largest probability of the distribution a token was drawn from (softmax of logits when greedy)."""
   if q is not None:
     return jnp.max(q, axis=-1)
@@ -92,8 +92,9 @@ class ModelDrafter:
   decoder: Decoder
   may_find_nothing: bool = False
   default_cost: float = adaptive.DEFAULT_DRAFT_COST
+  feature_layers: tuple[int, ...] = ()
 
-  def init(self, params, input_ids, input_lengths, cache_len):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None):
     return self.decoder.prefill(params, input_ids, input_lengths, cache_len)[0]
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
@@ -107,7 +108,7 @@ class ModelDrafter:
     return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None,
                     after=Drafted(cache=state, base=state.positions, steps=jnp.int32(0)))
 
-  def settle(self, proposal, history, lengths, accepted, block, emit):
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
     """A caught-up row keeps the last token and the x_1..x_steps it fed that were accepted; a row still behind
     keeps what its catch-up fed; never more than lengths - 1 (the newest token is fed next iteration)."""
     after = proposal.after
@@ -150,7 +151,7 @@ class ModelDrafter:
       tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
       qs = None if q1 is None else jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
       counts = (row_limit > 0).astype(jnp.int32)
-      going = (counts > 0) & (row_limit > 1) & (_top_prob(first, q1) >= confidence)
+      going = (counts > 0) & (row_limit > 1) & (top_prob(first, q1) >= confidence)
 
       def body(carry):
         cache, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
@@ -161,7 +162,7 @@ class ModelDrafter:
         if qs is not None:
           qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
         counts = counts + going
-        going = going & (row_limit > j + 1) & (_top_prob(logits[:, 0], q) >= confidence)
+        going = going & (row_limit > j + 1) & (top_prob(logits[:, 0], q) >= confidence)
         return cache, j + 1, tokens, qs, counts, going
 
       cache, j, tokens, qs, counts, _ = jax.lax.while_loop(

@@ -47,6 +47,7 @@ class NGramDraft:
   min_ngram: int = 1
   may_find_nothing = True  # a row without a match proposes nothing (class constants of the Drafter protocol)
   default_cost = 0.0  # a lookup costs nothing next to a verify call
+  feature_layers = ()  # reads no target features
 
   def __post_init__(self):
     if not is_int(self.min_ngram) or self.min_ngram < 1:
@@ -59,7 +60,7 @@ class NGramDraft:
   def name(self) -> str:
     return f"ngram({self.min_ngram}-{self.max_ngram})"
 
-  def init(self, params, input_ids, input_lengths, cache_len):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None):
     return init_context(input_ids, input_lengths, cache_len)
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
@@ -73,7 +74,7 @@ class NGramDraft:
     zeros = jnp.zeros((batch,), jnp.int32)
     return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None, after=state)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit):
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
     return append(proposal.after, block, emit)
 
 

@@ -24,7 +24,7 @@ from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
   from jaxspec.decoding.ngram import NGramDraft
-  from jaxspec.model import Model
+  from jaxspec.model import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
 MAX_SEED = 2**31 - 1  # seeds are integers in [0, MAX_SEED]
@@ -78,8 +78,9 @@ class Sampling:
 class Speculation:
   """What drafts for the target, and how many tokens per iteration.
 
-  draft: a smaller `jaxspec.Model` with the target's tokenizer, or `jaxspec.NGramDraft(...)` (prompt lookup, no
-    model).
+  draft: a smaller `jaxspec.Model` with the target's tokenizer, `jaxspec.NGramDraft(...)` (prompt lookup, no
+    model), or a `jaxspec.FeatureHead` (an EAGLE-3 head from `jaxspec.load`, trained on the target: it drafts
+    from the target's hidden states).
   gamma: the most draft tokens per row and iteration (>= 1).
   schedule: how many of them each iteration drafts (jaxspec.decoding.adaptive): "constant" (gamma every
     iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma]) or
@@ -92,14 +93,14 @@ class Speculation:
     batch decodes plainly and drafts again after `probe_interval` such iterations (not with "constant").
   probe_interval: resting iterations between probes (>= 1); doubles after each failed probe.
   draft_cost: c, a draft step's cost relative to a verify call, read by "adaptive"; None: the drafter's default
-    (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model).
+    (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model, head_drafter.HEAD_DRAFT_COST for a head).
   prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: every row starts by drafting);
     `jaxspec.tune` passes the draft's measured acceptance.
 
   Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
   """
 
-  draft: Union["Model", "NGramDraft"]
+  draft: Union["Model", "NGramDraft", "FeatureHead"]
   gamma: int = 4
   schedule: str = "constant"
   draft_confidence: float = 0.0
@@ -110,10 +111,10 @@ class Speculation:
 
   def __post_init__(self):
     from jaxspec.decoding.ngram import NGramDraft  # pylint: disable=import-outside-toplevel
-    from jaxspec.model import Model  # pylint: disable=import-outside-toplevel
-    _require(isinstance(self.draft, (Model, NGramDraft)),
-             f"Speculation.draft must be a jaxspec.Model (from jaxspec.load) or a jaxspec.NGramDraft, got "
-             f"{type(self.draft).__name__}.")
+    from jaxspec.model import FeatureHead, Model  # pylint: disable=import-outside-toplevel
+    _require(isinstance(self.draft, (Model, NGramDraft, FeatureHead)),
+             f"Speculation.draft must be a jaxspec.Model or a jaxspec.FeatureHead (from jaxspec.load), or a "
+             f"jaxspec.NGramDraft, got {type(self.draft).__name__}.")
     g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
                         self.prior_alpha)
     _require(is_int(g) and 1 <= g <= 256, f"Speculation.gamma must be an integer in [1, 256] (draft tokens per "

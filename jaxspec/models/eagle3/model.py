@@ -182,6 +182,20 @@ def to_target_vocab(params: dict, logits: jax.Array, vocab_size: int) -> jax.Arr
   return full.at[..., target_ids].set(logits, unique_indices=True)
 
 
+def feed(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+         tokens: jax.Array) -> tuple[jax.Array, Eagle3Cache]:
+  """`step` without the logits: writes T entries (hidden [B, T, H], tokens [B, T]) at positions cache.lengths and
+  returns (prenorm_hidden [B, T, H], cache advanced by T). For entries whose logits nobody reads (a drafter
+  re-feeding verified positions with the target's features)."""
+  return _layer(params, cfg, embed, cache, hidden, tokens, cache.max_length)
+
+
+def logits(params: dict, cfg: Eagle3Config, prenorm: jax.Array) -> jax.Array:
+  """[B, T, V] float32 logits over the TARGET vocabulary (-inf outside the draft vocabulary) from the pre-norm
+  output [B, T, H] of `feed` / `step`."""
+  return to_target_vocab(params, draft_logits(params, cfg, prenorm), cfg.vocab_size)
+
+
 def step(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
          tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
   """Feeds T entries per row at that row's positions cache.lengths .. + T - 1.
@@ -199,9 +213,8 @@ def step(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, 
     the token two past its feature's position), prenorm_hidden [B, T, H] (the next draft step's `hidden`), and
     the cache with lengths advanced by T.
   """
-  prenorm, cache = _layer(params, cfg, embed, cache, hidden, tokens, cache.max_length)
-  logits = to_target_vocab(params, draft_logits(params, cfg, prenorm), cfg.vocab_size)
-  return logits, prenorm, cache
+  prenorm, cache = feed(params, cfg, embed, cache, hidden, tokens)
+  return logits(params, cfg, prenorm), prenorm, cache
 
 
 def prefill(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
@@ -216,13 +229,20 @@ def prefill(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Arr
     a cache of S + cache_len positions holding entries 0 .. len - 2 (lengths = offsets = len - 1). The entries
     the call also computed at s >= len - 1 (padding tokens) are stale: masked and overwritten by later steps.
   """
+  return prefill_hidden(params, cfg, embed, features, input_ids, input_lengths, cache_len)[0]
+
+
+def prefill_hidden(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
+                   input_lengths: jax.Array, cache_len: int) -> tuple[Eagle3Cache, jax.Array]:
+  """`prefill` that also returns the pre-norm outputs [B, S, H] of the S entries it computed: entry len - 2's
+  gives the logits of the token after the prompt (`logits`), without a step."""
   batch, width = input_ids.shape
   next_tokens = jnp.concatenate([input_ids[:, 1:], jnp.zeros((batch, 1), input_ids.dtype)], axis=1)  # [B, S]
   g = fuse(params, cfg, features)
   cache = init_cache(cfg, batch, width + cache_len, g.dtype)
-  _, cache = _layer(params, cfg, embed, cache, g, next_tokens, width)
+  prenorm, cache = _layer(params, cfg, embed, cache, g, next_tokens, width)
   last = (input_lengths - 1).astype(jnp.int32)
-  return cache.replace(lengths=last, offsets=last)
+  return cache.replace(lengths=last, offsets=last), prenorm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -232,6 +252,8 @@ class Eagle3Head:
       g = head.fuse(params, features)                                   # [B, T, 3 Ht] -> [B, T, H]
       cache = head.prefill(params, embed, features, input_ids, input_lengths, cache_len)
       logits, prenorm, cache = head.step(params, embed, cache, hidden, tokens)
+      prenorm, cache = head.feed(params, embed, cache, hidden, tokens)    # step without the logits
+      logits = head.logits(params, prenorm)                               # the logits of given pre-norm outputs
   """
 
   config: Eagle3Config
@@ -243,6 +265,20 @@ class Eagle3Head:
               input_lengths: jax.Array, cache_len: int) -> Eagle3Cache:
     return prefill(params, self.config, embed, features, input_ids, input_lengths, cache_len)
 
+  def prefill_hidden(self, params: dict, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
+                     input_lengths: jax.Array, cache_len: int) -> tuple[Eagle3Cache, jax.Array]:
+    return prefill_hidden(params, self.config, embed, features, input_ids, input_lengths, cache_len)
+
   def step(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
            tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
     return step(params, self.config, embed, cache, hidden, tokens)
+
+  def feed(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+           tokens: jax.Array) -> tuple[jax.Array, Eagle3Cache]:
+    return feed(params, self.config, embed, cache, hidden, tokens)
+
+  def logits(self, params: dict, prenorm: jax.Array) -> jax.Array:
+    return logits(params, self.config, prenorm)
+
+  def init_cache(self, batch: int, length: int, dtype) -> Eagle3Cache:
+    return init_cache(self.config, batch, length, dtype)

@@ -1,0 +1,197 @@
+"""`HeadDrafter`: a feature head (EAGLE-3, `jaxspec.models.eagle3`) drafts from the target's own hidden states
+(drafter.py's protocol).
+
+    out = jaxspec.generate(target, prompts, jaxspec.Speculation(jaxspec.load(head_dir), gamma=3))
+
+The head is one decoder layer over [embedding of token p + 1, fused target features of position p] that predicts
+token p + 2 (docs/heads.md, "Alignment"); at later draft steps its own pre-norm output stands in for the features.
+Its weights come as params = {"head": the head's parameters, "embed": [V, H] the table it embeds tokens with (its
+own, else the target's: `eagle3.embedding_table`)}. Its `feature_layers` (static) make the loop call the target's
+`prefill_features` / `step_features`; the features reach `init` (the prompt's) and `settle` (the verified block's).
+
+Loop positions as in loop.py: row b holds L = lengths[b] tokens, position 0 the loop's first token (a
+decoder-only prompt's last token), the last one not yet fed to the target. The head's cache counts the same
+positions (offsets = prompt length - 1, as the target's); its entry at position p pairs the target's feature of p
+with token p + 1. Invariants at the top of an iteration, for EVERY row (finished, resting and failed ones too):
+  - the head's cache holds the entries of positions < L - 1 (`cache.positions == L - 1`), each written from the
+    target's REAL features of that position (never from the head's own outputs);
+  - `hidden` [B, H] is the head's pre-norm output at entry L - 2: its logits (`Eagle3Head.logits`) are the head's
+    distribution for token L, the first draft. (A one-token prompt has no entry -1: its first draft is drawn from
+    junk, which costs acceptance, never exactness.)
+Entries at positions >= L - 1 are stale: attention masks keys by position and later writes overwrite them.
+
+propose: x_1 from the logits of `hidden`; then up to k - 1 steps, step j writing the chain entry at position
+  L - 2 + j = (pre-norm output of the previous entry, x_j) and drawing x_{j+1} from its logits. Every token is
+  drawn with `sampling.draw` from the head's logits over the full target vocabulary (-inf outside the draft
+  vocabulary t2d: q is 0 there, so the rejection rule stays lossless). Under schedule "constant" every unfinished
+  row drafts gamma (a `lax.scan`); with `limit` (heuristic / adaptive) row b drafts at most limit[b] and stops after
+  a token whose distribution's top probability is below draft_confidence (a `lax.while_loop` that steps while some
+  row still drafts, as model_drafter.py does).
+settle: the chain entries were speculative: the cache goes back to L - 1 (the iteration's start) and ONE call
+  (`Eagle3Head.feed`, no logits) writes the W positions the target just verified, L - 1 .. L - 2 + W, from the
+  target's features [B, W, F] and the emitted tokens; the row keeps emit[b] of them (positions < L' - 1 for its new
+  length L' = L + emit) and the pre-norm output of entry L' - 2 as its new `hidden`. Entries past emit (rejected
+  drafts, junk) are stale. A resting iteration verifies 1 position (W = 1): the head is fed it there, so a row that
+  rested is never behind, and no catch-up or re-feed is ever needed.
+idle: nothing (the resting iteration's settle feeds the one verified position).
+
+Exactness: every draft depends only on the sequence so far and the target's features of already verified
+positions (known before the target scores the drafts), and q is exactly what each token was drawn from.
+
+Shapes: B batch, G = gamma, V target vocabulary, H the head's hidden size, F = 3 * target hidden size, W the
+verify call's positions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxspec.decoding import sampling
+from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
+from jaxspec.decoding.model_drafter import top_prob
+from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head
+
+# c for a feature head when Speculation.draft_cost is None: one decoder layer and an lm_head against the
+# target's whole stack (EAGLE-3 on an 8B / 32-layer target: a few percent of a verify call).
+HEAD_DRAFT_COST = 0.05
+
+
+@struct.dataclass
+class HeadState:
+  """The head's state in the loop (see the module docstring's invariants)."""
+
+  cache: Eagle3Cache  # entries of positions < L - 1, from the target's real features.
+  hidden: jax.Array  # [B, H] the pre-norm output of entry L - 2 (the first draft's logits come from it).
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadDrafter:
+  """A feature head behind the `Drafter` protocol (hashable: part of the loop's static settings).
+
+  head: the head bound to its config; feature_layers: the target's feature indices it fuses (from
+  `eagle3.check_fits`); vocab_size: the target's vocabulary (the logits' and q's last axis).
+  """
+
+  head: Eagle3Head
+  feature_layers: tuple[int, ...]
+  vocab_size: int
+  may_find_nothing: bool = False
+  default_cost: float = HEAD_DRAFT_COST
+
+  def __post_init__(self):
+    if not self.feature_layers:
+      raise ValueError("HeadDrafter needs the target feature layers it reads (eagle3.check_fits gives them).")
+    if self.vocab_size != self.head.config.vocab_size:
+      raise ValueError(f"HeadDrafter: vocab_size {self.vocab_size} differs from the head's "
+                       f"{self.head.config.vocab_size}.")
+
+  def init(self, params, input_ids, input_lengths, cache_len, features=None):
+    """The head's prefill from the prompt's features [B, S', F] (S' = S for a decoder-only target; 0 for T5,
+    whose decoder starts empty: an empty cache and a zero `hidden`)."""
+    head_params, embed = params["head"], params["embed"]
+    batch = input_ids.shape[0]
+    if features.shape[1] == 0:
+      dtype = head_params["fc"].dtype
+      cache = self.head.init_cache(batch, cache_len, dtype)
+      return HeadState(cache=cache, hidden=jnp.zeros((batch, self.head.config.hidden_size), dtype))
+    cache, prenorm = self.head.prefill_hidden(head_params, embed, features, input_ids, input_lengths, cache_len)
+    last = jnp.clip(input_lengths - 2, 0, None).astype(jnp.int32)  # entry L - 2 of the loop: the prompt's n - 2
+    return HeadState(cache=cache, hidden=jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0])
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    if limit is None:
+      return self._propose_fixed(params, state, static, knobs, keys)
+    return self._propose_variable(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+
+  def idle(self, state, history, static):
+    batch = history.lengths.shape[0]
+    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32),
+                    q=None, after=state)
+
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
+    """Re-feeds the verified positions with the target's real features (the module docstring)."""
+    after: HeadState = proposal.after
+    width = features.shape[1]
+    cache = after.cache.rollback(history.lengths - 1)  # the chain's entries were speculative
+    g = self.head.fuse(params["head"], features)  # [B, W, H]
+    with jax.named_scope("draft_step"):
+      prenorm, cache = self.head.feed(params["head"], params["embed"], cache, g, block[:, :width])
+    last = jnp.clip(emit - 1, 0, width - 1)
+    hidden = jnp.where((emit > 0)[:, None], jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0],
+                       after.hidden)
+    return HeadState(cache=cache.rollback(lengths - 1), hidden=hidden)
+
+  def _first(self, params: Any, state: HeadState, static: ProposalSettings, knobs: sampling.SamplingKnobs,
+             keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """(logits [B, V] of the first draft, x_1 [B], q_1 [B, V] or None when greedy)."""
+    logits = self.head.logits(params["head"], state.hidden[:, None])[:, 0]
+    x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), logits, knobs)
+    return logits, x, q
+
+  def _chain_step(self, params: Any, cache: Eagle3Cache, hidden: jax.Array, token: jax.Array):
+    """One chain entry per row (hidden [B, H], token [B]): (logits [B, V], pre-norm [B, H], cache)."""
+    with jax.named_scope("draft_step"):
+      logits, prenorm, cache = self.head.step(params["head"], params["embed"], cache, hidden[:, None],
+                                              token[:, None])
+    return logits[:, 0], prenorm[:, 0], cache
+
+  def _propose_fixed(self, params: Any, state: HeadState, static: ProposalSettings, knobs: sampling.SamplingKnobs,
+                     keys: jax.Array) -> Proposal:
+    """gamma tokens for every row (schedule "constant")."""
+    _, x1, q1 = self._first(params, state, static, knobs, keys)
+
+    def one_step(carry, j):
+      cache, hidden, token = carry
+      logits, prenorm, cache = self._chain_step(params, cache, hidden, token)
+      x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits, knobs)
+      return (cache, prenorm, x), (x, q)
+
+    (cache, _, _), (xs, qs) = jax.lax.scan(one_step, (state.cache, state.hidden, x1), jnp.arange(1, static.gamma))
+    tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
+    q = None if static.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    return Proposal(tokens=tokens, counts=None, q=q, after=state.replace(cache=cache))
+
+  def _propose_variable(self, params: Any, state: HeadState, history: History, limit: jax.Array,
+                        static: ProposalSettings, knobs: sampling.SamplingKnobs, confidence: jax.Array,
+                        keys: jax.Array, some_row_drafts: bool) -> Proposal:
+    """At most limit[b] tokens for row b ([B] int32 in [0, G]), each row stopping after a token whose
+    distribution's top probability is below `confidence`. With no row to draft, no head call (a `lax.cond`,
+    unless some_row_drafts)."""
+    gamma, batch = static.gamma, history.lengths.shape[0]
+
+    def draft(state: HeadState):
+      first, x1, q1 = self._first(params, state, static, knobs, keys)
+      tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
+      qs = None if q1 is None else jnp.zeros((batch, gamma, self.vocab_size), jnp.float32).at[:, 0].set(q1)
+      counts = (limit > 0).astype(jnp.int32)
+      going = (counts > 0) & (limit > 1) & (top_prob(first, q1) >= confidence)
+
+      def body(carry):
+        cache, hidden, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
+        logits, prenorm, cache = self._chain_step(params, cache, hidden, tokens[:, j - 1])
+        x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits, knobs)
+        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x[:, None], j, axis=1)
+        if qs is not None:
+          qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
+        counts = counts + going
+        going = going & (limit > j + 1) & (top_prob(logits, q) >= confidence)
+        return cache, prenorm, j + 1, tokens, qs, counts, going
+
+      cache, _, _, tokens, qs, counts, _ = jax.lax.while_loop(
+          lambda c: (c[2] < gamma) & jnp.any(c[6]), body,
+          (state.cache, state.hidden, jnp.int32(1), tokens, qs, counts, going))
+      return Proposal(tokens=tokens, counts=counts, q=qs, after=state.replace(cache=cache))
+
+    def skip(state: HeadState):
+      q = None if static.greedy else jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)
+      return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
+                      after=state)
+
+    if some_row_drafts:
+      return draft(state)
+    return jax.lax.cond(jnp.any(limit > 0), draft, skip, state)
