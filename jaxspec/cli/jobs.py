@@ -31,6 +31,7 @@ from jaxspec.bench import loop as bench_loop
 from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table
 from jaxspec.cli.inputs import InputError, encode_texts
+from jaxspec.models import eagle3
 from jaxspec.cli.outputs import LineWriter
 from jaxspec.cli.resume import open_output  # pylint: disable=unused-import (the scripts' entry: checked, locked)
 from jaxspec.decoding.arguments import draft_decoder
@@ -51,6 +52,11 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
   if name == NGRAM:
     return jaxspec.NGramDraft()
   model = jaxspec.load(name.removeprefix(RANDOM))
+  if isinstance(model, jaxspec.FeatureHead):  # an EAGLE-3 head: it drafts from this target's hidden states
+    if mesh is not None:
+      raise InputError(f"--draft={name}: a feature head does not run on a mesh yet; decode on one device.")
+    eagle3.check_fits(model.config, target.config, model.params)  # one CheckpointError naming each mismatch
+    return model
   if name.startswith(RANDOM):
     # Untied: a tied output embedding scores the input token highest through the residual, and a random draft
     # would then propose repeats, which a target's repetition loops accept (alpha 0.42 on the embedded pair).

@@ -43,3 +43,25 @@ def test_bad_flags_and_inputs_end_in_one_line(args, needle):
 def test_an_unknown_model_is_one_line():
   res = run_script(["launch/generate.py", "--target=no-such-model"], stdin=b"Hello.\n")
   assert_one_line_error(res, "Unknown model 'no-such-model'")
+
+
+def test_a_feature_head_drafts_for_its_target(tmp_path):
+  """`generate.py --target=DIR --draft=HEAD_DIR` with an EAGLE-3 head directory (the SpecForge format): greedy
+  output identical to plain decoding (the script exits non-zero when they differ); a head for another target is
+  one line."""
+  import jax
+  from decoder_only_models import write_hf_decoder
+  from jaxspec.models import eagle3
+
+  target = write_hf_decoder(str(tmp_path / "llama"), "llama2")
+  cfg = eagle3.Eagle3Config(vocab_size=128, draft_vocab_size=64, hidden_size=32, target_hidden_size=32,
+                            intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1))
+  eagle3.save(str(tmp_path / "head"), cfg, eagle3.init_params(cfg, jax.random.key(0)))
+  res = run_script(["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'head'}", "--gamma=3",
+                    "--max_new_tokens=6"], stdin=b"hello world\nthe cat\n")
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "identical to plain greedy output: True" in res.stdout and "alpha" in res.stdout
+  other = eagle3.Eagle3Config(**{**cfg.__dict__, "target_hidden_size": 48})
+  eagle3.save(str(tmp_path / "other"), other, eagle3.init_params(other, jax.random.key(0)))
+  res = run_script(["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'other'}"], stdin=b"hi\n")
+  assert_one_line_error(res, "target_hidden_size")

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, shapes_from_axes
+from jaxspec.models.contract import CachePositions, shapes_from_axes, write_rows
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.eagle3.config import Eagle3Config
 
@@ -142,12 +142,6 @@ def fuse(params: dict, cfg: Eagle3Config, features: jax.Array) -> jax.Array:
   return features @ params["fc"]
 
 
-def _write_rows(buffer: jax.Array, block: jax.Array, starts: jax.Array) -> jax.Array:
-  """Writes block [B, T, K, Hd] into buffer [B, C, K, Hd] at per-row positions starts [B]."""
-  return jax.vmap(lambda buf, blk, off: jax.lax.dynamic_update_slice_in_dim(buf, blk, off, axis=0))(
-      buffer, block, starts)
-
-
 def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
            tokens: jax.Array, key_len: int) -> tuple[jax.Array, Eagle3Cache]:
   """The decoder layer over T entries at positions cache.lengths: (pre-norm output [B, T, H], cache)."""
@@ -160,7 +154,7 @@ def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache
   q = layers.apply_rope(layers.project(x, a["q"]), cos, sin)  # [B, T, N, Hd]
   k = layers.apply_rope(layers.project(x, a["k"]), cos, sin)  # [B, T, K, Hd]
   v = layers.project(x, a["v"])
-  ks, vs = _write_rows(cache.k, k, starts), _write_rows(cache.v, v, starts)
+  ks, vs = write_rows(cache.k, k, starts), write_rows(cache.v, v, starts)
   allowed = layers.attention_mask(positions, jnp.arange(key_len), None)  # [B, 1, 1, T, C]
   o = layers.attend(q, ks[:, :key_len], vs[:, :key_len], allowed, cfg.head_dim ** -0.5, None)
   h = hidden + layers.output_projection(o, a["o"])
