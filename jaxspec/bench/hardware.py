@@ -60,8 +60,8 @@ def sweep(target_shape: str, draft_shapes: Sequence[str], gammas: Sequence[int],
     bar.write(repr(draft))
     paper = presets.paper_row_for("ende", draft_shape, 0)
     for batch in batch_sizes:
-      costs = costs.cost_table(target, draft, gammas, batch, repeats=repeats, rounds=1, alternating=False)
-      for g, m in costs.items():
+      measured = costs.cost_table(target, draft, gammas, batch, repeats=repeats, rounds=1, alternating=False)
+      for g, m in measured.items():
         row = {"batch": batch, "draft": draft_shape, "gamma": g, **m,
                "paper_alpha": paper.alpha if paper else float("nan"),
                "paper_gamma": paper.gamma if paper else None, "paper_speedup": paper.speedup if paper else None}
@@ -74,8 +74,8 @@ def sweep(target_shape: str, draft_shapes: Sequence[str], gammas: Sequence[int],
                       f"{row.get('expected', 0):.2f}", f"{row.get('expected_r1', 0):.2f}", row["paper_speedup"] or "-"])
         bar.write(" | ".join(map(str, table[-1])))
       if loop and batch == 1 and paper:
-        g = paper.gamma if paper.gamma in costs else max(costs)
-        loop_rows.append({"draft": draft_shape, "gamma": g, **loop_overhead(target, draft, g, costs[g], repeats)})
+        g = paper.gamma if paper.gamma in measured else max(measured)
+        loop_rows.append({"draft": draft_shape, "gamma": g, **loop_overhead(target, draft, g, measured[g], repeats)})
         bar.write(f"loop {draft_shape} gamma {g}: {loop_rows[-1]}")
       bar.update(1)
     del draft
