@@ -144,7 +144,7 @@ def run_programs() -> dict:
   placed = sharding.shard(target, mesh)
   lowered = jaxspec.lower(placed, rows, jaxspec.Speculation(draft, gamma=3), jaxspec.Sampling(temperature=1.0),
                           max_new_tokens=12, max_input_length=16)
-  loop = lowered.loop.compile()
+  prefill, loop = lowered.prefill.compile(), lowered.loop.compile()
   out["all_gathers"] = loop_all_gathers(loop.as_text())
   out["weight_sizes"] = sharded_weight_sizes(placed)
   out["while_loops"] = loop.as_text().count(" while(")
