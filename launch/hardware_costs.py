@@ -18,7 +18,7 @@ from absl import flags
 
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.cli import flags as cli_flags
-from jaxspec.bench import presets, hardware
+from jaxspec.bench import hardware
 from jaxspec.cli.outputs import atomic_write, atomic_write_json
 
 _TARGET = flags.DEFINE_enum("target", "t5-11b", list(T5_SHAPES), "Target shape.")

@@ -21,7 +21,7 @@ from absl import app, flags
 import jaxspec
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec import sharding
-from jaxspec.bench import presets, timing
+from jaxspec.bench import timing
 
 _TARGET = flags.DEFINE_enum("target", "t5-11b", sorted(T5_SHAPES), "Target shape.")
 _DRAFT = flags.DEFINE_enum("draft", "t5-small", sorted(T5_SHAPES), "Draft shape.")

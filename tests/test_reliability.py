@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.checkpoint import hf_dir, io
+from jaxspec.checkpoint import io
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 
 from conftest import write_hf_t5

@@ -24,7 +24,6 @@ from ml_collections import config_flags
 
 from jaxspec.cli.batching import MAX_SEED
 from jaxspec.errors import JaxspecError, SettingsError
-from jaxspec.sharding.mesh import MESH_AXES
 
 FLAGS = flags.FLAGS
 AUTO = "auto"  # --gamma=auto

@@ -21,7 +21,6 @@ from typing import Any, Sequence
 
 from tqdm import tqdm
 
-from jaxspec.cli.inputs import InputError
 from jaxspec.errors import OutputError
 
 GZIP_MAGIC = b"\x1f\x8b"

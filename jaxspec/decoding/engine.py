@@ -24,7 +24,7 @@ from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
 from jaxspec.decoding.settings import Sampling, Speculation, is_int
-from jaxspec.decoding.stats import DecodeStats, GenerateOutput
+from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.model import FeatureHead, Model
 from jaxspec.models import eagle3

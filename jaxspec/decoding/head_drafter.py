@@ -51,9 +51,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import sampling
+from jaxspec.decoding import chain, sampling
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
-from jaxspec.decoding.model_drafter import top_prob
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head
 
 # c for a feature head when Speculation.draft_cost is None: one decoder layer and an lm_head against the
@@ -126,34 +125,25 @@ class HeadDrafter:
                        after.hidden)
     return HeadState(cache=cache.rollback(lengths - 1), hidden=hidden)
 
-  def _first(self, params: Any, state: HeadState, static: ProposalSettings, knobs: sampling.SamplingKnobs,
-             keys: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """(logits [B, V] of the first draft, x_1 [B], q_1 [B, V] or None when greedy)."""
-    logits = self.head.logits(params["head"], state.hidden[:, None])[:, 0]
-    x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), logits, knobs)
-    return logits, x, q
+  def _first(self, params: Any, state: HeadState) -> jax.Array:
+    """[B, V] the logits of the first draft (from the pre-norm output of entry L - 2)."""
+    return self.head.logits(params["head"], state.hidden[:, None])[:, 0]
 
-  def _chain_step(self, params: Any, cache: Eagle3Cache, hidden: jax.Array, token: jax.Array):
-    """One chain entry per row (hidden [B, H], token [B]): (logits [B, V], pre-norm [B, H], cache)."""
-    with jax.named_scope("draft_step"):
-      logits, prenorm, cache = self.head.step(params["head"], params["embed"], cache, hidden[:, None],
-                                              token[:, None])
-    return logits[:, 0], prenorm[:, 0], cache
+  def _step(self, params: Any):
+    """The chain's step (chain.Step): one entry per row, carry (cache, hidden [B, H]), token [B]."""
+    def step(carry, token):
+      cache, hidden = carry
+      with jax.named_scope("draft_step"):
+        logits, prenorm, cache = self.head.step(params["head"], params["embed"], cache, hidden[:, None],
+                                                token[:, None])
+      return logits[:, 0], (cache, prenorm[:, 0])
+    return step
 
   def _propose_fixed(self, params: Any, state: HeadState, static: ProposalSettings, knobs: sampling.SamplingKnobs,
                      keys: jax.Array) -> Proposal:
     """gamma tokens for every row (schedule "constant")."""
-    _, x1, q1 = self._first(params, state, static, knobs, keys)
-
-    def one_step(carry, j):
-      cache, hidden, token = carry
-      logits, prenorm, cache = self._chain_step(params, cache, hidden, token)
-      x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits, knobs)
-      return (cache, prenorm, x), (x, q)
-
-    (cache, _, _), (xs, qs) = jax.lax.scan(one_step, (state.cache, state.hidden, x1), jnp.arange(1, static.gamma))
-    tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
-    q = None if static.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    tokens, q, (cache, _) = chain.draw_fixed(self._first(params, state), self._step(params),
+                                             (state.cache, state.hidden), static, knobs, keys)
     return Proposal(tokens=tokens, counts=None, q=q, after=state.replace(cache=cache))
 
   def _propose_variable(self, params: Any, state: HeadState, history: History, limit: jax.Array,
@@ -165,27 +155,10 @@ class HeadDrafter:
     gamma, batch = static.gamma, history.lengths.shape[0]
 
     def draft(state: HeadState):
-      first, x1, q1 = self._first(params, state, static, knobs, keys)
-      tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
-      qs = None if q1 is None else jnp.zeros((batch, gamma, self.vocab_size), jnp.float32).at[:, 0].set(q1)
-      counts = (limit > 0).astype(jnp.int32)
-      going = (counts > 0) & (limit > 1) & (top_prob(first, q1) >= confidence)
-
-      def body(carry):
-        cache, hidden, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
-        logits, prenorm, cache = self._chain_step(params, cache, hidden, tokens[:, j - 1])
-        x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits, knobs)
-        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x[:, None], j, axis=1)
-        if qs is not None:
-          qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
-        counts = counts + going
-        going = going & (limit > j + 1) & (top_prob(logits, q) >= confidence)
-        return cache, prenorm, j + 1, tokens, qs, counts, going
-
-      cache, _, _, tokens, qs, counts, _ = jax.lax.while_loop(
-          lambda c: (c[2] < gamma) & jnp.any(c[6]), body,
-          (state.cache, state.hidden, jnp.int32(1), tokens, qs, counts, going))
-      return Proposal(tokens=tokens, counts=counts, q=qs, after=state.replace(cache=cache))
+      tokens, q, counts, (cache, _), _ = chain.draw_variable(
+          self._first(params, state), self._step(params), (state.cache, state.hidden), limit, static, knobs,
+          confidence, keys)
+      return Proposal(tokens=tokens, counts=counts, q=q, after=state.replace(cache=cache))
 
     def skip(state: HeadState):
       q = None if static.greedy else jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, sampling
+from jaxspec.decoding import adaptive, chain, sampling
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
 from jaxspec.models.contract import Decoder
 
@@ -44,13 +44,6 @@ class Drafted:
   cache: Any  # the draft cache, positions at base + steps.
   base: jax.Array  # [B] int32 positions after the catch-up call (L for a caught-up row).
   steps: jax.Array  # [] int32 single-token calls made after it (each fed x_1, x_2, ... to every row).
-
-
-def top_prob(logits: jax.Array, q: jax.Array | None) -> jax.Array:
-  """[B] the largest probability of the distribution a token was drawn from (softmax of logits when greedy)."""
-  if q is not None:
-    return jnp.max(q, axis=-1)
-  return 1.0 / jnp.sum(jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True)), axis=-1)
 
 
 def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any, sequences: jax.Array,
@@ -115,23 +108,20 @@ class ModelDrafter:
     kept = jnp.where(after.base == history.lengths, history.lengths + jnp.minimum(accepted, after.steps), after.base)
     return after.cache.rollback(jnp.minimum(kept, lengths - 1))
 
+  def _step(self, params: Any):
+    """The chain's step (chain.Step): one token per row [B] fed to the draft model."""
+    def step(cache, token):
+      with jax.named_scope("draft_step"):
+        logits, cache = self.decoder.step(params, cache, token[:, None])
+      return logits[:, 0], cache
+    return step
+
   def _propose_fixed(self, params: Any, cache: Any, history: History, static: ProposalSettings,
                      knobs: sampling.SamplingKnobs, keys: jax.Array) -> Proposal:
     """gamma tokens for every row (schedule "constant"); finished rows need no catch-up."""
     first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, history.lengths,
                                   ~history.done, variable=False)
-    x1, q1 = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), first, knobs)
-
-    def one_step(carry, j):
-      cache, token = carry
-      with jax.named_scope("draft_step"):
-        logits, cache = self.decoder.step(params, cache, token[:, None])
-      x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits[:, 0], knobs)
-      return (cache, x), (x, q)
-
-    (cache, _), (xs, qs) = jax.lax.scan(one_step, (cache, x1), jnp.arange(1, static.gamma))
-    tokens = jnp.concatenate([x1[:, None], xs.T], axis=1)
-    q = None if static.greedy else jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], axis=1)
+    tokens, q, cache = chain.draw_fixed(first, self._step(params), cache, static, knobs, keys)
     return Proposal(tokens=tokens, counts=None, q=q,
                     after=Drafted(cache=cache, base=base, steps=jnp.int32(static.gamma - 1)))
 
@@ -147,27 +137,9 @@ class ModelDrafter:
       first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, lengths, limit > 0,
                                     variable=True)
       row_limit = jnp.where(base == lengths, limit, 0)
-      x1, q1 = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, 0), first, knobs)
-      tokens = jnp.zeros((batch, gamma), jnp.int32).at[:, 0].set(x1)
-      qs = None if q1 is None else jnp.zeros((batch, gamma) + q1.shape[-1:], jnp.float32).at[:, 0].set(q1)
-      counts = (row_limit > 0).astype(jnp.int32)
-      going = (counts > 0) & (row_limit > 1) & (top_prob(first, q1) >= confidence)
-
-      def body(carry):
-        cache, j, tokens, qs, counts, going = carry  # j tokens drafted so far; x_j is fed now
-        with jax.named_scope("draft_step"):
-          logits, cache = self.decoder.step(params, cache, jax.lax.dynamic_slice_in_dim(tokens, j - 1, 1, 1))
-        x, q = sampling.draw(static.greedy, static.filtering, sampling.fold(keys, j), logits[:, 0], knobs)
-        tokens = jax.lax.dynamic_update_slice_in_dim(tokens, x[:, None], j, axis=1)
-        if qs is not None:
-          qs = jax.lax.dynamic_update_slice_in_dim(qs, q[:, None], j, axis=1)
-        counts = counts + going
-        going = going & (row_limit > j + 1) & (top_prob(logits[:, 0], q) >= confidence)
-        return cache, j + 1, tokens, qs, counts, going
-
-      cache, j, tokens, qs, counts, _ = jax.lax.while_loop(
-          lambda c: (c[1] < gamma) & jnp.any(c[5]), body, (cache, jnp.int32(1), tokens, qs, counts, going))
-      return Proposal(tokens=tokens, counts=counts, q=qs, after=Drafted(cache=cache, base=base, steps=j - 1))
+      tokens, q, counts, cache, steps = chain.draw_variable(first, self._step(params), cache, row_limit, static,
+                                                            knobs, confidence, keys)
+      return Proposal(tokens=tokens, counts=counts, q=q, after=Drafted(cache=cache, base=base, steps=steps))
 
     def skip(cache):
       q = None

@@ -33,7 +33,6 @@ from jaxspec.checkpoint import embedded_names
 from jaxspec.data.ende import (DISTILLED, Pair, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
                                read_splits, split_path)
 from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
-from jaxspec.cli.inputs import InputError
 from jaxspec.models import t5
 from jaxspec.cli.outputs import atomic_write_json, progress
 from jaxspec.tokenizer import load_tokenizer

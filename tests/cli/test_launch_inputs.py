@@ -2,16 +2,12 @@
 
 import gzip
 import os
-import sys
 
-import jax
 import pytest
 
 import jaxspec
 from jaxspec.cli import batching, flags as cli_flags, inputs, outputs
 from jaxspec.bench import report
-from jaxspec.models import t5
-from jaxspec.tokenizer import load_tokenizer
 
 from script_helpers import tiny_pair
 

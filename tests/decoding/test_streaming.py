@@ -4,7 +4,6 @@ import dataclasses
 import re
 
 import jax
-import numpy as np
 import pytest
 
 import jaxspec
