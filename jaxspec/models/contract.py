@@ -134,10 +134,15 @@ class TreeDecoder(Decoder, Protocol):
     Keys and values of node n are written at slot lengths + n (slot order = node order) and lengths advances by
     N; `cache.compact` then keeps one path. A chain (depths 0..N-1, ancestors lower-triangular) is `step`.
 
+    A tree may also be fed in several calls (a drafter growing it depth by depth): then depths [B, P + N] and
+    ancestors [B, N, P + N] also cover the P nodes of the same tree fed by earlier calls (at slots lengths - P ..
+    lengths - 1; depth 0 sits at their first slot), and the new nodes attend to those of them that are ancestors.
+
     Args:
       tokens: [B, N] int32 node tokens; depths: [B, N] int32 (depth 0: the root, the token `step` would feed
         first); ancestors: [B, N, N] bool, [b, n, m] True where m is an ancestor of n or n itself. Parents come
-        before their children (m <= n wherever ancestors[b, n, m]).
+        before their children (m <= n wherever ancestors[b, n, m]). (With P earlier nodes: [B, P + N] and
+        [B, N, P + N], see above.)
     Returns:
       logits [B, N, V] float32 (node n's predict the token after n's path) and the cache.
     """
@@ -222,36 +227,39 @@ def compact_rows(buffer: jax.Array, base: jax.Array, path: jax.Array, axis: int)
 
 def tree_attention(lengths: jax.Array, depths: jax.Array, ancestors: jax.Array, cache_len: int,
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """Positions and the attention mask of a tree of N nodes written at slots lengths .. lengths + N - 1.
+  """Positions and the attention mask of N tree nodes written at slots lengths .. lengths + N - 1, after P nodes
+  of the same tree fed by earlier calls at slots lengths - P .. lengths - 1 (P = 0: the whole tree in one call;
+  P > 0: a drafter growing a tree depth by depth feeds each depth once, `TreeDecoder.step_tree`).
 
   Mask layout: one dense bool [B, N, C] (query node, cache slot), the key axis last and contiguous, the layout
-  of the causal mask of a plain `step` of N tokens. It is built once per call (a gather of the [B, N, N] ancestor
-  block into the slots the nodes occupy), shared by every layer and head, and enters attention as the same
-  `where` on the scores, which XLA fuses into the softmax: a tree costs what a plain verify of N tokens costs.
+  of the causal mask of a plain `step` of N tokens. It is built once per call (a gather of the [B, N, P + N]
+  ancestor block into the slots the nodes occupy), shared by every layer and head, and enters attention as the
+  same `where` on the scores, which XLA fuses into the softmax: a tree costs what a plain verify of N tokens costs.
   A layout that puts the key axis anywhere but last, or repeats the mask per head or head_dim (sglang-jax's
   TPU kernel did, 61x slower than causal until it stored keys on the lane axis), pays a transpose per block.
   A fused kernel (Pallas, FlashInfer) would instead take `lengths` for the prefix (no mask) and the small
   [B, N, N] block for the tree, as sglang's and vLLM's tree-attention backends do.
 
   Args:
-    lengths: [B] int32 positions cached before the tree (node n at slot lengths + n).
-    depths: [B, N] int32 depth of each node (0: the root).
-    ancestors: [B, N, N] bool, [b, n, m] True where m is an ancestor of n or n itself.
+    lengths: [B] int32 slots written before this call (the tree's first node at slot base = lengths - P).
+    depths: [B, P + N] int32 depth of each tree node, earlier ones first (depth 0 sits at position base).
+    ancestors: [B, N, P + N] bool, [b, n, m] True where tree node m is an ancestor of new node P + n or that node.
     cache_len: C, cache slots (static).
   Returns:
-    query_pos [B, N] int32 (lengths + depths), key_pos [B, C] int32 (the position of the key in each slot:
-    the slot itself for the prefix, lengths + depths[m] for node m; past the tree, the slot), and
-    allowed [B, N, C] bool (prefix slots, and the slots of each node's ancestors). Windows (a key within W
+    query_pos [B, N] int32 (base + depths of the new nodes), key_pos [B, C] int32 (the position of the key in
+    each slot: the slot itself for the prefix, base + depths[m] for tree node m; past the tree, the slot), and
+    allowed [B, N, C] bool (prefix slots < base, and the slots of each node's ancestors). Windows (a key within W
     positions of its query) are the family's to add, from query_pos and key_pos.
   """
-  n = depths.shape[1]
+  n, total = ancestors.shape[1], ancestors.shape[2]
+  base = lengths - (total - n)  # [B] the tree's first slot
   slots = jnp.arange(cache_len)  # [C]
-  node = slots[None, :] - lengths[:, None]  # [B, C] node index of each slot (in the tree where 0 <= node < N)
-  in_tree = (node >= 0) & (node < n)
-  node = jnp.clip(node, 0, n - 1)
-  query_pos = lengths[:, None] + depths  # [B, N]
-  key_pos = jnp.where(in_tree, lengths[:, None] + jnp.take_along_axis(depths, node, axis=1), slots[None, :])
-  in_prefix = slots[None, :] < lengths[:, None]  # [B, C]
+  node = slots[None, :] - base[:, None]  # [B, C] tree node of each slot (in the tree where 0 <= node < P + N)
+  in_tree = (node >= 0) & (node < total)
+  node = jnp.clip(node, 0, total - 1)
+  query_pos = base[:, None] + depths[:, total - n:]  # [B, N]
+  key_pos = jnp.where(in_tree, base[:, None] + jnp.take_along_axis(depths, node, axis=1), slots[None, :])
+  in_prefix = slots[None, :] < base[:, None]  # [B, C]
   tree_allowed = jnp.take_along_axis(ancestors, jnp.broadcast_to(node[:, None, :], (node.shape[0], n, cache_len)),
                                      axis=2)  # [B, N, C]
   allowed = in_prefix[:, None, :] | (in_tree[:, None, :] & tree_allowed)

@@ -255,3 +255,25 @@ def test_every_family_is_a_tree_decoder():
     decoder, _, cache, _ = setup(family)
     assert isinstance(decoder, contract.TreeDecoder) and isinstance(cache, contract.DecoderCache)
     assert set(type(cache).position_fields) <= {f for f in type(cache).__dataclass_fields__}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_tree_fed_in_two_calls_is_one_call(family):
+  """A tree fed depth by depth (a drafter growing it): the second call's nodes, given the first call's nodes as
+  earlier ones (depths [B, P + N], ancestors [B, N, P + N]), get the logits and cache of one call over the
+  whole tree; without their earlier ancestors (P = 0) they would not."""
+  decoder, params, cache, vocab = setup(family)
+  depths, ancestors = tree_arrays(PARENTS)
+  tokens = np.random.RandomState(5).randint(3, vocab, size=PARENTS.shape).astype(np.int32)
+  want, want_cache = step_tree(decoder)(params, cache, jnp.asarray(tokens), jnp.asarray(depths),
+                                        jnp.asarray(ancestors))
+  p = 3  # nodes 0..2 first, then the rest (parents before children in both rows)
+  first, mid = step_tree(decoder)(params, cache, jnp.asarray(tokens[:, :p]), jnp.asarray(depths[:, :p]),
+                                  jnp.asarray(ancestors[:, :p, :p]))
+  second, got_cache = step_tree(decoder)(params, mid, jnp.asarray(tokens[:, p:]), jnp.asarray(depths),
+                                         jnp.asarray(ancestors[:, p:, :]))
+  np.testing.assert_allclose(np.concatenate([first, second], axis=1), want, rtol=1e-5, atol=1e-5)
+  assert_same_cache(got_cache, want_cache, np.asarray(want_cache.lengths))
+  alone, _ = step_tree(decoder)(params, mid, jnp.asarray(tokens[:, p:]), jnp.asarray(depths[:, p:]),
+                                jnp.asarray(ancestors[:, p:, p:]))  # negative control: no earlier nodes
+  assert not np.allclose(alone, want[:, p:], rtol=1e-3, atol=1e-3)

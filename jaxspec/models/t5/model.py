@@ -251,6 +251,8 @@ def decode_tree(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, 
 
   Args:
     tokens: [B, N] int decoder ids; depths: [B, N] int32; ancestors: [B, N, N] bool (a node is its own ancestor).
+      With P nodes of the same tree fed by earlier calls: depths [B, P + N], ancestors [B, N, P + N]
+      (`contract.TreeDecoder.step_tree`).
   Returns:
     logits [B, N, V] float32 and the cache.
   """
