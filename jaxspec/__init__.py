@@ -1,14 +1,14 @@
 """jaxspec: exact speculative decoding (Leviathan, Kalman, Matias, ICML 2023) in JAX, for T5 and decoder-only LLMs.
 
 The public core: `load` / `save`, `generate` (and `lower`: its programs), the settings it takes (`Sampling`,
-`Speculation`), the errors it raises, the theory of Theorem
+`Speculation`, `Tree`), the errors it raises, the theory of Theorem
 3.8, and meshes. `tune` (the tuner, jaxspec.bench) is loaded on first use: `import jaxspec` imports no training,
 measurement or command-line code (docs/layers.md).
 """
 
 from jaxspec.checkpoint import load, save
 from jaxspec.decoding import (DecodeStats, GenerateOutput, LoweredCall, NGramDraft, Sampling, Speculation, TokenChunk,
-                              best_gamma, expected_iterations, expected_speedup, expected_speedup_for_workload,
+                              Tree, best_gamma, expected_iterations, expected_speedup, expected_speedup_for_workload,
                               expected_tokens_per_iteration, generate, lower)
 from jaxspec.errors import (CacheTooLargeError, CheckpointError, InputError, JaxspecError, NonFiniteLogitsError,
                             OutputError, SettingsError)
@@ -32,7 +32,7 @@ def __getattr__(name: str):
 __all__ = ["__version__", "CacheTooLargeError", "CheckpointError", "DecodeStats", "Decoder", "DecoderCache",
            "FeatureHead", "GenerateOutput", "InputError", "JaxspecError", "LoweredCall", "Model", "ModelConfig", "NGramDraft",
            "NonFiniteLogitsError", "OutputError", "Sampling", "SettingsError", "Speculation", "T5Config", "TokenChunk",
-           "best_gamma",
+           "Tree", "best_gamma",
            "expected_iterations", "expected_speedup", "expected_speedup_for_workload",
            "expected_tokens_per_iteration", "generate", "load", "lower", "save", "tune",
            # Scaling out (docs/scaling.md).

@@ -29,6 +29,8 @@ cli_flags.define_models(target="ende-target", draft="ende-draft")
 cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512, auto_gamma=True)
 flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma=auto is translate.py's (it "
                          "calibrates on the inputs); generate.py takes an integer >= 1")
+flags.register_validator("tree", lambda v: v != cli_flags.AUTO, message="--tree=auto is translate.py's (it "
+                         "calibrates on the inputs); generate.py takes 'K,N' or ''")
 resume.define_flags()
 cli_flags.define_sampling()
 cli_flags.define_mesh()

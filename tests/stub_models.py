@@ -7,6 +7,7 @@ chain, so the exact probability of every output sequence can be enumerated.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from jaxspec.models.contract import CachePositions
 class StubCache(CachePositions):
   lengths: jax.Array  # [B] int32
   offsets: jax.Array  # [B] int32 zeros
+  position_fields: ClassVar[dict[str, int]] = {}  # no per-position arrays: `compact` only sets lengths
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +39,13 @@ class MarkovDecoder:
     positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])[None]
     logits = params["table"][tokens] + params["position_bias"][positions]
     return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + tokens.shape[1])
+
+  def step_tree(self, params, cache, tokens, depths, ancestors):
+    """A tree's nodes (`TreeDecoder.step_tree`): each node's logits depend on its token and position only."""
+    n, total = ancestors.shape[1], ancestors.shape[2]
+    positions = cache.lengths[:, None] - (total - n) + depths[:, total - n:]
+    logits = params["table"][tokens] + params["position_bias"][positions]
+    return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + n)
 
 
 def np_warp(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:

@@ -1,8 +1,8 @@
 """absl flags shared by the launch scripts, validated when the command line is parsed (before any model loads).
 
     cli_flags.define_models()          # --target, --draft
-    cli_flags.define_decoding(gamma=3) # --gamma, --max_new_tokens, --max_input_length, --batch_size
-                                       # (auto_gamma=True: --gamma also takes 'auto', for a measured choice)
+    cli_flags.define_decoding(gamma=3) # --gamma, --tree, --max_new_tokens, --max_input_length, --batch_size
+                                       # (auto_gamma=True: --gamma and --tree also take 'auto', measured)
     cli_flags.define_sampling()        # --temperature, --top_k, --top_p, --seed
     cli_flags.sampling(), cli_flags.speculation(draft), cli_flags.run_kwargs()  # the parsed flags, typed
     cli_flags.define_mesh()            # --mesh data:D,model:M
@@ -72,15 +72,44 @@ class _GammaParser(flags.ArgumentParser):
     return f"integer >= 1 or '{AUTO}'"
 
 
+class _TreeParser(flags.ArgumentParser):
+  """'' (chains), 'K,N' (a `jaxspec.Tree(top_k=K, nodes=N)`, checked as it is made), or with auto 'auto'."""
+
+  def __init__(self, auto: bool):
+    self.auto = auto
+
+  def parse(self, argument):
+    import jaxspec  # pylint: disable=import-outside-toplevel
+    if argument is None or isinstance(argument, jaxspec.Tree):
+      return argument
+    text = str(argument).strip()
+    if text in ("", "none"):
+      return None
+    if text == AUTO and self.auto:
+      return AUTO
+    parts = text.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+      raise ValueError(f"expected 'K,N' (top_k, nodes){f' or {AUTO!r}' if self.auto else ''}, got {argument!r}")
+    return jaxspec.Tree(top_k=int(parts[0]), nodes=int(parts[1]))  # SettingsError (a ValueError) names the field
+
+  def flag_type(self) -> str:
+    return "'K,N' (top_k,nodes)" + (f" or '{AUTO}'" if self.auto else "")
+
+
 def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: int = 64,
                     max_input_length: int = 128, gamma_flag: bool = True, auto_gamma: bool = False) -> None:
-  """--gamma (an integer >= 1; with auto_gamma also 'auto'), --max_new_tokens, --max_input_length and
-  --batch_size, each an integer >= 1."""
+  """--gamma (an integer >= 1; with auto_gamma also 'auto'), --tree ('' for chains, 'K,N'; with auto_gamma also
+  'auto'), --max_new_tokens, --max_input_length and --batch_size, each an integer >= 1."""
   if gamma_flag and auto_gamma:
     flags.DEFINE(_GammaParser(), "gamma", gamma, f"Draft tokens per iteration, or '{AUTO}': measure drafts x gammas x "
                  "schedules on the first inputs and use the fastest (plain decoding when none wins).")
   elif gamma_flag:
     flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
+  if gamma_flag:
+    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model): 'K,N' drafts a tree of depth "
+                 "--gamma, expanding the K best nodes per depth and keeping the N best (jaxspec.Tree(top_k=K, "
+                 "nodes=N)); '' drafts chains" + (f"; '{AUTO}' lets the tuner choose a tree or a chain with --gamma="
+                                                   f"{AUTO}." if auto_gamma else "."))
   flags.DEFINE_integer("max_new_tokens", max_new_tokens, "Tokens generated per input at most.", lower_bound=1)
   flags.DEFINE_integer("max_input_length", max_input_length, "Longest input in tokens (EOS included).",
                        lower_bound=1)
@@ -170,9 +199,12 @@ def sampling():
 
 
 def speculation(draft):
-  """A `jaxspec.Speculation` of `draft` with --gamma (None when draft is None: plain decoding)."""
+  """A `jaxspec.Speculation` of `draft` with --gamma and --tree (None when draft is None: plain decoding)."""
   import jaxspec  # pylint: disable=import-outside-toplevel
-  return None if draft is None else jaxspec.Speculation(draft, gamma=FLAGS.gamma)
+  tree = FLAGS.tree if "tree" in FLAGS else None
+  if draft is None:
+    return None
+  return jaxspec.Speculation(draft, gamma=FLAGS.gamma, tree=None if tree == AUTO else tree)
 
 
 def run_kwargs() -> dict:

@@ -20,10 +20,10 @@
   max_input_length, prefix and chat.
 
 Settings that never change a line need nothing: batch size (see docs/reliability.md for the sampled adaptive
-schedules), --compare, --long_inputs. The draft and gamma never change greedy output (it is exactly the target's),
+schedules), --compare, --long_inputs. The draft, gamma and tree never change greedy output (it is exactly the target's),
 so at temperature 0 they may change freely; when sampling they change which sample is drawn (each line is still an
 exact sample of the target's distribution, but the file is no longer what one setting reproduces), so a resume
-with another draft or gamma is refused unless `allow_new_settings` (--resume_with_new_settings) is given.
+with another draft, gamma or tree is refused unless `allow_new_settings` (--resume_with_new_settings) is given.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ HASH_CHARS = 8  # hex characters kept per input line (32 bits: an edit goes unse
 _MODEL_FILES = 256  # files of a model directory fingerprinted at most (names, sizes, mtimes)
 TEXT_SETTINGS = ("temperature", "top_k", "top_p", "seed", "max_new_tokens", "max_input_length", "prefix", "chat")
 SAMPLING_ONLY = ("top_k", "top_p", "seed")  # ignored by greedy decoding (temperature 0)
-SPECULATION = ("draft", "gamma")  # change the sample drawn when sampling, never greedy output
+SPECULATION = ("draft", "gamma", "tree")  # change the sample drawn when sampling, never greedy output
 _EMBEDDED = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "embedded")
 
 
@@ -64,7 +64,7 @@ def lock_path(output: str) -> str:
 def define_flags() -> None:
   """--resume_with_new_settings (generate.py, translate.py)."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  flags.DEFINE_boolean("resume_with_new_settings", False, "Resume an --output written with another --draft or "
+  flags.DEFINE_boolean("resume_with_new_settings", False, "Resume an --output written with another --draft, --tree or "
                        "--gamma while sampling (lines stay exact samples, drawn differently). Settings that "
                        "change the text (input lines, --target, --temperature, --top_k, --top_p, --seed, "
                        "--max_new_tokens, --max_input_length, --prefix, --chat) are never resumed across.")
@@ -184,7 +184,7 @@ def _model_key(fp: dict | None):
 
 
 def run_record(texts: Sequence[str], input_spec: str, *, target: str, draft: str | None = None, gamma=None,
-               temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+               tree=None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
                max_new_tokens: int | None = None, max_input_length: int | None = None, prefix: str = "",
                chat: bool = False) -> dict:
   """What produced an output: the input's lines (hashed), the models and the settings (see the module docstring)."""
@@ -197,15 +197,22 @@ def run_record(texts: Sequence[str], input_spec: str, *, target: str, draft: str
             "input": {"path": "<stdin>" if input_spec in ("", STDIN) else os.path.abspath(input_spec),
                       "lines": len(texts), "line_hashes": line_hashes(texts)},
             "target": model_fingerprint(target), "settings": settings,
-            "speculation": {"draft": draft or "", "gamma": gamma,
+            "speculation": {"draft": draft or "", "gamma": gamma, "tree": _tree_text(tree),
                             "draft_models": [model_fingerprint(n.removeprefix("random:")) for n in drafts]}}
   return json.loads(json.dumps(record))  # as it reads back from the file
+
+
+def _tree_text(tree) -> str:
+  """--tree as recorded: '' (chains), 'K,N' or 'auto'."""
+  if tree is None:
+    return ""
+  return tree if isinstance(tree, str) else f"{tree.top_k},{tree.nodes}"
 
 
 def record_from_flags(texts: Sequence[str], input_spec: str) -> dict:
   """`run_record` of the script's flags (those it defines)."""
   from absl import flags  # pylint: disable=import-outside-toplevel
-  names = ("target", "draft", "gamma") + TEXT_SETTINGS
+  names = ("target", "draft", "gamma", "tree") + TEXT_SETTINGS
   return run_record(texts, input_spec, **{n: flags.FLAGS[n].value for n in names if n in flags.FLAGS})
 
 
@@ -229,6 +236,8 @@ def _settings_changes(old: dict, new: dict) -> tuple[list[str], list[str]]:
       sample.append(f"--draft {old_spec.get('draft')!r} -> {new_spec['draft']!r}")
     if old_spec.get("gamma") != new_spec["gamma"]:
       sample.append(f"--gamma {old_spec.get('gamma')!r} -> {new_spec['gamma']!r}")
+    if old_spec.get("tree", "") != new_spec.get("tree", ""):
+      sample.append(f"--tree {old_spec.get('tree', '')!r} -> {new_spec.get('tree', '')!r}")
   return text, sample
 
 

@@ -113,11 +113,18 @@ class VocabResized:
 
   def step(self, params, cache, tokens):
     logits, cache = self.inner.step(params, cache, tokens)
+    return self._resized(logits), cache
+
+  def step_tree(self, params, cache, tokens, depths, ancestors):
+    logits, cache = self.inner.step_tree(params, cache, tokens, depths, ancestors)
+    return self._resized(logits), cache
+
+  def _resized(self, logits):
     v = logits.shape[-1]
     if v >= self.vocab_size:
-      return logits[..., :self.vocab_size], cache
+      return logits[..., :self.vocab_size]
     pad = jnp.full(logits.shape[:-1] + (self.vocab_size - v,), -jnp.inf, logits.dtype)
-    return jnp.concatenate([logits, pad], axis=-1), cache
+    return jnp.concatenate([logits, pad], axis=-1)
 
 
 def draft_decoder(target: Model, draft: Model) -> Decoder:

@@ -17,6 +17,9 @@ decoding); the loop only carries it. Implementations, one module each:
   - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot);
   - `head_drafter.HeadDrafter`: a feature head (EAGLE-3) reading the target's hidden states.
 
+Trees. A drafter that also implements `TreeDrafter.propose_tree` (a draft model: `ModelDrafter`) can propose a
+token tree instead of a chain (`Speculation(tree=jaxspec.Tree(top_k, nodes))`): see `TreeDrafter`.
+
 Features. A drafter whose static `feature_layers` is non-empty reads the target's hidden states of those layers
 (`jaxspec.models.contract.FeatureDecoder`): the loop's prefill then calls the target's `prefill_features` and
 passes the prompt's features [B, S', F] to `init`, and each verify call is the target's `step_features`, whose
@@ -44,6 +47,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding.sampling import SamplingKnobs
+from jaxspec.decoding.tree import Tree, TreeProposal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +58,7 @@ class ProposalSettings:
   cache_len: int  # Positions per row a drafter's cache holds from the loop's first token on.
   greedy: bool  # Temperature 0: drafts are argmaxes, q is not needed.
   filtering: bool  # Top-k / top-p active: the same warping as the target's.
+  tree: Tree | None = None  # A token tree of this shape and depth gamma (`TreeDrafter.propose_tree`); None: chains.
 
 
 @struct.dataclass
@@ -114,6 +119,22 @@ class Drafter(Protocol):
     [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b; params the
     drafter's weights; features [B, W, F] the target's features of the W positions the verify call fed (the last
     token, then the drafts: position lengths - 1 + j of history for j < W; None without feature_layers)."""
+    ...
+
+
+@runtime_checkable
+class TreeDrafter(Drafter, Protocol):
+  """A drafter that can also propose a token tree (EAGLE-2's dynamic tree; docs/trees.md): with
+  `Speculation(tree=jaxspec.Tree(...))` the loop calls `propose_tree` instead of `propose` each iteration (schedule
+  "constant": every row drafts its whole tree), verifies every node in one `step_tree` call of the target and
+  passes the usual `settle` a proposal whose `after` is `TreeProposal.after`, with `accepted` the drafted nodes
+  kept on the accepted path."""
+
+  def propose_tree(self, params: Any, state: Any, history: History, static: ProposalSettings, knobs: SamplingKnobs,
+                   keys: jax.Array) -> TreeProposal:
+    """A tree of static.tree.nodes + 1 nodes per row (the root first: the loop's last token), depth <= gamma,
+    parents before children, siblings in decreasing draft score; chosen from the drafter's information only
+    (never the target's verdict), which keeps both acceptance rules exact (tree_verify.py)."""
     ...
 
 

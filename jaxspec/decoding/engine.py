@@ -83,11 +83,14 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
   drafter, draft_model, head_params = _drafter(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   cfg = target.config
+  gamma, tree = (0, None) if speculation is None else (speculation.gamma, speculation.tree)
+  if tree is not None and tree.top_k == 1:  # a tree of one child per node is the chain: the chain loop runs it
+    gamma, tree = tree.nodes, None
   settings = loop.LoopSettings(
-      target=target.decoder(), drafter=drafter, gamma=0 if speculation is None else speculation.gamma,
+      target=target.decoder(), drafter=drafter, gamma=gamma,
       max_new_tokens=int(max_new_tokens), greedy=sampling.greedy, filtering=sampling.filtering,
       eos_ids=tuple(cfg.eos_token_ids), pad_id=cfg.pad_token_id,
-      schedule="constant" if speculation is None else speculation.schedule, streaming=stream)
+      schedule="constant" if speculation is None else speculation.schedule, streaming=stream, tree=tree)
   return _Call(settings, ids, lengths, draft_model, speculation, sampling, head_params)
 
 

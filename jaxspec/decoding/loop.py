@@ -45,8 +45,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, sampling, streaming, verify
+from jaxspec.decoding import adaptive, sampling, streaming, tree_verify, verify
 from jaxspec.decoding.drafter import Drafter, History, Proposal, ProposalSettings
+from jaxspec.decoding.tree import Tree, TreeProposal
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, write_rows
 
@@ -65,11 +66,20 @@ class LoopSettings:
   pad_id: int  # Fills `sequences` past each row's end.
   schedule: str = "constant"  # adaptive.SCHEDULES: how many tokens each row drafts ("constant" when plain).
   streaming: bool = False  # Send each iteration's tokens to the host (an ordered io_callback).
+  tree: Tree | None = None  # Draft a token tree of this shape and depth gamma each iteration (schedule "constant").
+
+  @property
+  def slack(self) -> int:
+    """Positions a call may write past a row's last token: gamma (a chain's block), or for a tree the most of
+    its nodes (the target's verify call) and of the beam nodes a draft model feeds (top_k per depth but the last)."""
+    if self.tree is None:
+      return self.gamma
+    return max(self.gamma, self.tree.nodes, self.tree.top_k * (self.gamma - 1) + 1)
 
   @property
   def cache_len(self) -> int:
-    """Loop positions per row: first token + max_new_tokens + slack for a gamma + 1 block."""
-    return self.max_new_tokens + self.gamma + 1
+    """Loop positions per row: first token + max_new_tokens + slack for a gamma + 1 block (or a tree)."""
+    return self.max_new_tokens + self.slack + 1
 
   @property
   def seq_len(self) -> int:
@@ -78,7 +88,7 @@ class LoopSettings:
   @property
   def proposal(self) -> ProposalSettings:
     return ProposalSettings(gamma=self.gamma, cache_len=self.cache_len, greedy=self.greedy,
-                            filtering=self.filtering)
+                            filtering=self.filtering, tree=self.tree)
 
   @property
   def scheduled(self) -> bool:
@@ -197,6 +207,31 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, pr
   return jax.lax.cond(jnp.any(counts > 0), lambda c: score(c, gamma + 1), lambda c: score(c, 1), cache)
 
 
+def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: TreeProposal,
+                 knobs: sampling.SamplingKnobs, keys: jax.Array):
+  """The target's call over every node of the tree and its verdict, as a chain's: (verify.Verdict with the
+  accepted depths' beta 1 and the first rejected depth's 0, the path's drafts [B, G], bad [B] bool, the target
+  cache compacted to the accepted path). The cache at the top of an iteration holds every token but the root
+  (the last one), so the tree's root sits at slot base = cache.lengths."""
+  gamma, base = settings.gamma, cache.lengths
+  with jax.named_scope("target_step"):
+    logits, cache = settings.target.step_tree(params, cache, proposal.tokens, proposal.depths, proposal.ancestors)
+  if settings.greedy:
+    found = tree_verify.accept_tree_greedy(proposal.tokens, proposal.parents, logits, path_size=gamma + 1)
+  else:
+    p = sampling.warp_probs(logits, knobs, settings.filtering)
+    found = tree_verify.accept_tree_sampled(keys, proposal.tokens, proposal.parents, p, path_size=gamma + 1)
+  # Non-finite logits fail a row only on its path (what plain decoding would have computed).
+  on_path = jnp.take_along_axis(logits, found.path[:, :, None], axis=1)  # [B, G + 1, V]
+  kept = jnp.arange(gamma + 1)[None] < found.path_len[:, None]
+  bad = jnp.any((jnp.isnan(on_path) | (on_path == jnp.inf)) & kept[:, :, None], axis=(1, 2))
+  n = found.num_accepted
+  beta = (jnp.arange(gamma)[None] < n[:, None]).astype(jnp.float32)
+  drafts = jnp.take_along_axis(proposal.tokens, found.path[:, 1:], axis=1)  # [B, G]; junk past n
+  verdict = verify.Verdict(num_accepted=n, next_token=found.next_token, beta=beta)
+  return verdict, drafts, bad, cache.compact(base, found.path, found.path_len)
+
+
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
                spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, kind: _Kind,
                state: LoopState) -> LoopState:
@@ -205,18 +240,25 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   step_keys = sampling.fold(state.keys, state.step)
   draft_keys, verify_keys = sampling.fold(step_keys, 0), sampling.fold(step_keys, 1)
 
-  proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
-  last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-  verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache, last, proposal,
-                                                 knobs, verify_keys, kind.width)
+  if settings.tree is None:
+    proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
+    last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
+    verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache, last, proposal,
+                                                   knobs, verify_keys, kind.width)
+    drafts = proposal.tokens
+  else:
+    proposal, resting, features = settings.drafter.propose_tree(  # type: ignore[attr-defined]
+        draft_params, state.draft_state, state.history, settings.proposal, knobs, draft_keys), None, None
+    verdict, drafts, bad, target_cache = _verify_tree(settings, target_params, state.target_cache, proposal, knobs,
+                                                      verify_keys)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted
-  drafted = jnp.full((batch,), gamma, jnp.int32) if proposal.counts is None else proposal.counts
+  drafted = jnp.full((batch,), gamma, jnp.int32) if settings.tree or proposal.counts is None else proposal.counts
 
   # The emitted block: accepted drafts, then the correction/bonus token at index n; cut at EOS and budget.
   positions = jnp.arange(gamma + 1)[None]  # [1, G + 1]
-  block = jnp.concatenate([proposal.tokens, jnp.zeros((batch, 1), jnp.int32)], axis=1)
+  block = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   has_eos = jnp.any(is_eos, axis=1)

@@ -51,13 +51,13 @@ def check_fits(settings, where, target, draft, batch: int, width: int, headroom:
   free memory of a device that holds the target. Reads the call's placement; transfers nothing.
 
   Args:
-    settings: the loop's static settings (max_new_tokens, gamma, greedy).
+    settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy).
     where: the call's `placement.Placement` (None on one device).
     target, draft: the call's target and draft model (None: no draft model).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
   """
   shape = (1, 1) if where is None else where.shape
-  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
+  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.slack, target.dtype,
                      draft=None if draft is None else draft.config,
                      rules=DEFAULT_RULES if where is None else where.target_rules,
                      draft_rules=DRAFT_RULES if where is None else where.draft_rules,

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, chain, sampling
+from jaxspec.decoding import adaptive, chain, sampling, tree
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
 from jaxspec.models.contract import Decoder
 
@@ -47,12 +47,15 @@ class Drafted:
 
 
 def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any, sequences: jax.Array,
-             lengths: jax.Array, needed: jax.Array, variable: bool) -> tuple[jax.Array, Any, jax.Array]:
+             lengths: jax.Array, needed: jax.Array, variable: bool, refeed: bool | None = None
+             ) -> tuple[jax.Array, Any, jax.Array]:
   """One draft call feeding each row from its cache position on (see the module docstring).
 
   Args:
     sequences: [B, N] the loop's tokens; lengths: [B]; needed: [B] bool rows that draft (their lag picks W).
     variable: static; False compiles only the 1- and 2-token calls (the lag is then at most 1).
+    refeed: static; whether to compile the re-feed from position 0 (default: variable). A tree drafter lags at
+      most gamma tokens (it keeps none of its tree), so it compiles the gamma + 1 call but no re-feed.
   Returns:
     (logits [B, V] after each row's last token (junk for rows still behind), cache at positions base,
     base [B] int32 = min(start + W, L)).
@@ -60,7 +63,8 @@ def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any
   dlen = cache.positions
   lag = jnp.max(jnp.where(needed, lengths - 1 - dlen, 0))
   widths = [1, 2] + ([static.gamma + 1] if variable and static.gamma > 1 else [])
-  branches = [(w, False) for w in widths] + ([(static.cache_len, True)] if variable else [])
+  refeed = variable if refeed is None else refeed
+  branches = [(w, False) for w in widths] + ([(static.cache_len, True)] if refeed else [])
 
   def feed(width: int, from_start: bool):
     def call(cache):
@@ -107,6 +111,26 @@ class ModelDrafter:
     after = proposal.after
     kept = jnp.where(after.base == history.lengths, history.lengths + jnp.minimum(accepted, after.steps), after.base)
     return after.cache.rollback(jnp.minimum(kept, lengths - 1))
+
+  def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
+    """A tree of static.tree's shape and depth gamma per row (`tree.draft_tree`): one catch-up call, then the
+    beam of each depth fed once through the draft's `step_tree`. `settle` drops the tree from the cache (the
+    catch-up of the next iteration feeds the accepted tokens, at most gamma + 1)."""
+    del keys  # the tree is the draft's top candidates: nothing is drawn
+    first, cache, base = catch_up(self.decoder, static, params, state, history.sequences, history.lengths,
+                                  ~history.done, variable=True, refeed=False)
+    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
+
+    def beam_step(cache, tokens, depths, ancestors):
+      with jax.named_scope("draft_step"):
+        logits, cache = self.decoder.step_tree(params, cache, tokens, depths, ancestors)
+      return rank(logits), cache
+
+    root = jnp.take_along_axis(history.sequences, (history.lengths - 1)[:, None], axis=1)[:, 0]
+    (tokens, parents, depths, ancestors), cache = tree.draft_tree(root, rank(first), beam_step, cache, static.tree,
+                                                                  static.gamma)
+    return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors,
+                             after=Drafted(cache=cache, base=base, steps=jnp.int32(0)))
 
   def _step(self, params: Any):
     """The chain's step (chain.Step): one token per row [B] fed to the draft model."""

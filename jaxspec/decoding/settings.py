@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Union
 
 import numpy as np
 
+from jaxspec.decoding.tree import Tree
 from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
@@ -96,6 +97,9 @@ class Speculation:
     (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model, head_drafter.HEAD_DRAFT_COST for a head).
   prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: every row starts by drafting);
     `jaxspec.tune` passes the draft's measured acceptance.
+  tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft model
+    proposes a token tree of depth gamma (EAGLE-2's dynamic tree) and the target verifies every node in one call
+    (docs/trees.md). Needs a draft model and schedule "constant"; top_k=1 is the chain of `nodes` tokens.
 
   Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
   """
@@ -108,6 +112,7 @@ class Speculation:
   probe_interval: int = 4
   draft_cost: float | None = None
   prior_alpha: float = 1.0
+  tree: Tree | None = None
 
   def __post_init__(self):
     from jaxspec.decoding.ngram import NGramDraft  # pylint: disable=import-outside-toplevel
@@ -129,6 +134,14 @@ class Speculation:
     _require(self.schedule != "constant" or (c == 0 and f == 0),
              "Speculation.draft_confidence and fallback_alpha need schedule='heuristic' or 'adaptive': "
              "schedule='constant' drafts gamma tokens every iteration.")
+    if self.tree is not None:
+      _require(isinstance(self.tree, Tree), f"Speculation.tree must be a jaxspec.Tree(top_k, nodes) or None, got "
+               f"{type(self.tree).__name__}.")
+      _require(self.schedule == "constant", f"Speculation.tree drafts a whole tree every iteration: it needs "
+               f"schedule='constant', got {self.schedule!r}.")
+      _require(isinstance(self.draft, Model), f"Speculation.tree needs a draft model (jaxspec.Model): a "
+               f"{type(self.draft).__name__} drafts chains only.")
+      self.tree.check_depth(g)
 
   def replace(self, **changes) -> "Speculation":
     """A checked copy with some fields changed."""

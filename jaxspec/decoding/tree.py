@@ -23,12 +23,14 @@ Shape letters: B rows, K top_k, V vocabulary, M candidates in the pool, N = node
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from jaxspec.decoding import sampling
 from jaxspec.errors import SettingsError
 
 MAX_TOP_K = 64  # k^2 candidates per depth; EAGLE-2 uses 8 to 10
@@ -171,3 +173,58 @@ def build_tree(root_tokens: jax.Array, logprobs: list[jax.Array], tree: Tree
   for lp in logprobs[1:]:
     state = grow(state, lp)
   return select(state, tree.nodes)
+
+
+@struct.dataclass
+class TreeProposal:
+  """One iteration's tree of drafts per row (what a tree drafter's `propose_tree` returns to the loop)."""
+
+  tokens: jax.Array  # [B, N] int32 node tokens; node 0 is the root, the loop's last token (not a draft).
+  parents: jax.Array  # [B, N] int32 parent node of each node (-1 at the root).
+  depths: jax.Array  # [B, N] int32 (0 at the root; the deepest node has depth <= gamma).
+  ancestors: jax.Array  # [B, N, N] bool (a node is its own ancestor).
+  after: Any  # The drafter's state after proposing, as its `settle` reads it.
+
+
+def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Callable, state: Any, tree: Tree,
+               depth: int) -> tuple[tuple[jax.Array, jax.Array, jax.Array, jax.Array], Any]:
+  """EAGLE-2's tree grown by a drafter that scores the beam depth by depth, each beam node fed once.
+
+  Depth 1 comes from the root's log-probabilities; then, for each depth d = 1 .. depth - 1, the K beam nodes of
+  depth d are fed in one call, `beam_step(state, tokens [B, K], depths [B, P + K], ancestors [B, K, P + K])
+  -> (logprobs [B, K, V], state)`, where the P = K (d - 1) earlier columns are the beams fed before (depth 1
+  first) and depths count from 0 at depth 1 (the call's first tree slot; `TreeDecoder.step_tree` with earlier
+  nodes). Every candidate's parent is a beam node of the depth above, so a beam node's ancestors are all fed.
+  Unrolled over depths (each call has its own static width); depth - 1 calls of K tokens in all.
+
+  Args:
+    root_tokens: [B] int32 the loop's last token; root_logprobs: [B, V] the drafter's log-probabilities after it.
+    depth: D expansions (the speculation's gamma, static); tree.check_depth(depth) must hold.
+  Returns:
+    ((tokens, parents, depths, ancestors) as `select`, state after the last call).
+  """
+  k = tree.top_k
+  pool = start(root_tokens, root_logprobs, k, depth)
+  batch = root_tokens.shape[0]
+  eye = jnp.broadcast_to(jnp.eye(k, dtype=bool), (batch, k, k))
+  rows, fed_depths, previous = eye, jnp.zeros((batch, k), jnp.int32), None  # ancestors of the beam over fed nodes
+  for d in range(1, depth):
+    if previous is not None:
+      parent_slots = jnp.take_along_axis(pool.parents, pool.beam, axis=1)  # [B, K]
+      parent = jnp.argmax(parent_slots[:, :, None] == previous[:, None, :], axis=2)  # [B, K] index in old beam
+      inherited = jnp.take_along_axis(rows, parent[:, :, None], axis=1)  # [B, K, P]
+      rows = jnp.concatenate([inherited, eye], axis=2)
+      fed_depths = jnp.concatenate([fed_depths, jnp.full((batch, k), d - 1, jnp.int32)], axis=1)
+    logprobs, state = beam_step(state, pool.beam_tokens, fed_depths, rows)
+    previous = pool.beam
+    pool = grow(pool, logprobs)
+  return select(pool, tree.nodes), state
+
+
+def draft_logprobs(logits: jax.Array, greedy: bool, filtering: bool, knobs: sampling.SamplingKnobs) -> jax.Array:
+  """[..., V] the draft's log-probabilities that rank a tree's candidates: of the raw logits at temperature 0,
+  else of the warped distribution the target samples from (tokens it filters out score -inf). Any ranking keeps
+  the output exact (the tree depends on the draft only); this one tries what sampling would draw."""
+  if greedy:
+    return jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return jnp.log(sampling.warp_probs(logits, knobs, filtering))

@@ -156,12 +156,13 @@ def test_sampled_resumes_need_the_flag_for_another_draft_or_gamma(tmp_path, mode
   greedy = tmp_path / "greedy.txt"
   _write(greedy, 1, target=model_dir)
   assert _write(greedy, 1, target=model_dir, draft="", gamma=5, seed=4, top_k=3) == 1
+  assert _write(greedy, 1, target=model_dir, tree=jaxspec.Tree(2, 4)) == 2
   sampled = tmp_path / "sampled.txt"
   _write(sampled, 1, target=model_dir, temperature=0.7, seed=1)
   for kw in (dict(seed=2), dict(top_k=5), dict(top_p=0.5)):
     with pytest.raises(OutputError, match="written with other settings"):
       _open(sampled, target=model_dir, temperature=0.7, **dict(dict(seed=1), **kw))
-  for kw in (dict(gamma=2), dict(draft="random:ende-draft")):
+  for kw in (dict(gamma=2), dict(draft="random:ende-draft"), dict(tree=jaxspec.Tree(2, 4))):
     with pytest.raises(OutputError, match="--resume_with_new_settings"):
       _open(sampled, target=model_dir, temperature=0.7, seed=1, **kw)
   assert _write(sampled, 1, target=model_dir, temperature=0.7, seed=1, gamma=2, allow=True) == 1

@@ -13,8 +13,8 @@ def models(tmp_path_factory):
 
 def test_stdin_prompts_give_one_line_each_and_the_speed_summary(models, tmp_path):
   out = tmp_path / "out.txt"
-  res = run_script(["launch/generate.py", f"--output={out}", "--gamma=2", "--batch_size=2"] + models,
-                   stdin=b"The house is small.\n\nThank you.\n")
+  res = run_script(["launch/generate.py", f"--output={out}", "--gamma=2", "--tree=2,3", "--batch_size=2"] + models,
+                   stdin=b"The house is small.\n\nThank you.\n")  # a token tree; the resume below drafts chains
   assert res.returncode == 0, res.stderr[-3000:]
   lines = out.read_text(encoding="utf-8").split("\n")
   assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # three prompts, the empty one kept empty
@@ -34,7 +34,7 @@ def test_chat_without_a_chat_template_is_one_line(models):
 
 @pytest.mark.parametrize("args, needle", [
     (["--batch_size=0"], "--batch_size=0"), (["--top_p=1.5"], "--top_p"), (["--seed=-5"], "--seed=-5"),
-    (["--input=/nonexistent.txt"], "/nonexistent.txt: no such file"),
+    (["--input=/nonexistent.txt"], "/nonexistent.txt: no such file"), (["--tree=3"], "--tree=3"),
 ])
 def test_bad_flags_and_inputs_end_in_one_line(args, needle):
   assert_one_line_error(run_script(["launch/generate.py", "--target=no-such-model"] + args), needle)

@@ -85,6 +85,11 @@ def test_greedy_speculative_equals_plain_and_transformers(dirs, variant):
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
   np.testing.assert_array_equal(spec.lengths, plain.lengths)
   assert spec.stats.accepted.sum() > 0 and spec.stats.accepted.sum() < spec.stats.drafted.sum()
+  tree = jaxspec.Speculation(_noisy(target), gamma=3, tree=jaxspec.Tree(top_k=3, nodes=8))  # token trees too
+  spec = jaxspec.generate(target, prompts, tree, max_new_tokens=MAX_NEW)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  np.testing.assert_array_equal(spec.lengths, plain.lengths)
+  assert spec.stats.accepted.sum() > 0
 
 
 def test_a_draft_of_another_family_with_the_same_tokenizer(dirs):

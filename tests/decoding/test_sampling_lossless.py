@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from jaxspec.decoding import adaptive, loop, ngram, sampling, verify
+from jaxspec.decoding import adaptive, loop, ngram, sampling, tree_verify, verify
 from jaxspec.decoding.drafter import PlainDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.tree import Tree
 from jaxspec.models import t5
 
 from stub_models import MarkovDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp
@@ -43,7 +44,8 @@ def _markov_params(seed, scale=2.0):
 
 
 def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=ROWS,
-         decoder=MarkovDecoder(), drafter=None, input_ids=None, schedule="constant", spec=None, group=None):
+         decoder=MarkovDecoder(), drafter=None, input_ids=None, schedule="constant", spec=None, group=None,
+         tree=None):
   """Samples `rows` outputs: one batch, or with `group`, rows // group batches of `group` rows decoded side by side
   (vmapped), so that batch-wide decisions (fallback, the adaptive length) are taken by small batches. drafter:
   None drafts with `decoder` (a model drafter of the target's kind) when gamma > 0."""
@@ -51,7 +53,7 @@ def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0
     drafter = ModelDrafter(decoder) if gamma else PlainDrafter()
   settings = loop.LoopSettings(target=decoder, drafter=drafter, gamma=gamma,
                                max_new_tokens=LENGTH, greedy=False, filtering=top_k > 0 or top_p < 1,
-                               eos_ids=(EOS,), pad_id=0, schedule=schedule)
+                               eos_ids=(EOS,), pad_id=0, schedule=schedule, tree=tree)
   ids = jnp.ones((rows, 4), jnp.int32) if input_ids is None else input_ids
   input_lengths = jnp.full((ids.shape[0],), ids.shape[1], jnp.int32)
   # One seed for the batch, the row index folded in: every row draws independently.
@@ -271,3 +273,29 @@ def test_sample_draws_each_token_with_its_probability(vocab):
   draws = np.asarray(draws).reshape(-1)
   assert probs[draws].min() > 0  # never a token without mass
   _assert_matches([(int(t),) for t in draws], {(i,): float(p) for i, p in enumerate(probs) if p > 0})
+
+
+@pytest.mark.parametrize("case,tree", [("random_p_and_q", Tree(top_k=2, nodes=4)),
+                                       ("one_hot_q", Tree(top_k=3, nodes=5))])
+def test_lossless_with_trees(case, tree):
+  """Token trees from a draft model (depth 2: the joint distribution of 3 tokens spans two iterations)."""
+  target, draft = CASES[case]()
+  samples, state = _run(target, draft, gamma=2, tree=tree)
+  _assert_matches(samples, _markov_exact(target))
+  assert int(state.stats.accepted.sum()) > 0
+
+
+def test_lossless_with_trees_top_k_and_top_p():
+  target, draft = _markov_params(0), _markov_params(1)
+  samples, _ = _run(target, draft, gamma=2, temperature=0.7, top_k=3, top_p=0.7, tree=Tree(top_k=2, nodes=4))
+  _assert_matches(samples, _markov_exact(target, 0.7, 3, 0.7))
+
+
+def test_a_broken_tree_rule_is_caught(monkeypatch):
+  """Negative control: the same statistic rejects a tree rule that draws the next token from p itself (not the
+  residual without the rejected siblings)."""
+  target, draft = _markov_params(0), _markov_params(1)
+  monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
+  samples, _ = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4))
+  stat, dof = chi_square(samples, _markov_exact(target))
+  assert stat > chi_square_limit(dof), (stat, dof)
