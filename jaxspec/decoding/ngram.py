@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxspec.decoding import tree
 from jaxspec.decoding.drafter import Proposal
 from jaxspec.decoding.settings import is_int
 from jaxspec.errors import SettingsError
@@ -77,6 +78,13 @@ class NGramDraft:
   def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
     return append(proposal.after, block, emit)
 
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    """The continuations of up to top_k earlier matches as branches of one tree (`propose_tree`)."""
+    root = jnp.take_along_axis(history.sequences, (history.lengths - 1)[:, None], axis=1)[:, 0]
+    tokens, parents, depths, ancestors = propose_tree(self, state, root, static.gamma, static.tree.top_k,
+                                                      static.tree.nodes)
+    return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, after=state)
+
 
 @struct.dataclass
 class NGramContext:
@@ -120,3 +128,65 @@ def propose(draft: NGramDraft, context: NGramContext, gamma: int) -> tuple[jax.A
   counts = jnp.where(start >= 0, jnp.minimum(gamma, context.lengths - start), 0).astype(jnp.int32)
   positions = jnp.clip(start[:, None] + jnp.arange(gamma)[None], 0, context.tokens.shape[1] - 1)
   return jnp.take_along_axis(context.tokens, positions, axis=1), counts
+
+
+def _continuation_starts(tokens: jax.Array, lengths: jax.Array, n: int, k: int) -> jax.Array:
+  """[B, K] indices of the tokens after the K earliest earlier occurrences of each row's last n tokens (-1 past
+  the matches found), earliest first; as `_continuation_start`."""
+  width = tokens.shape[1] - n + 1
+  suffix = jnp.take_along_axis(tokens, jnp.clip(lengths[:, None] - n + jnp.arange(n)[None], 0, None), axis=1)
+  match = jnp.arange(width)[None] + n < lengths[:, None]
+  for j in range(n):
+    match &= tokens[:, j:j + width] == suffix[:, j:j + 1]
+  score = jnp.where(match, -jnp.arange(width)[None], -width - 1)  # earliest first
+  best, where = jax.lax.top_k(score, min(k, width))
+  starts = jnp.where(best > -width - 1, where + n, -1).astype(jnp.int32)
+  return jnp.pad(starts, ((0, 0), (0, k - starts.shape[1])), constant_values=-1)
+
+
+def _first_distinct(starts: jax.Array, k: int) -> jax.Array:
+  """[B, K] the first k distinct starts >= 0 of starts [B, M] (in order; -1 past them)."""
+  m = starts.shape[1]
+  earlier = jnp.tril(jnp.ones((m, m), bool), k=-1)  # [i, j]: j before i
+  repeated = jnp.any((starts[:, :, None] == starts[:, None, :]) & earlier[None], axis=2)
+  keep = (starts >= 0) & ~repeated
+  order = jnp.argsort(~keep, axis=1, stable=True)[:, :k]  # kept ones first, in order
+  return jnp.where(jnp.take_along_axis(keep, order, axis=1), jnp.take_along_axis(starts, order, axis=1), -1)
+
+
+def propose_tree(draft: NGramDraft, context: NGramContext, root: jax.Array, gamma: int, top_k: int, nodes: int
+                 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """A lookup tree: the continuations (up to gamma tokens) of the top_k earliest matches of the longest suffixes
+  (longer n first, then earlier; distinct positions), as branches from the root, common prefixes merged.
+
+  Node 1 + k * gamma + d - 1 holds branch k's d-th token (branch-major: parents before children, siblings in
+  match order); nodes beyond `nodes`, past a branch's end or repeating an earlier branch's prefix are unused
+  (parent -1: never reached). N = 1 + min(nodes, top_k * gamma).
+
+  Returns:
+    tokens [B, N], parents [B, N], depths [B, N], ancestors [B, N, N] (`tree.TreeProposal`'s fields).
+  """
+  batch = root.shape[0]
+  found = [_continuation_starts(context.tokens, context.lengths, n, top_k)
+           for n in range(draft.max_ngram, draft.min_ngram - 1, -1)]
+  starts = _first_distinct(jnp.concatenate(found, axis=1), top_k)  # [B, K]
+  positions = jnp.clip(starts[:, :, None] + jnp.arange(gamma)[None, None], 0, context.tokens.shape[1] - 1)
+  branch = jnp.take_along_axis(context.tokens[:, None, :], positions, axis=2)  # [B, K, G]
+  valid = (starts[:, :, None] >= 0) & (starts[:, :, None] + jnp.arange(gamma)[None, None] <
+                                       context.lengths[:, None, None])  # [B, K, G]
+  # same[b, k, c, d]: branches k and c agree (and are valid) on tokens 1..d
+  agree = (branch[:, :, None] == branch[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+  same = jnp.cumprod(agree.astype(jnp.int32), axis=3).astype(bool)  # [B, K, K, G]
+  first = jnp.argmax(same, axis=2)  # [B, K, G] the earliest branch with k's prefix through d (k itself at most)
+  canonical = valid & (first == jnp.arange(top_k)[None, :, None])
+  parent_branch = jnp.concatenate([jnp.zeros((batch, top_k, 1), jnp.int32), first[:, :, :-1]], axis=2)
+  depth = jnp.broadcast_to(jnp.arange(1, gamma + 1, dtype=jnp.int32)[None, None], (batch, top_k, gamma))
+  parent = jnp.where(depth == 1, 0, 1 + parent_branch * gamma + depth - 2)
+  size = 1 + min(nodes, top_k * gamma)
+  index = 1 + jnp.arange(top_k)[:, None] * gamma + jnp.arange(gamma)[None]  # [K, G] node index
+  used = canonical & (index[None] < size)
+  flat = lambda x, fill: jnp.concatenate([jnp.full((batch, 1), fill, x.dtype), x.reshape(batch, -1)], axis=1)[:, :size]
+  tokens = flat(branch.astype(jnp.int32), 0).at[:, 0].set(root)
+  parents = flat(jnp.where(used, parent, -1).astype(jnp.int32), -1)
+  depths = flat(jnp.where(used, depth, 0), 0)
+  return tokens, parents, depths, tree.ancestors_of(parents, gamma)

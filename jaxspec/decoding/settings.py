@@ -99,7 +99,8 @@ class Speculation:
     `jaxspec.tune` passes the draft's measured acceptance.
   tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft model
     proposes a token tree of depth gamma (EAGLE-2's dynamic tree) and the target verifies every node in one call
-    (docs/trees.md). Needs a draft model and schedule "constant"; top_k=1 is the chain of `nodes` tokens.
+    (docs/trees.md). Needs a draft model, or prompt lookup (its top_k earliest matches become branches), and
+    schedule "constant"; top_k=1 is the chain of `nodes` tokens.
 
   Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
   """
@@ -139,8 +140,9 @@ class Speculation:
                f"{type(self.tree).__name__}.")
       _require(self.schedule == "constant", f"Speculation.tree drafts a whole tree every iteration: it needs "
                f"schedule='constant', got {self.schedule!r}.")
-      _require(isinstance(self.draft, Model), f"Speculation.tree needs a draft model (jaxspec.Model): a "
-               f"{type(self.draft).__name__} drafts chains only.")
+      _require(isinstance(self.draft, (Model, NGramDraft)), f"Speculation.tree needs a draft model "
+               f"(jaxspec.Model) or prompt lookup (jaxspec.NGramDraft): a {type(self.draft).__name__} drafts "
+               f"chains only.")
       self.tree.check_depth(g)
 
   def replace(self, **changes) -> "Speculation":

@@ -98,3 +98,50 @@ def test_greedy_ngram_equals_plain(target, schedule, gamma):
   assert s.draft_lengths[:, 0].sum() > 0 and s.draft_lengths[:, 1:].sum() > 0  # rows with and without a match
   assert np.all(s.draft_lengths.sum(1) == s.iterations)
   assert np.all(s.drafted == (s.draft_lengths * np.arange(gamma + 1)).sum(1))
+
+
+def _reference_tree(context: list, gamma: int, max_n: int, min_n: int, top_k: int) -> set:
+  """The root-to-node paths (token tuples) of the lookup tree, in Python: the continuations of the top_k first
+  distinct match positions (longest n first, then earliest), each path a prefix of one continuation."""
+  starts = []
+  for n in range(max_n, min_n - 1, -1):
+    if len(context) <= n:
+      continue
+    for i in range(len(context) - n):
+      if context[i:i + n] == context[-n:] and i + n not in starts and len(starts) < top_k:
+        starts.append(i + n)
+  return {tuple(context[s:s + d]) for s in starts for d in range(1, gamma + 1) if s + d <= len(context)}
+
+
+@pytest.mark.usefixtures("strict_ranks")
+def test_lookup_trees_match_a_python_reference():
+  """Every used node's path is a prefix of one of the top_k continuations, each such prefix appears exactly once
+  (common prefixes merged), parents come before children, and unused nodes are never reached."""
+  rng = np.random.RandomState(3)
+  batch, width, gamma, top_k = 48, 24, 3, 3
+  lengths = rng.randint(2, width - 2 * gamma, size=batch)
+  tokens = rng.randint(0, 4, size=(batch, width))
+  tokens[np.arange(width)[None] >= lengths[:, None]] = 7
+  context = ngram.NGramContext(tokens=jnp.asarray(tokens, jnp.int32), lengths=jnp.asarray(lengths, jnp.int32))
+  root = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
+  got = jax.jit(ngram.propose_tree, static_argnums=(0, 3, 4, 5))(ngram.NGramDraft(2, 1), context, root, gamma,
+                                                                  top_k, 64)
+  tokens_t, parents, depths, _ = (np.asarray(x) for x in got)
+  assert tokens_t.shape == (batch, 1 + top_k * gamma)
+  branching = 0
+  for b in range(batch):
+    paths = []
+    for node in range(1, tokens_t.shape[1]):
+      if parents[b, node] < 0:
+        continue
+      assert parents[b, node] < node
+      path, at = [], node
+      while at > 0:
+        path.append(int(tokens_t[b, at]))
+        at = parents[b, at]
+      paths.append(tuple(reversed(path)))
+      assert len(path) == depths[b, node]
+    want = _reference_tree(tokens[b, :lengths[b]].tolist(), gamma, 2, 1, top_k)
+    assert sorted(paths) == sorted(want), b  # each prefix once
+    branching += sum(1 for n in range(1, tokens_t.shape[1]) if parents[b, n] == 0) > 1
+  assert branching > 0  # some rows have several first tokens

@@ -291,11 +291,27 @@ def test_lossless_with_trees_top_k_and_top_p():
   _assert_matches(samples, _markov_exact(target, 0.7, 3, 0.7))
 
 
-def test_a_broken_tree_rule_is_caught(monkeypatch):
+@pytest.mark.parametrize("drafter", ["model", "ngram"])
+def test_a_broken_tree_rule_is_caught(monkeypatch, drafter):
   """Negative control: the same statistic rejects a tree rule that draws the next token from p itself (not the
-  residual without the rejected siblings)."""
-  target, draft = _markov_params(0), _markov_params(1)
+  residual without the rejected siblings), for trees from a draft model and from prompt lookup."""
   monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
-  samples, _ = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4))
+  if drafter == "model":
+    target = _markov_params(0)
+    samples, _ = _run(target, _markov_params(1), gamma=2, tree=Tree(top_k=2, nodes=4))
+  else:
+    target = _markov_params(0, scale=1.0)
+    samples, _ = _run(target, None, 2, drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"),
+                      tree=Tree(top_k=3, nodes=6))  # fixed inputs: see test_a_broken_rule_is_caught
   stat, dof = chi_square(samples, _markov_exact(target))
   assert stat > chi_square_limit(dof), (stat, dof)
+
+
+@pytest.mark.parametrize("inputs", ["random", "fixed"])
+def test_lossless_with_lookup_trees(inputs):
+  """Prompt-lookup trees: several earlier matches become branches (deterministic candidates)."""
+  target = _markov_params(0, scale=1.0)
+  samples, state = _run(target, None, 2, drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs(inputs),
+                        tree=Tree(top_k=3, nodes=6))
+  _assert_matches(samples, _markov_exact(target))
+  assert 0 < int(state.stats.accepted.sum())

@@ -65,6 +65,10 @@ def test_greedy_trees_equal_plain_decoding(pair, gamma, top_k, nodes):
   chain = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=gamma), max_new_tokens=MAX_NEW)
   assert spec.stats.tokens_per_iteration > chain.stats.tokens_per_iteration
   assert spec.stats.acceptance_per_position.shape == (gamma,)  # acceptance per depth
+  lookup = jaxspec.generate(target, prompts, jaxspec.Speculation(jaxspec.NGramDraft(2), gamma=gamma, tree=tree),
+                            max_new_tokens=MAX_NEW)  # prompt-lookup trees
+  np.testing.assert_array_equal(lookup.tokens, plain.tokens)
+  np.testing.assert_array_equal(lookup.lengths, plain.lengths)
 
 
 def _loop_outputs(settings, target, draft, prompts):
@@ -127,8 +131,9 @@ def test_bad_tree_settings_are_one_clear_error(pair):
   for kwargs, words in cases:
     with pytest.raises(jaxspec.SettingsError, match=words):
       jaxspec.Speculation(draft, **{"gamma": 3, **kwargs})
+  head = jaxspec.FeatureHead.__new__(jaxspec.FeatureHead)  # any FeatureHead: refused before its fields are read
   with pytest.raises(jaxspec.SettingsError, match="draft model"):
-    jaxspec.Speculation(jaxspec.NGramDraft(), gamma=3, tree=jaxspec.Tree(2, 4))
+    jaxspec.Speculation(head, gamma=3, tree=jaxspec.Tree(2, 4))
   for bad in (dict(top_k=0), dict(nodes=0), dict(top_k=2.5), dict(nodes=True)):
     with pytest.raises(jaxspec.SettingsError, match="Tree"):
       jaxspec.Tree(**bad)
