@@ -61,7 +61,8 @@ def _label(speculation: jaxspec.Speculation | None) -> str:
     return "plain"
   tree = speculation.tree
   shape = "chain" if tree is None else f"tree K={tree.top_k} N={tree.nodes}"
-  return f"{getattr(speculation.draft, 'name', None) or type(speculation.draft).__name__} {shape} gamma={speculation.gamma}"
+  name = getattr(speculation.draft, "name", None) or type(speculation.draft).__name__
+  return f"{name} {shape} gamma={speculation.gamma}"
 
 
 def compare(target: jaxspec.Model, variants: Sequence[jaxspec.Speculation], ids: Sequence[list[int]],

@@ -11,6 +11,7 @@ from jaxspec.decoding.tree import Tree
 from jaxspec.decoding.theory import (best_gamma, expected_iterations, expected_speedup,
                                      expected_speedup_for_workload, expected_tokens_per_iteration)
 
-__all__ = ["DecodeStats", "GenerateOutput", "LoweredCall", "NGramDraft", "Sampling", "Speculation", "TokenChunk", "Tree",
+__all__ = ["DecodeStats", "GenerateOutput", "LoweredCall", "NGramDraft", "Sampling", "Speculation", "TokenChunk",
+           "Tree",
            "best_gamma", "expected_iterations", "expected_speedup", "expected_speedup_for_workload",
            "expected_tokens_per_iteration", "generate", "lower"]
