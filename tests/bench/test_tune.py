@@ -9,10 +9,16 @@ import json
 import math
 import re
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxspec
 from jaxspec.bench import tune
+from jaxspec.errors import CheckpointError
+from jaxspec.models import decoder_only, eagle3
+from jaxspec.models.decoder_only.llama import LlamaConfig
 from script_helpers import assert_one_line_error, run_script, tiny_pair
 
 NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
@@ -140,6 +146,61 @@ def test_tune_rejects_bad_arguments(models):
     args.update(kwargs)
     with pytest.raises(ValueError, match=re.escape(needle)):
       jaxspec.tune(target, args.pop("drafts"), args.pop("inputs"), **args)
+
+
+def _random(shapes: dict, seed: int) -> dict:
+  """N(0, 0.02) weights (norms 1) for a pytree of shapes, drawn by numpy: no compilation."""
+  rng = np.random.default_rng(seed)
+  def leaf(path, shape):
+    value = np.ones(shape) if path[-1].key.endswith("norm") else rng.normal(0.0, 0.02, shape)
+    return jnp.asarray(value, jnp.float32)
+  return jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+@pytest.fixture(scope="module")
+def llama() -> jaxspec.Model:
+  """A tiny random Llama (2 layers, no tokenizer): feature heads draft for decoder-only targets."""
+  cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
+  return jaxspec.Model(cfg, _random(decoder_only.param_shapes(cfg), 0), name="tiny-llama")
+
+
+def _head(target_hidden_size: int = 32) -> jaxspec.FeatureHead:
+  """A random EAGLE-3 head for `llama` (its features target_hidden_size wide: 32 fits it)."""
+  cfg = eagle3.Eagle3Config(vocab_size=64, draft_vocab_size=32, hidden_size=32, target_hidden_size=target_hidden_size,
+                            intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1))
+  d2t, t2d = eagle3.vocab_maps(np.arange(0, 64, 2), 64)
+  params = {**_random(eagle3.param_shapes(cfg), 1), "d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
+  return jaxspec.FeatureHead(cfg, params, name="tiny-head")
+
+
+def test_tune_sweeps_a_feature_head_and_its_choice_decodes_exactly(llama):
+  """A head among the drafts (issue 21 item 6): its own gamma rows, its own measured c (its step, not prompt
+  lookup's 0) and prefill time; the choice (forced with min_speedup=0: nothing beats a tiny target) is a
+  Speculation of the head that decodes as plain greedy decoding does. (Adaptive rows with a head: the pool test.)"""
+  head = _head()
+  prompts = [[5, 9, 12, 3, 40], [30, 2, 11, 8, 9, 13, 50]]
+  plain = jaxspec.generate(llama, prompts, max_new_tokens=6)  # the tuner's plain passes reuse its compilation
+  result = jaxspec.tune(llama, {"eagle3": head}, prompts, gammas=(1, 2), batch_sizes=(2,), schedules=("constant",),
+                        repeats=1, max_new_tokens=6, itl=False, min_speedup=0.0, verbose=False)
+  assert sorted(r["gamma"] for r in result.rows) == [1, 2]
+  for r in result.rows:
+    assert r["draft"] == "eagle3" and r["identical_to_plain"] is True
+    assert r["c"] > 0 and r["c_alternating"] > 0 and r["draft_step_ms"] > 0  # measured, not a lookup's 0
+    assert r["encoder_ms_per_call"]["16"]["eagle3"] > 0  # the head's prefill, paid once per call
+  assert "FeatureHead" in result.meta["drafts"]["eagle3"]
+  choice = result.best[(0.0, 2)]
+  assert choice.speculation.draft is head and choice.draft_name == "eagle3"
+  assert choice.describe().startswith("eagle3, gamma ")
+  spec = jaxspec.generate(llama, prompts, choice.speculation, max_new_tokens=6)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_tune_refuses_a_head_for_another_target_before_timing(llama):
+  with pytest.raises(CheckpointError, match=r"drafts\['other'\]: the EAGLE-3 head does not fit this target: .*"
+                                            r"target_hidden_size"):
+    jaxspec.tune(llama, {"ngram": jaxspec.NGramDraft(), "other": _head(target_hidden_size=48)}, [[5, 9, 12]],
+                 gammas=(2,))
 
 
 def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
