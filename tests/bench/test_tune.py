@@ -9,8 +9,6 @@ import json
 import math
 import re
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -19,7 +17,7 @@ from jaxspec.bench import tune
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only, eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig
-from script_helpers import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, random_head, random_params, run_script, tiny_head, tiny_pair
 
 NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
            "draft_step_ms", "target_step_ms", "plain_ms_per_token", "spec_ms_per_token", "plain_tokens_per_s",
@@ -148,30 +146,19 @@ def test_tune_rejects_bad_arguments(models):
       jaxspec.tune(target, args.pop("drafts"), args.pop("inputs"), **args)
 
 
-def _random(shapes: dict, seed: int) -> dict:
-  """N(0, 0.02) weights (norms 1) for a pytree of shapes, drawn by numpy: no compilation."""
-  rng = np.random.default_rng(seed)
-  def leaf(path, shape):
-    value = np.ones(shape) if path[-1].key.endswith("norm") else rng.normal(0.0, 0.02, shape)
-    return jnp.asarray(value, jnp.float32)
-  return jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=lambda x: isinstance(x, tuple))
-
-
 @pytest.fixture(scope="module")
 def llama() -> jaxspec.Model:
   """A tiny random Llama (2 layers, no tokenizer): feature heads draft for decoder-only targets."""
   cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                     head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
-  return jaxspec.Model(cfg, _random(decoder_only.param_shapes(cfg), 0), name="tiny-llama")
+  return jaxspec.Model(cfg, random_params(decoder_only.param_shapes(cfg), 0), name="tiny-llama")
 
 
 def _head(target_hidden_size: int = 32) -> jaxspec.FeatureHead:
   """A random EAGLE-3 head for `llama` (its features target_hidden_size wide: 32 fits it)."""
-  cfg = eagle3.Eagle3Config(vocab_size=64, draft_vocab_size=32, hidden_size=32, target_hidden_size=target_hidden_size,
-                            intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1))
-  d2t, t2d = eagle3.vocab_maps(np.arange(0, 64, 2), 64)
-  params = {**_random(eagle3.param_shapes(cfg), 1), "d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
-  return jaxspec.FeatureHead(cfg, params, name="tiny-head")
+  return random_head(eagle3.Eagle3Config(vocab_size=64, draft_vocab_size=32, hidden_size=32,
+                                         target_hidden_size=target_hidden_size, intermediate_size=64, num_heads=4,
+                                         num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1)))
 
 
 def test_tune_sweeps_a_feature_head_and_its_choice_decodes_exactly(llama):
@@ -204,16 +191,22 @@ def test_tune_refuses_a_head_for_another_target_before_timing(llama):
 
 
 def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
+  """A pool of a draft model, an EAGLE-3 head directory (issue 21 item 6) and prompt lookup: every one's rows in
+  the table, then the choice translates everything (the script fails when its greedy output differs from plain)."""
   target, draft, _ = models
+  head = tiny_head(tmp_path / "head")
   inputs = tmp_path / "in.txt"
   inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
-  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},ngram", "--gamma=auto",
+  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto",
                     "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
                     f"--output={out}"])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "calibrating on" in res.stderr
   assert "| Temp | Batch | draft" in res.stdout  # the table, then the choice and why
+  for name in (draft, head, "ngram"):
+    for schedule in ("constant", "adaptive"):
+      assert re.search(rf"\| {re.escape(name)} +\| {schedule} +\| 2 +\|", res.stdout), (name, schedule)
   chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
   assert "plain decoding" in chosen or "gamma" in chosen
   assert len(out.read_text().split("\n")) == 5 + 1 and "== summary" in res.stdout
