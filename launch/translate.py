@@ -6,6 +6,7 @@ r"""The main job: English -> German with a T5 target and a T5 draft, speculative
     python launch/translate.py --target=/path/to/t5-11b --draft=/path/to/t5-small \
         --prefix="translate English to German: " --input=newstest2014.en
     python launch/translate.py --draft=ende-draft,ngram --gamma=auto     # a pool: the choice measured first
+    python launch/translate.py --target=DIR --draft=HEAD_DIR,DRAFT_DIR --gamma=auto   # a pool with an EAGLE-3 head
 
 Inputs (`jaxspec.cli.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
 column), is one input and gives exactly one output line (an empty input, an empty line). Prints the
@@ -16,10 +17,11 @@ decoding measured side by side (compilation excluded), the speedup, the speedup 
 measured alpha, c and r, and at temperature 0 whether both outputs are identical. Line i is sampled with a seed
 derived from --seed and i, so neither the batch size nor a resume point changes it.
 
---draft takes comma-separated drafts: model names or directories, 'ngram' (prompt lookup, `jaxspec.NGramDraft`)
-or 'random:NAME' (NAME's shape with random weights). With several drafts or --gamma=auto the tuner
-(`jaxspec.tune`, via `jaxspec.cli.jobs.calibrate`) first times every draft x gamma (--tune_gammas, or --gamma) x
-schedule (constant, adaptive) against plain decoding on up to --calibration_inputs of the inputs at this batch
+--draft takes comma-separated drafts: model names or directories, EAGLE-3 head directories (a `jaxspec.FeatureHead`
+trained on --target: it drafts from the target's hidden states; docs/heads.md), 'ngram' (prompt lookup,
+`jaxspec.NGramDraft`) or 'random:NAME' (NAME's shape with random weights). With several drafts or --gamma=auto the
+tuner (`jaxspec.tune`, via `jaxspec.cli.jobs.calibrate`) first times every draft x gamma (--tune_gammas, or --gamma)
+x schedule (constant, adaptive) against plain decoding on up to --calibration_inputs of the inputs at this batch
 size and temperature, prints its table, the choice and why, and translates everything with that choice (plain
 decoding when no variant is faster).
 """

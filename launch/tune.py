@@ -4,14 +4,17 @@ r"""Which draft, gamma and schedule decode fastest here: the tuner (`jaxspec.tun
     python launch/tune.py --drafts=ende-draft,ngram,random:ende-draft --gammas=1,2,3,4,6 --batch_sizes=1,4 \
         --temperatures=0,1 --output_dir=docs/bench/adaptive/tune
     python launch/tune.py --target=/ckpt/t5-large --drafts=/ckpt/t5-small,ngram --input=news.en --prefix=...
+    python launch/tune.py --target=/ckpt/llama-3.1-8b --drafts=/ckpt/eagle3-llama-3.1-8b,ngram --input=prompts.txt
 
-For every draft x gamma x schedule (constant, and adaptive with knobs from the measured costs) x batch size x
-temperature, timed against plain decoding side by side: tokens/s, ms/token plain and speculative, the speedup,
-alpha, tau, acceptance per position, draft lengths and fallback share, the draft's ms/token, c, r, Theorem 3.8's
-prediction, latency percentiles per sequence and inter-token latency (a separate streaming pass), and BLEU/chrF
-against the references when the input is an EN-DE TSV (its 'de' column). Then the best choice per (batch size,
-temperature), plain decoding when nothing wins by --min_speedup. Writes tune.json, tune.md (aligned markdown),
-speedup_vs_gamma.png and acceptance.png to --output_dir and prints where they are.
+A draft is a model, prompt lookup or an EAGLE-3 feature head (a `jaxspec.FeatureHead`: a directory in SpecForge's
+format, checked against --target before anything is timed; docs/heads.md). For every draft x gamma x schedule
+(constant, and adaptive with knobs from the measured costs) x batch size x temperature, timed against plain decoding
+side by side: tokens/s, ms/token plain and speculative, the speedup, alpha, tau, acceptance per position, draft
+lengths and fallback share, the draft's ms/token, c, r, Theorem 3.8's prediction, latency percentiles per sequence
+and inter-token latency (a separate streaming pass), and BLEU/chrF against the references when the input is an EN-DE
+TSV (its 'de' column). Then the best choice per (batch size, temperature), plain decoding when nothing wins by
+--min_speedup. Writes tune.json, tune.md (aligned markdown), speedup_vs_gamma.png and acceptance.png to --output_dir
+and prints where they are.
 """
 
 from absl import flags
@@ -24,7 +27,8 @@ from jaxspec.cli.inputs import InputError, encode_texts, is_tsv, read_corpus_tex
 
 flags.DEFINE_string("target", "ende-target", "Target model: an embedded name or a model directory.")
 _DRAFTS = flags.DEFINE_string("drafts", "ende-draft,ngram", "Comma-separated drafts: embedded names, model "
-                              "directories, 'ngram' (prompt lookup) or 'random:NAME' (NAME's shape, random weights).")
+                              "directories, EAGLE-3 head directories (SpecForge's format, trained on --target), "
+                              "'ngram' (prompt lookup) or 'random:NAME' (NAME's shape, random weights).")
 _INPUT = flags.DEFINE_string("input", "dev", "'dev' / 'test' of --data_dir, an EN-DE TSV (references from its 'de' "
                              "column) or a text file (one input a line; no references).")
 _DATA = flags.DEFINE_string("data_dir", "", "EN-DE corpus directory ('' = jaxspec.data.ende.default_data_dir()).")

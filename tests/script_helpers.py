@@ -1,14 +1,17 @@
-"""Helpers the launch-script tests share: a tiny random T5 pair with the embedded tokenizer (`tiny_pair`),
-`run_script` (a launch script as a subprocess on CPU) and `assert_one_line_error`."""
+"""Helpers the launch-script tests share: a tiny random T5 pair with the embedded tokenizer (`tiny_pair`), an
+EAGLE-3 head for its target (`tiny_head`; `random_head` for any config), `run_script` (a launch script as a
+subprocess on CPU) and `assert_one_line_error`."""
 
 import os
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 import jaxspec
-from jaxspec.models import t5
+from jaxspec.models import eagle3, t5
 from jaxspec.tokenizer import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
@@ -25,6 +28,33 @@ def tiny_pair(directory) -> tuple[str, str]:
     paths.append(os.path.join(directory, name))
     jaxspec.save(jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), tok), paths[-1])
   return paths[0], paths[1]
+
+
+def random_params(shapes: dict, seed: int) -> dict:
+  """N(0, 0.02) weights (norms 1) for a pytree of shapes, drawn by numpy: no compilation."""
+  rng = np.random.default_rng(seed)
+
+  def leaf(path, shape):
+    value = np.ones(shape) if path[-1].key.endswith("norm") else rng.normal(0.0, 0.02, shape)
+    return jnp.asarray(value, jnp.float32)
+  return jax.tree_util.tree_map_with_path(leaf, shapes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+def random_head(cfg: eagle3.Eagle3Config, seed: int = 7) -> jaxspec.FeatureHead:
+  """A random EAGLE-3 head of `cfg` (its draft vocabulary: every other target id from 0)."""
+  d2t, t2d = eagle3.vocab_maps(np.arange(cfg.draft_vocab_size) * 2, cfg.vocab_size)
+  params = {**random_params(eagle3.param_shapes(cfg), seed), "d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
+  return jaxspec.FeatureHead(cfg, params, name="random-head")
+
+
+def tiny_head(directory, target_hidden_size: int = 16) -> str:
+  """A random EAGLE-3 head for `tiny_pair`'s target (the features of its one decoder layer, the embedded
+  vocabulary) saved under directory in SpecForge's format; another target_hidden_size: a head that does not fit."""
+  cfg = eagle3.Eagle3Config(vocab_size=load_tokenizer(EMBEDDED_TOKENIZER).vocab_size, draft_vocab_size=64,
+                            hidden_size=16, target_hidden_size=target_hidden_size, intermediate_size=32, num_heads=2,
+                            num_kv_heads=1, head_dim=8, aux_layer_ids=(0, 0, 0))
+  jaxspec.save(random_head(cfg), str(directory))
+  return str(directory)
 
 
 def run_script(args: list[str], stdin: bytes | None = None, timeout: int = 600) -> subprocess.CompletedProcess:

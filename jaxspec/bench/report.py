@@ -205,8 +205,9 @@ def write_tune(out_dir: str, result) -> dict[str, str]:
 
 
 def _costs(target, draft, gamma: int, batch: int) -> dict:
-  """c, r and c_alternating for the summary; an n-gram drafter costs nothing (c = 0)."""
-  if isinstance(draft, jaxspec.Model):
+  """c, r and c_alternating for the summary (a feature head's from its own steps); an n-gram drafter costs
+  nothing (c = 0)."""
+  if isinstance(draft, (jaxspec.Model, jaxspec.FeatureHead)):
     return costs.cost_ratios(target, draft, gamma, batch=batch)
   r = costs.decoder_step_time(target, batch, gamma + 1) / costs.decoder_step_time(target, batch, 1)
   return {"c": 0.0, "r": r, "c_alternating": 0.0}

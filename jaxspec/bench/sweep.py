@@ -1,15 +1,17 @@
 """The benchmark sweep: plain decoding and speculative variants over (batch size, temperature), timed side by side.
 
-A `Variant` is one speculative decoder: a named draft (a model or a `jaxspec.NGramDraft`), gamma and schedule,
-whose `jaxspec.Speculation` may take values from the costs measured in the same run (`speculation`). For every (batch size,
-temperature, variant): alpha, tau, tokens per iteration, acceptance per draft position, draft lengths, wall time
-per generated token of plain and speculative decoding (medians over interleaved passes after a warm-up pass that
-includes compilation, timed apart), tokens/s, latency percentiles per sequence (every row of a batch waits for the
-batch), the speedup, and what Theorem 3.8 predicts from the measured alpha with and without the measured
-verify-cost ratio r, and applied to the workload actually run (`jaxspec.expected_speedup_for_workload`). c, r and
-the encoders' times are timed in isolation once per round (an n-gram drafter's c is 0). With `itl`, one more
-pass per decoder over the inputs of the most common prompt bucket streams tokens (`on_tokens`) for inter-token
-latencies: its host round trip per iteration would distort tokens/s, so that pass is never the timed one.
+A `Variant` is one speculative decoder: a named draft (a model, a `jaxspec.FeatureHead` or a `jaxspec.NGramDraft`),
+gamma and schedule, whose `jaxspec.Speculation` may take values from the costs measured in the same run
+(`speculation`). For every (batch size, temperature, variant): alpha, tau, tokens per iteration, acceptance per
+draft position, draft lengths, wall time per generated token of plain and speculative decoding (medians over
+interleaved passes after a warm-up pass that includes compilation, timed apart), tokens/s, latency percentiles per
+sequence (every row of a batch waits for the batch), the speedup, and what Theorem 3.8 predicts from the measured
+alpha with and without the measured verify-cost ratio r, and applied to the workload actually run
+(`jaxspec.expected_speedup_for_workload`). c, r and the encoders' times are timed in isolation once per round (an
+n-gram drafter's c is 0; a feature head's c is its own step's and its prefill counts as an encoder:
+`jaxspec.bench.costs`). With `itl`, one more pass per decoder over the inputs of the most common prompt bucket
+streams tokens (`on_tokens`) for inter-token latencies: its host round trip per iteration would distort tokens/s, so
+that pass is never the timed one.
 """
 
 from __future__ import annotations
@@ -69,15 +71,16 @@ def _lookup_costs(target, gammas: Sequence[int], batch: int, repeats: int) -> di
 
 def _probe(target, drafts: dict, gammas: dict[str, list[int]], batch: int, buckets, repeats: int
            ) -> Callable[[], dict]:
-  models = {n: d for n, d in drafts.items() if isinstance(d, jaxspec.Model) and n in gammas}
+  learned = {n: d for n, d in drafts.items() if isinstance(d, (jaxspec.Model, jaxspec.FeatureHead)) and n in gammas}
 
   def probe():
-    """c and r per draft and gamma (one interleaved round of `cost_table`) and the encoders' times, in isolation."""
+    """c and r per draft and gamma (one interleaved round of `cost_table`) and the encoders' times (a head's:
+    its prefill), in isolation."""
     table = {n: costs.cost_table(target, d, gammas[n], batch=batch, repeats=repeats, rounds=1)
-             for n, d in models.items()}
-    table.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in models})
+             for n, d in learned.items()}
+    table.update({n: _lookup_costs(target, g, batch, repeats) for n, g in gammas.items() if n not in learned})
     encoder_s = {n: {"target": costs.encoder_time(target, batch, n, repeats=repeats),
-                     **{m: costs.encoder_time(d, batch, n, repeats=repeats) for m, d in models.items()}}
+                     **{m: costs.draft_prefill_time(target, d, batch, n, repeats=repeats) for m, d in learned.items()}}
                  for n in sorted(set(buckets))}
     return {"costs": table, "encoder_s": encoder_s}
   return probe
@@ -191,7 +194,7 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
   """One row per (batch size, temperature, variant); see the module docstring.
 
   Args:
-    drafts: {name: jaxspec.Model or jaxspec.NGramDraft}; each variant names one.
+    drafts: {name: jaxspec.Model, jaxspec.FeatureHead or jaxspec.NGramDraft}; each variant names one.
     speculation: (variant, its cost entry {c, r, c_alternating, ...} from a probe before the passes, with
       "alpha": the draft's acceptance at the variant's gamma, constant schedule, over the inputs; None when
       nothing was drafted) -> the variant's Speculation (e.g. schedule="adaptive" with draft_cost,

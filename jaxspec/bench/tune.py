@@ -5,6 +5,7 @@
     result.rows                  # one dict per draft x gamma x schedule x batch size x temperature
     result.best[(0.0, 1)]        # a Choice: .speculation, the fastest variant's (None: plain decoding wins)
     print("\\n".join(result.table()))
+    jaxspec.tune(target, {"head": jaxspec.load(eagle3_head_dir), "ngram": jaxspec.NGramDraft()}, prompts)
 
 Every variant is timed against plain decoding side by side on the same inputs (`jaxspec.bench.sweep`:
 interleaved passes after a warm-up pass, medians; c and r timed in isolation in the same minutes). The
@@ -34,7 +35,8 @@ import jaxspec
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
 from jaxspec.cli.inputs import encode_texts
-from jaxspec.errors import SettingsError
+from jaxspec.errors import CheckpointError, SettingsError
+from jaxspec.models import eagle3
 
 SCHEDULES = ("constant", "adaptive", "heuristic")
 MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured at least this much faster
@@ -173,10 +175,17 @@ def choose(rows: list[dict], drafts: dict, min_speedup: float = MIN_SPEEDUP) -> 
 
 def _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, schedules) -> None:
   if not isinstance(drafts, dict) or not drafts:
-    raise ValueError("drafts must be a non-empty dict {name: jaxspec.Model or jaxspec.NGramDraft}.")
+    raise ValueError("drafts must be a non-empty dict {name: jaxspec.Model, jaxspec.FeatureHead or "
+                     "jaxspec.NGramDraft}.")
   for name, d in drafts.items():
-    if not isinstance(d, (jaxspec.Model, jaxspec.NGramDraft)):
-      raise ValueError(f"drafts[{name!r}] must be a jaxspec.Model or a jaxspec.NGramDraft, got {type(d).__name__}.")
+    if not isinstance(d, (jaxspec.Model, jaxspec.FeatureHead, jaxspec.NGramDraft)):
+      raise ValueError(f"drafts[{name!r}] must be a jaxspec.Model, a jaxspec.FeatureHead or a jaxspec.NGramDraft, "
+                       f"got {type(d).__name__}.")
+    if isinstance(d, jaxspec.FeatureHead):  # before any timing: a head trained for another target is one error
+      try:
+        eagle3.check_fits(d.config, target.config, d.params)
+      except CheckpointError as e:
+        raise CheckpointError(f"drafts[{name!r}]: {e}") from None
   if not ids or any(not i for i in ids):
     raise ValueError("inputs must be a non-empty list of non-empty texts or token-id lists.")
   if references is not None and len(references) != len(ids):
@@ -201,7 +210,11 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
 
   Args:
     target: the model whose output is produced (every variant's output is the target's, exactly).
-    drafts: {name: jaxspec.Model (same tokenizer) or jaxspec.NGramDraft}.
+    drafts: {name: jaxspec.Model (same tokenizer), jaxspec.FeatureHead (an EAGLE-3 head trained on this target:
+      CheckpointError when it does not fit) or jaxspec.NGramDraft}. Each gets its own gamma x schedule sweep and
+      its own measured c and r (a head's c: its step against the target's step); "adaptive" rows take their
+      values from them, the others keep the Speculation's defaults (draft_cost None: the drafter's default,
+      head_drafter.HEAD_DRAFT_COST for a head).
     inputs: texts (the target needs a tokenizer) or token-id lists; all of them are decoded in every pass.
     schedules: among "constant", "adaptive" (values from the measured costs, see the module docstring) and
       "heuristic".

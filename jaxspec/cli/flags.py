@@ -49,8 +49,9 @@ def define_models(target: str = "ende-target", draft: str | None = "ende-draft")
   """--target and (unless draft is None) --draft: embedded model names or model directories."""
   flags.DEFINE_string("target", target, "Target model: an embedded name or a model directory.")
   if draft is not None:
-    flags.DEFINE_string("draft", draft, "Draft: an embedded name, a model directory or 'ngram' (prompt lookup, no "
-                        "model); '' = plain decoding. Comma-separated where a script takes a pool (translate.py).")
+    flags.DEFINE_string("draft", draft, "Draft: an embedded name, a model directory, an EAGLE-3 head directory "
+                        "(trained on --target) or 'ngram' (prompt lookup, no model); '' = plain decoding. "
+                        "Comma-separated where a script takes a pool (translate.py).")
   _check("target", lambda v: bool(v), "must name a model")
 
 

@@ -21,6 +21,7 @@ import dataclasses
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
@@ -37,7 +38,8 @@ from jaxspec.cli.resume import open_output  # pylint: disable=unused-import (the
 from jaxspec.decoding.arguments import draft_decoder
 
 NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
-RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right)
+RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right;
+# a feature head keeps its draft vocabulary)
 
 
 def load_target(name: str, mesh=None) -> jaxspec.Model:
@@ -56,7 +58,7 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
     if mesh is not None:
       raise InputError(f"--draft={name}: a feature head does not run on a mesh yet; decode on one device.")
     eagle3.check_fits(model.config, target.config, model.params)  # one CheckpointError naming each mismatch
-    return model
+    return _random_head(model, name) if name.startswith(RANDOM) else model
   if name.startswith(RANDOM):
     # Untied: a tied output embedding scores the input token highest through the residual, and a random draft
     # would then propose repeats, which a target's repetition loops accept (alpha 0.42 on the embedded pair).
@@ -76,10 +78,24 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
   return model
 
 
+def _random_head(head: jaxspec.FeatureHead, name: str) -> jaxspec.FeatureHead:
+  """The head's shapes and draft vocabulary with random weights, N(0, 0.02) (norms 1), drawn by numpy (no
+  compilation per array); its own embedding stays when it has one."""
+  rng, dtype = np.random.default_rng(1), head.params["fc"].dtype
+
+  def draw(path, shape):
+    return jnp.asarray(np.ones(shape) if path[-1].key.endswith("norm") else rng.normal(0.0, 0.02, shape), dtype)
+  weights = jax.tree_util.tree_map_with_path(draw, eagle3.param_shapes(head.config),
+                                             is_leaf=lambda x: isinstance(x, tuple))
+  keep = {k: head.params[k] for k in ("d2t", "t2d", "embedding") if k in head.params}
+  return jaxspec.FeatureHead(head.config, {**weights, **keep}, name=name)
+
+
 def load_drafts(spec: str, target: jaxspec.Model, mesh=None) -> dict:
   """{name: draft} from comma-separated names: 'ngram' (jaxspec.NGramDraft()), 'random:NAME', or what
-  jaxspec.load reads (embedded names, model directories); '' gives {} (plain decoding). With a mesh, model drafts
-  are replicated over `model` (jaxspec.DRAFT_RULES)."""
+  jaxspec.load reads (embedded names, model directories, EAGLE-3 head directories: a `jaxspec.FeatureHead`,
+  checked against the target); '' gives {} (plain decoding). With a mesh, model drafts are replicated over
+  `model` (jaxspec.DRAFT_RULES); a head refuses a mesh."""
   names = [n.strip() for n in spec.split(",") if n.strip()]
   if len(set(names)) != len(names):
     raise InputError(f"--draft={spec}: a draft is named twice.")

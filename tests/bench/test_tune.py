@@ -9,11 +9,15 @@ import json
 import math
 import re
 
+import numpy as np
 import pytest
 
 import jaxspec
 from jaxspec.bench import tune
-from script_helpers import assert_one_line_error, run_script, tiny_pair
+from jaxspec.errors import CheckpointError
+from jaxspec.models import decoder_only, eagle3
+from jaxspec.models.decoder_only.llama import LlamaConfig
+from script_helpers import assert_one_line_error, random_head, random_params, run_script, tiny_head, tiny_pair
 
 NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
            "draft_step_ms", "target_step_ms", "plain_ms_per_token", "spec_ms_per_token", "plain_tokens_per_s",
@@ -142,17 +146,67 @@ def test_tune_rejects_bad_arguments(models):
       jaxspec.tune(target, args.pop("drafts"), args.pop("inputs"), **args)
 
 
+@pytest.fixture(scope="module")
+def llama() -> jaxspec.Model:
+  """A tiny random Llama (2 layers, no tokenizer): feature heads draft for decoder-only targets."""
+  cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
+  return jaxspec.Model(cfg, random_params(decoder_only.param_shapes(cfg), 0), name="tiny-llama")
+
+
+def _head(target_hidden_size: int = 32) -> jaxspec.FeatureHead:
+  """A random EAGLE-3 head for `llama` (its features target_hidden_size wide: 32 fits it)."""
+  return random_head(eagle3.Eagle3Config(vocab_size=64, draft_vocab_size=32, hidden_size=32,
+                                         target_hidden_size=target_hidden_size, intermediate_size=64, num_heads=4,
+                                         num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1)))
+
+
+def test_tune_sweeps_a_feature_head_and_its_choice_decodes_exactly(llama):
+  """A head among the drafts (issue 21 item 6): its own gamma rows, its own measured c (its step, not prompt
+  lookup's 0) and prefill time; the choice (forced with min_speedup=0: nothing beats a tiny target) is a
+  Speculation of the head that decodes as plain greedy decoding does. (Adaptive rows with a head: the pool test.)"""
+  head = _head()
+  prompts = [[5, 9, 12, 3, 40], [30, 2, 11, 8, 9, 13, 50]]
+  plain = jaxspec.generate(llama, prompts, max_new_tokens=6)  # the tuner's plain passes reuse its compilation
+  result = jaxspec.tune(llama, {"eagle3": head}, prompts, gammas=(1, 2), batch_sizes=(2,), schedules=("constant",),
+                        repeats=1, max_new_tokens=6, itl=False, min_speedup=0.0, verbose=False)
+  assert sorted(r["gamma"] for r in result.rows) == [1, 2]
+  for r in result.rows:
+    assert r["draft"] == "eagle3" and r["identical_to_plain"] is True
+    assert r["c"] > 0 and r["c_alternating"] > 0 and r["draft_step_ms"] > 0  # measured, not a lookup's 0
+    assert r["encoder_ms_per_call"]["16"]["eagle3"] > 0  # the head's prefill, paid once per call
+  assert "FeatureHead" in result.meta["drafts"]["eagle3"]
+  choice = result.best[(0.0, 2)]
+  assert choice.speculation.draft is head and choice.draft_name == "eagle3"
+  assert choice.describe().startswith("eagle3, gamma ")
+  spec = jaxspec.generate(llama, prompts, choice.speculation, max_new_tokens=6)
+  np.testing.assert_array_equal(spec.tokens, plain.tokens)
+
+
+def test_tune_refuses_a_head_for_another_target_before_timing(llama):
+  with pytest.raises(CheckpointError, match=r"drafts\['other'\]: the EAGLE-3 head does not fit this target: .*"
+                                            r"target_hidden_size"):
+    jaxspec.tune(llama, {"ngram": jaxspec.NGramDraft(), "other": _head(target_hidden_size=48)}, [[5, 9, 12]],
+                 gammas=(2,))
+
+
 def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
+  """A pool of a draft model, an EAGLE-3 head directory (issue 21 item 6) and prompt lookup: every one's rows in
+  the table, then the choice translates everything (the script fails when its greedy output differs from plain)."""
   target, draft, _ = models
+  head = tiny_head(tmp_path / "head")
   inputs = tmp_path / "in.txt"
   inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
-  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},ngram", "--gamma=auto",
+  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto",
                     "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
                     f"--output={out}"])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "calibrating on" in res.stderr
   assert "| Temp | Batch | draft" in res.stdout  # the table, then the choice and why
+  for name in (draft, head, "ngram"):
+    for schedule in ("constant", "adaptive"):
+      assert re.search(rf"\| {re.escape(name)} +\| {schedule} +\| 2 +\|", res.stdout), (name, schedule)
   chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
   assert "plain decoding" in chosen or "gamma" in chosen
   assert len(out.read_text().split("\n")) == 5 + 1 and "== summary" in res.stdout

@@ -6,9 +6,13 @@ the output (one line per input row, resumes, seeds) and the errors, not translat
 
 import shutil
 
+import numpy as np
 import pytest
 
-from script_helpers import assert_one_line_error, run_script, tiny_pair
+import jaxspec
+from jaxspec.cli import jobs
+from jaxspec.errors import CheckpointError
+from script_helpers import assert_one_line_error, run_script, tiny_head, tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +127,24 @@ def test_caches_too_large_end_with_one_line(models):
   res = run_script(["launch/translate.py", "--input=-", "--nocompare"] + models + ["--max_new_tokens=1000000000"],
                    stdin=b"Hello.\n")
   assert_one_line_error(res, "GiB free")
+
+
+def test_a_feature_head_translates_as_plain_decoding(models, tmp_path, capsys):
+  """Issue 21 item 6: `--draft=HEAD_DIR` as translate.py's main runs it (jobs.load_drafts, jobs.generate_texts; in
+  process): translations identical to plain decoding's, the summary's c measured (not prompt lookup's 0); a head
+  for another target is one CheckpointError naming the mismatch. (A head in the pool: tests/bench/test_tune.py.)"""
+  target = jobs.load_target(models[0].removeprefix("--target="))
+  head_dir = tiny_head(tmp_path / "head")
+  head = jobs.load_drafts(head_dir, target)[head_dir]
+  assert isinstance(head, jaxspec.FeatureHead)
+  run = jobs.generate_texts(["The house is small.", "Hello.", "Good morning."], target,
+                            jaxspec.Speculation(head, gamma=2), max_new_tokens=4)
+  assert run.identical is True
+  out = capsys.readouterr().out
+  assert "identical to plain greedy output: True" in out and "c 0.000" not in out
+  with pytest.raises(CheckpointError, match="target_hidden_size"):
+    jobs.load_drafts(tiny_head(tmp_path / "other", target_hidden_size=24), target)
+  rand = jobs.load_drafts(f"random:{head_dir}", target)[f"random:{head_dir}"]  # its shapes, random weights
+  assert isinstance(rand, jaxspec.FeatureHead) and rand.name == f"random:{head_dir}"
+  np.testing.assert_array_equal(rand.params["d2t"], head.params["d2t"])  # the same draft vocabulary
+  assert rand.params["fc"].shape == head.params["fc"].shape and not np.allclose(rand.params["fc"], head.params["fc"])
