@@ -31,6 +31,7 @@ import os
 from absl import flags
 
 import jaxspec
+from jaxspec.bench.tune import TREE_SHAPES
 from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.cli.inputs import InputError, read_texts
 
@@ -64,11 +65,12 @@ def main(argv):
   target = jobs.load_target(FLAGS.target, mesh)
   drafts = jobs.load_drafts(FLAGS.draft, target, mesh)
   kw, sampling, gamma = cli_flags.run_kwargs(), cli_flags.sampling(), FLAGS.gamma
-  if gamma == cli_flags.AUTO or len(drafts) > 1:
+  trees = list(TREE_SHAPES) if FLAGS.tree == cli_flags.AUTO else [FLAGS.tree] if FLAGS.tree else []
+  if gamma == cli_flags.AUTO or len(drafts) > 1 or FLAGS.tree == cli_flags.AUTO:
     if not drafts:
       raise InputError("--gamma=auto needs at least one --draft to choose from.")
     choice = jobs.calibrate(target, drafts, texts, gammas=FLAGS.tune_gammas if gamma == cli_flags.AUTO else [gamma],
-                            prefix=_PREFIX.value, inputs=_CALIBRATION.value, sampling=sampling,
+                            prefix=_PREFIX.value, inputs=_CALIBRATION.value, sampling=sampling, trees=trees,
                             **{k: v for k, v in kw.items() if k != "seed"})
     speculation = choice.speculation
   else:

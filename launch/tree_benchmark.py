@@ -41,23 +41,13 @@ _OUT = flags.DEFINE_string("output_dir", "docs/bench", "Where trees.json and tre
 FLAGS = flags.FLAGS
 
 
-def _trees(spec: str) -> list[jaxspec.Tree]:
-  out = []
-  for part in spec.split(":"):
-    k, _, n = part.partition(",")
-    if not (k.strip().isdigit() and n.strip().isdigit()):
-      raise jaxspec.SettingsError(f"--trees: expected 'K,N' shapes separated by ':', got {part!r}.")
-    out.append(jaxspec.Tree(top_k=int(k), nodes=int(n)))
-  return out
-
-
 def main(argv):
   del argv
   target, draft = jaxspec.load(FLAGS.target), jaxspec.load(FLAGS.draft)
   spec = _INPUT.value if _INPUT.value not in ("train", "dev", "test") else split_path(_INPUT.value, "")
   texts = read_corpus_texts(spec, True)[:_SENTENCES.value]
   ids = encode_texts(target.tokenizer, texts, prefix=_PREFIX.value, max_input_length=MAX_INPUT_LENGTH)
-  shapes = _trees(_TREES.value)
+  shapes = cli_flags.parse_trees(_TREES.value)
   g = _GAMMA.value
   variants = [jaxspec.Speculation(draft, gamma=g)] + [jaxspec.Speculation(draft, gamma=g, tree=t) for t in shapes]
   if _LOOKUP.value:

@@ -38,6 +38,8 @@ _SENTENCES = flags.DEFINE_integer("sentences", 16, "Inputs used (the first N).",
 cli_flags.define_number_list("gammas", [1, 2, 3, 4, 6], "Gammas to try.", lower_bound=1)
 _SCHEDULES = flags.DEFINE_list("schedules", ["constant", "adaptive"], "Schedules to try: constant, adaptive, "
                                "heuristic.")
+_TREES = flags.DEFINE_string("trees", "", "Token-tree shapes to try 'K,N:K,N' (top_k, nodes; with draft models and "
+                             "prompt lookup, at every gamma deep enough); '' = chains only.")
 cli_flags.define_number_list("temperatures", [0.0], "Temperatures.", kind=float)
 cli_flags.define_number_list("batch_sizes", [1], "Batch sizes.", lower_bound=1)
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes per variant (the median is reported).", lower_bound=1)
@@ -73,7 +75,8 @@ def main(argv):
     raise InputError("--drafts: name at least one draft.")
   ids, refs = _inputs(target)
   result = jaxspec.tune(target, drafts, ids, gammas=FLAGS.gammas, batch_sizes=FLAGS.batch_sizes,
-                        temperatures=FLAGS.temperatures, schedules=_SCHEDULES.value, references=refs,
+                        temperatures=FLAGS.temperatures, schedules=_SCHEDULES.value,
+                        trees=cli_flags.parse_trees(_TREES.value), references=refs,
                         repeats=_REPEATS.value, max_new_tokens=_MAX_NEW.value, itl=_ITL.value,
                         min_speedup=_MIN.value)
   paths = report.write_tune(_OUT.value, result)

@@ -36,17 +36,31 @@ class Variant:
   draft: str  # a key of the sweep's drafts
   gamma: int
   schedule: str = "constant"  # Speculation.schedule
+  tree: jaxspec.Tree | None = None  # Speculation.tree (schedule "constant")
+
+  @property
+  def label(self) -> str:
+    """The schedule, or "tree K,N" for a token tree (the rows' "schedule" column)."""
+    return self.schedule if self.tree is None else f"tree {self.tree.top_k},{self.tree.nodes}"
 
   def speculation(self, drafts: dict, **fields) -> jaxspec.Speculation:
     """This variant's Speculation with drafts[self.draft]; fields: its other values (draft_cost, ...)."""
-    return jaxspec.Speculation(drafts[self.draft], gamma=self.gamma, schedule=self.schedule, **fields)
+    return jaxspec.Speculation(drafts[self.draft], gamma=self.gamma, schedule=self.schedule, tree=self.tree,
+                               **fields)
+
+  @classmethod
+  def of_row(cls, row: dict) -> "Variant":
+    """The variant that measured a row."""
+    tree = row.get("tree")
+    return cls(row["draft"], row["gamma"], "constant" if tree else row["schedule"],
+               jaxspec.Tree(*tree) if tree else None)
 
 
 def speculation_fields(speculation: jaxspec.Speculation) -> dict:
   """A Speculation's values but the draft, for a JSON row (rebuilt with `Variant.speculation(drafts, **fields)`
-  minus gamma and schedule)."""
+  minus gamma, schedule and tree)."""
   return {f.name: getattr(speculation, f.name) for f in dataclasses.fields(speculation)
-          if f.name not in ("draft", "gamma", "schedule")}
+          if f.name not in ("draft", "gamma", "schedule", "tree")}
 
 
 def fixed_batches(ids: Sequence[list[int]], batch: int) -> list[list[list[int]]]:
@@ -154,7 +168,8 @@ def _row(temp, batch, v: Variant, fields: dict, plain: timing.Passes, spec: timi
   if keep_tokens and temp == 0:  # plain decoding's new tokens per real input, in input order (EOS included)
     extra["plain_token_ids"] = [o.tokens[i, :o.lengths[i]].tolist() for o, n in zip(plain.outputs, real)
                                 for i in range(n)]
-  return {"draft": v.draft, "schedule": v.schedule, "speculation": fields, "temperature": temp, "batch": batch, "gamma": g,
+  return {"draft": v.draft, "schedule": v.label, "tree": None if v.tree is None else [v.tree.top_k, v.tree.nodes],
+          "speculation": fields, "temperature": temp, "batch": batch, "gamma": g,
           "alpha": alpha, "alpha_per_row": np.round(stats.alpha_per_row, 4).tolist(),
           "tokens_per_iteration": stats.tokens_per_iteration,
           "tau": float(stats.accepted.sum() / max(stats.iterations.sum(), 1)),  # accepted drafts per iteration
@@ -255,7 +270,7 @@ def measure(target, drafts: dict, variants: Sequence[Variant], ids: Sequence[lis
           row.update(plain_quality=plain_quality, quality=score(_texts(timed[v], len(ids))))
         rows.append(row)
         if verbose:
-          bar.write(f"T={temp:g} batch={batch} {v.draft} {v.schedule} gamma={v.gamma}: alpha {row['alpha']:.3f} "
+          bar.write(f"T={temp:g} batch={batch} {v.draft} {v.label} gamma={v.gamma}: alpha {row['alpha']:.3f} "
                     f"tok/it {row['tokens_per_iteration']:.2f} plain {row['plain_ms_per_token']:.2f} spec "
                     f"{row['spec_ms_per_token']:.2f} ms/token speedup {row['speedup']:.2f}x (Theorem 3.8 with r: "
                     f"{row['expected_speedup_with_r']:.2f}x, c={row['c']:.3f}, r={row['r']:.2f})")

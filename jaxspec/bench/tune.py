@@ -64,13 +64,15 @@ class Choice:
       return "plain decoding"
     s = self.speculation
     fields = sweep.speculation_fields(s)
-    return f"{self.draft_name}, gamma {s.gamma}, {s.schedule}" + "".join(
+    shape = s.schedule if s.tree is None else f"tree top_k {s.tree.top_k} nodes {s.tree.nodes}"
+    return f"{self.draft_name}, gamma {s.gamma}, {shape}" + "".join(
         f", {k} {v:.3g}" for k, v in fields.items() if v is not None and v != _DEFAULTS[k])
 
   def to_json(self) -> dict:
     s = self.speculation
     return {"temperature": self.temperature, "batch": self.batch, "draft": self.draft_name, "speedup": self.speedup,
             "why": self.why, **({} if s is None else {"gamma": s.gamma, "schedule": s.schedule,
+                                                       "tree": None if s.tree is None else [s.tree.top_k, s.tree.nodes],
                                                        **sweep.speculation_fields(s)})}
 
 
@@ -129,6 +131,11 @@ def adaptive_fields(c: float, r: float, gamma: int, alpha: float | None = None) 
   return {**fields, "fallback_alpha": fallback}
 
 
+# The tree shapes `--tree=auto` tries (translate.py): a narrow and a wide tree (EAGLE-2 uses top_k 8-10 and 60
+# nodes on GPUs; on a CPU, where a verify of N tokens costs about N times one, small trees are the candidates).
+TREE_SHAPES = (jaxspec.Tree(top_k=2, nodes=6), jaxspec.Tree(top_k=4, nodes=12))
+
+
 def calibrated(drafts: dict):
   """The sweep's `speculation` callback: each variant's Speculation, adaptive ones with `adaptive_fields` from
   the costs and acceptance measured in the same run."""
@@ -163,7 +170,7 @@ def choose(rows: list[dict], drafts: dict, min_speedup: float = MIN_SPEEDUP) -> 
              f"tokens/iteration, {top['mean_draft_length']:.2f} drafted, c {top['c']:.3f}, r {top['r']:.2f}; "
              f"Theorem 3.8 with r predicts {top['expected_speedup_with_r']:.2f}x)")
     if top["speedup"] >= min_speedup:
-      variant = sweep.Variant(top["draft"], top["gamma"], top["schedule"])
+      variant = sweep.Variant.of_row(top)
       best[key] = Choice(key[0], key[1], variant.speculation(drafts, **top["speculation"]), top["draft"],
                          top["speedup"], f"fastest of {len(group)}: {facts}{runner}")
     else:
@@ -202,7 +209,8 @@ def _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, s
 
 def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] = (1, 2, 3, 4, 6),
          batch_sizes: Sequence[int] = (1,), temperatures: Sequence[float] = (0.0,),
-         schedules: Sequence[str] = ("constant", "adaptive"), references: Sequence[str] | None = None,
+         schedules: Sequence[str] = ("constant", "adaptive"), trees: Sequence[jaxspec.Tree] = (),
+         references: Sequence[str] | None = None,
          top_k: int = 0, top_p: float = 1.0, repeats: int = 3, max_new_tokens: int = 64, itl: bool = True,
          min_speedup: float = MIN_SPEEDUP,
          max_input_length: int = MAX_INPUT_LENGTH, verbose: bool = True) -> TuneResult:
@@ -218,6 +226,8 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     inputs: texts (the target needs a tokenizer) or token-id lists; all of them are decoded in every pass.
     schedules: among "constant", "adaptive" (values from the measured costs, see the module docstring) and
       "heuristic".
+    trees: token-tree shapes (`jaxspec.Tree`) tried with every draft model and prompt lookup at every gamma deep
+      enough for the shape (`Tree.check_depth`), schedule "constant"; () tries chains only.
     references: one reference text per input: rows get BLEU and chrF (sacrebleu) of their outputs and of plain
       decoding's.
     top_k, top_p: sampling filters of every pass (as jaxspec.generate's).
@@ -238,6 +248,9 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
   variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
+  variants += [sweep.Variant(name, int(g), "constant", t) for name, d in drafts.items()
+               if isinstance(d, (jaxspec.Model, jaxspec.NGramDraft)) for t in trees for g in gammas
+               if t.top_k > 1 and t.pool_size(int(g)) >= t.nodes]
   start, load = time.time(), os.getloadavg()
   rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,
                        speculation=calibrated(drafts), top_k=top_k, top_p=top_p, itl=itl,

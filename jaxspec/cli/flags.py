@@ -97,6 +97,18 @@ class _TreeParser(flags.ArgumentParser):
     return "'K,N' (top_k,nodes)" + (f" or '{AUTO}'" if self.auto else "")
 
 
+def parse_trees(spec: str) -> list:
+  """'K,N:K,N' -> [jaxspec.Tree(K, N), ...] ('' -> []); a SettingsError names a bad shape."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  out = []
+  for part in (p for p in spec.split(":") if p.strip()):
+    k, _, n = part.partition(",")
+    if not (k.strip().isdigit() and n.strip().isdigit()):
+      raise SettingsError(f"expected tree shapes 'K,N' (top_k, nodes) separated by ':', got {part!r}.")
+    out.append(jaxspec.Tree(top_k=int(k), nodes=int(n)))
+  return out
+
+
 def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: int = 64,
                     max_input_length: int = 128, gamma_flag: bool = True, auto_gamma: bool = False) -> None:
   """--gamma (an integer >= 1; with auto_gamma also 'auto'), --tree ('' for chains, 'K,N'; with auto_gamma also
@@ -107,10 +119,10 @@ def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: i
   elif gamma_flag:
     flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
   if gamma_flag:
-    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model): 'K,N' drafts a tree of depth "
-                 "--gamma, expanding the K best nodes per depth and keeping the N best (jaxspec.Tree(top_k=K, "
-                 "nodes=N)); '' drafts chains" + (f"; '{AUTO}' lets the tuner choose a tree or a chain with --gamma="
-                                                   f"{AUTO}." if auto_gamma else "."))
+    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model or ngram): 'K,N' drafts a tree "
+                 "of depth --gamma, expanding the K best nodes per depth and keeping the N best (jaxspec.Tree(top_k=K,"
+                 " nodes=N)); '' drafts chains" + (f"; '{AUTO}' times chains and a few tree shapes on the first "
+                                                   "inputs and uses the fastest." if auto_gamma else "."))
   flags.DEFINE_integer("max_new_tokens", max_new_tokens, "Tokens generated per input at most.", lower_bound=1)
   flags.DEFINE_integer("max_input_length", max_input_length, "Longest input in tokens (EOS included).",
                        lower_bound=1)

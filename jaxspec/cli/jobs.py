@@ -115,7 +115,7 @@ def load_pair(target_name: str, draft_name: str | None, mesh=None):
 def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, batch_size: int = 1,
               sampling: jaxspec.Sampling | None = None, max_new_tokens: int = 64,
               max_input_length: int = MAX_INPUT_LENGTH, prefix: str = "", inputs: int = 16, repeats: int = 1,
-              schedules=("constant", "adaptive")) -> tune.Choice:
+              schedules=("constant", "adaptive"), trees=()) -> tune.Choice:
   """The tuner (`jaxspec.tune`) on up to `inputs` of the texts (those of their most common prompt-length bucket:
   one compilation per variant) at this job's batch size and sampling settings. Prints the table, the choice and
   why; returns the choice (plain decoding when no variant is measured faster)."""
@@ -127,10 +127,11 @@ def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, 
   _, ids = bench_loop.common_bucket(ids, inputs)
   main = jaxspec.is_main_process()
   if main:
+    shapes = [f"tree {t.top_k},{t.nodes}" for t in trees]
     print(f"calibrating on {len(ids)} inputs: drafts {', '.join(drafts)} x gammas {list(gammas)} x "
-          f"{', '.join(schedules)}, batch {batch_size}, temperature {temperature:g}", file=sys.stderr)
+          f"{', '.join(list(schedules) + shapes)}, batch {batch_size}, temperature {temperature:g}", file=sys.stderr)
   result = tune.tune(target, drafts, ids, gammas=gammas, batch_sizes=(batch_size,), temperatures=(temperature,),
-                     schedules=schedules, top_k=sampling.top_k, top_p=sampling.top_p, repeats=repeats,
+                     schedules=schedules, trees=trees, top_k=sampling.top_k, top_p=sampling.top_p, repeats=repeats,
                      max_new_tokens=max_new_tokens,
                      itl=False, max_input_length=max_input_length, verbose=False)
   choice = result.best[(temperature, batch_size)]

@@ -199,7 +199,7 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
   res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto",
-                    "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
+                    "--tree=2,3", "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
                     f"--output={out}"])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "calibrating on" in res.stderr
@@ -207,6 +207,8 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   for name in (draft, head, "ngram"):
     for schedule in ("constant", "adaptive"):
       assert re.search(rf"\| {re.escape(name)} +\| {schedule} +\| 2 +\|", res.stdout), (name, schedule)
+  for name in (draft, "ngram"):  # --tree: token trees calibrated beside the chains (not for heads)
+    assert re.search(rf"\| {re.escape(name)} +\| tree 2,3 +\| 2 +\|", res.stdout), name
   chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
   assert "plain decoding" in chosen or "gamma" in chosen
   assert len(out.read_text().split("\n")) == 5 + 1 and "== summary" in res.stdout
@@ -215,3 +217,22 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
                                     f"--input={inputs}"]), "--gamma=auto needs at least one --draft")
   assert_one_line_error(run_script(["launch/translate.py", "--gamma=fast", "--target=no-such-model"]),
                         "--gamma=fast", "'auto'")
+
+
+def test_tune_tries_token_trees_and_chooses_one():
+  """`trees=`: every tree shape at every gamma deep enough, with draft models and prompt lookup (schedule
+  "constant"); a winning tree row becomes a Speculation with that tree."""
+  tree_row = dict(_row(1.6, "a", 3), schedule="tree 2,4", tree=[2, 4])
+  best = tune.choose([_row(1.3, "a", 3), tree_row], {"a": jaxspec.NGramDraft()})[(0.0, 1)]
+  assert best.speculation.tree == jaxspec.Tree(2, 4) and best.speculation.gamma == 3
+  assert "tree top_k 2 nodes 4" in best.describe() and best.to_json()["tree"] == [2, 4]
+
+
+def test_tune_measures_tree_rows_that_decode_exactly(llama):
+  prompts = [[5, 9, 12, 3, 40, 5, 9, 12], [30, 2, 11, 8, 9, 13, 50, 2, 11]]
+  result = jaxspec.tune(llama, {"ngram": jaxspec.NGramDraft()}, prompts, gammas=(1, 2), batch_sizes=(2,),
+                        schedules=("constant",), trees=[jaxspec.Tree(2, 3)], repeats=1, max_new_tokens=6, itl=False,
+                        min_speedup=0.0, verbose=False)
+  shapes = sorted((r["schedule"], r["gamma"]) for r in result.rows)
+  assert shapes == [("constant", 1), ("constant", 2), ("tree 2,3", 2)]  # depth 1 proposes only 2 < 3 nodes
+  assert all(r["identical_to_plain"] is True for r in result.rows)

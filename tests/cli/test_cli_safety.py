@@ -293,6 +293,8 @@ def test_generate_gamma_auto_is_refused_in_one_line():
   """--gamma=auto in generate.py: 'invalid literal for int()'; now it says where the measured choice is."""
   res = run_script(["launch/generate.py", "--gamma=auto", "--target=no-such-model"], stdin=b"Hello.\n")
   assert_one_line_error(res, "--gamma=auto", "translate.py")
+  res = run_script(["launch/generate.py", "--tree=auto", "--target=no-such-model"], stdin=b"Hello.\n")
+  assert_one_line_error(res, "--tree=auto", "translate.py")
 
 
 def test_the_default_draft_is_dropped_for_another_family(tmp_path):
