@@ -192,9 +192,11 @@ def _restore(manager, params, opt_state, meta: dict, mesh: Mesh | None, workdir:
   if differ:
     raise ConfigError(f"{workdir}/checkpoints belong to a run with other {' and '.join(differ)}: use another "
                       "directory, or remove it to start over.")
-  if saved.get("settings") != meta["settings"]:
-    log(f"the step settings changed since the checkpoint (was {saved.get('settings')}): continuing with the new "
-        "ones (not a reproduction of the first run)")
+  changed = {k: (old, meta["settings"][k]) for k, old in (saved.get("settings") or {}).items()
+             if meta["settings"].get(k) != old}
+  if changed:
+    log("settings changed since the checkpoint: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+        + " (the run continues with the new ones: no longer a reproduction of the first run)")
   params, opt_state = restored.state["params"], restored.state["opt_state"]
   if mesh is None:  # Orbax commits them to a device: as fresh arrays instead, the compiled step is reused.
     params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
@@ -257,7 +259,8 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state,
                                                                          target.params["embedding"], maps), mesh)
   as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name)
-  meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(), "settings": repr(settings)}
+  meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(),
+          "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"}}
   manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
                                   options=ocp.CheckpointManagerOptions(max_to_keep=c.keep_checkpoints))
   try:
