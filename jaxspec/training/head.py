@@ -145,15 +145,17 @@ def evaluate(target, head: FeatureHead, prompts: Sequence[Sequence[int]], *, gam
 
 
 def _data(target, prompts, workdir: str, c: HeadTrainConfig, log) -> head_data.HeadData:
-  """WORKDIR/data.json, regenerated when absent; ConfigError when it was made from other prompts or settings."""
+  """WORKDIR/data.json, regenerated when absent; ConfigError when it was made from other prompts, settings or
+  another target (its config and the first rows of its embedding)."""
+  first_rows = np.asarray(jax.device_get(target.params["embedding"][:4]), np.float32)
   key = head_data.fingerprint(prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed,
-                              vocab_size=target.config.vocab_size)
+                              target=target.config.to_hf_dict(), embedding=first_rows.round(6).tolist())
   path = os.path.join(workdir, "data.json")
   if os.path.exists(path):
     data = head_data.HeadData.load(path)
     if data.fingerprint != key:
-      raise ConfigError(f"{path} was regenerated from other prompts or settings (max_new_tokens, temperature, "
-                        f"seed): use another directory, or remove it to start over.")
+      raise ConfigError(f"{path} was regenerated from other prompts, settings (max_new_tokens, temperature, seed) "
+                        f"or another target: use another directory, or remove it to start over.")
     log(f"read {len(data)} regenerated rows from {path}")
     return data
   sampling = jaxspec.Sampling(temperature=c.temperature) if c.temperature > 0 else None

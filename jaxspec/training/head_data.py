@@ -1,7 +1,7 @@
 """Data for training an EAGLE-3 feature head: the target's own responses, the draft vocabulary, the batch order,
 and the target's features and soft labels captured one batch at a time.
 
-    data = regenerate(target, prompts, sampling, max_new_tokens=256, batch_size=8)  # prompt + target's response
+    data = regenerate(target, prompts, sampling, max_new_tokens=256, batch_size=8, max_input_length=512)
     d2t, t2d = draft_vocab(data, vocab_size, draft_vocab_size)   # the most frequent response tokens
     rows = batch_rows(len(data), batch_size, step, seed)         # the rows of training step `step`
     ids, lengths, starts = data.batch(rows, width)               # [B, W] right-padded, [B], [B]
@@ -30,7 +30,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
 from typing import Sequence
 
 import jax
@@ -88,7 +87,8 @@ class HeadData:
 
 
 def fingerprint(prompts: Sequence[Sequence[int]], **settings) -> str:
-  """A short hash of the prompts and the settings that shaped the responses (a resumed run must see the same)."""
+  """A short hash of the prompts and of what shaped the responses (settings, the target: JSON-able values); a
+  resumed run must see the same."""
   blob = json.dumps({"prompts": [list(map(int, p)) for p in prompts], **settings}, sort_keys=True)
   return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -107,7 +107,8 @@ def check_prompts(prompts: Sequence[Sequence[int]], vocab_size: int, what: str =
 
 
 def regenerate(target, prompts: Sequence[Sequence[int]], sampling: "jaxspec.Sampling | None" = None, *,
-               max_new_tokens: int, batch_size: int, max_input_length: int, seed: int = 0, bar: bool = True) -> HeadData:
+               max_new_tokens: int, batch_size: int, max_input_length: int, seed: int = 0,
+               bar: bool = True) -> HeadData:
   """Each prompt followed by the target's own response (`jaxspec.generate`, plain decoding; EOS kept).
 
   Batches have one size (a short last batch is filled with copies of its last prompt, dropped after), so each

@@ -119,27 +119,28 @@ def test_the_unroll_is_the_drafter_chain():
   embed = jnp.asarray(rng.randn(16, 32), jnp.float32)
   features = jnp.asarray(rng.randn(batch, width, 96), jnp.float32)
   tokens = jnp.asarray(rng.randint(0, 16, (batch, width)), jnp.int32)
-  logits, out = jax.jit(head_steps.unroll, static_argnums=(1, 5))(params, cfg, embed, features, tokens, steps)
-  head = eagle3.Eagle3Head(cfg)
-  full, prenorm = jax.jit(head.prefill_hidden, static_argnums=5)(params, embed, features, tokens,
-                                                                  jnp.full((batch,), width, jnp.int32), 4)
+  head, ts = eagle3.Eagle3Head(cfg), (0, 3, width - steps - 1)
 
   @jax.jit
-  def chain(t):
-    cache = full.replace(lengths=jnp.full((batch,), t + 1, jnp.int32))  # entries 0..t
-    hidden, out = prenorm[:, t], []
-    for i in range(1, steps):
-      pre, cache = head.feed(params, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
-      hidden = pre[:, 0]
-      out.append(hidden)
-    return out
+  def both():  # one program: the unroll, and for each t the prefill and the chain
+    logits, out = head_steps.unroll(params, cfg, embed, features, tokens, steps)
+    full, prenorm = head.prefill_hidden(params, embed, features, tokens, jnp.full((batch,), width, jnp.int32), 4)
+    chains = []
+    for t in ts:
+      cache = full.replace(lengths=jnp.full((batch,), t + 1, jnp.int32))  # entries 0..t
+      hidden, chain = prenorm[:, t], [prenorm[:, t]]
+      for i in range(1, steps):
+        pre, cache = head.feed(params, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
+        hidden = pre[:, 0]
+        chain.append(hidden)
+      chain = jnp.stack(chain)  # [S, B, H]
+      chains.append((chain, eagle3.draft_logits(params, cfg, chain)))
+    return logits, out, chains
 
-  for t in (0, 3, width - steps - 1):
-    np.testing.assert_allclose(out[0, :, t], prenorm[:, t], atol=1e-5)
-    for i, hidden in enumerate(chain(t), 1):
-      np.testing.assert_allclose(out[i, :, t], hidden, atol=1e-4)
-      np.testing.assert_allclose(logits[i, :, t], eagle3.draft_logits(params, cfg, hidden[:, None])[:, 0],
-                                 atol=1e-4)
+  logits, out, chains = both()
+  for t, (chain, chain_logits) in zip(ts, chains):
+    np.testing.assert_allclose(out[:, :, t], chain, atol=1e-4)
+    np.testing.assert_allclose(logits[:, :, t], chain_logits, atol=1e-4)
   assert not np.allclose(out[1], out[2], atol=1e-2)  # the steps differ: the check can fail
 
 
@@ -165,7 +166,7 @@ def test_a_resumed_run_equals_the_uninterrupted_one(run, tmp_path):
   assert [r["loss"] for r in resumed.logs] == [r["loss"] for r in result.logs[3:]]
   jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), resumed.head.params,
                result.head.params)
-  with pytest.raises(ConfigError, match="other prompts or settings"):  # a directory of another run
+  with pytest.raises(ConfigError, match="other prompts, settings"):  # a directory of another run
     train_head(tiny.tiny_target(), HELD, str(tmp_path), config)
 
 
