@@ -8,7 +8,7 @@ format; launch/train_head.py and notebooks call it.
 What a run does, in WORKDIR:
   1. data.json: each prompt followed by the target's own response (`head_data.regenerate`: greedy, or sampled
      with config.temperature), written once; a resumed run reads it back (and refuses one made from other
-     prompts or settings).
+     prompts, settings or another target).
   2. The draft vocabulary: the config.draft_vocab_size most frequent response tokens (`head_data.draft_vocab`).
   3. Steps: batch k holds the rows `head_data.batch_rows(n, B, k, seed)` (a function of k only); the target's
      features and soft labels are captured for that batch alone (`head_data.capture`), then one AdamW step on
