@@ -6,10 +6,11 @@ feature alignment and how a drafter calls these pieces.
 """
 
 from jaxspec.models.eagle3.config import Eagle3Config
-from jaxspec.models.eagle3.model import (Eagle3Cache, Eagle3Head, embedding_table, feed, fuse, init_cache,
-                                         init_params, logits, param_shapes, prefill, prefill_hidden, step, vocab_maps)
+from jaxspec.models.eagle3.model import (Eagle3Cache, Eagle3Head, attention_inputs, draft_logits, embedding_table,
+                                         feed, fuse, init_cache, init_params, layer_output, logits, param_shapes,
+                                         prefill, prefill_hidden, step, vocab_maps)
 from jaxspec.models.eagle3.weights import check_fits, check_vocab_map, load, save
 
-__all__ = ["Eagle3Cache", "Eagle3Config", "Eagle3Head", "check_fits", "check_vocab_map", "embedding_table", "feed",
-           "fuse", "init_cache", "init_params", "load", "logits", "param_shapes", "prefill", "prefill_hidden", "save",
-           "step", "vocab_maps"]
+__all__ = ["Eagle3Cache", "Eagle3Config", "Eagle3Head", "attention_inputs", "check_fits", "check_vocab_map",
+           "draft_logits", "embedding_table", "feed", "fuse", "init_cache", "init_params", "layer_output", "load",
+           "logits", "param_shapes", "prefill", "prefill_hidden", "save", "step", "vocab_maps"]

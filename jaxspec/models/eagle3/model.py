@@ -142,24 +142,36 @@ def fuse(params: dict, cfg: Eagle3Config, features: jax.Array) -> jax.Array:
   return features @ params["fc"]
 
 
-def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
-           tokens: jax.Array, key_len: int) -> tuple[jax.Array, Eagle3Cache]:
-  """The decoder layer over T entries at positions cache.lengths: (pre-norm output [B, T, H], cache)."""
-  starts = cache.lengths
-  positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
+def attention_inputs(params: dict, cfg: Eagle3Config, embed: jax.Array, hidden: jax.Array, tokens: jax.Array,
+                     positions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The layer's queries [B, T, N, Hd], keys and values [B, T, K, Hd] (q and k rotated at `positions` [B, T])
+  from concat(input_norm(embed(tokens)), hidden_norm(hidden)) [B, T, 2H]. hidden [B, T, H], tokens [B, T] int."""
   e = jnp.take(embed, tokens, axis=0).astype(hidden.dtype)  # [B, T, H]
   x = jnp.concatenate([_norm(cfg, e, params["input_norm"]), _norm(cfg, hidden, params["hidden_norm"])], axis=-1)
   a = params["attention"]
   cos, sin = layers.rope_angles(cfg.rope, cfg.head_dim, positions)
   q = layers.apply_rope(layers.project(x, a["q"]), cos, sin)  # [B, T, N, Hd]
   k = layers.apply_rope(layers.project(x, a["k"]), cos, sin)  # [B, T, K, Hd]
-  v = layers.project(x, a["v"])
+  return q, k, layers.project(x, a["v"])
+
+
+def layer_output(params: dict, cfg: Eagle3Config, hidden: jax.Array, attended: jax.Array) -> jax.Array:
+  """The pre-norm output [B, T, H]: `hidden` (the attention's residual) plus the projected attention output
+  `attended` [B, T, N, Hd], then the gated MLP with its pre-norm and residual."""
+  h = hidden + layers.output_projection(attended, params["attention"]["o"])
+  return h + layers.gated_mlp(params["mlp"], _norm(cfg, h, params["mlp_norm"]), cfg.activation)
+
+
+def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+           tokens: jax.Array, key_len: int) -> tuple[jax.Array, Eagle3Cache]:
+  """The decoder layer over T entries at positions cache.lengths: (pre-norm output [B, T, H], cache)."""
+  starts = cache.lengths
+  positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
+  q, k, v = attention_inputs(params, cfg, embed, hidden, tokens, positions)
   ks, vs = write_rows(cache.k, k, starts), write_rows(cache.v, v, starts)
   allowed = layers.attention_mask(positions, jnp.arange(key_len), None)  # [B, 1, 1, T, C]
   o = layers.attend(q, ks[:, :key_len], vs[:, :key_len], allowed, cfg.head_dim ** -0.5, None)
-  h = hidden + layers.output_projection(o, a["o"])
-  h = h + layers.gated_mlp(params["mlp"], _norm(cfg, h, params["mlp_norm"]), cfg.activation)
-  return h, cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
+  return layer_output(params, cfg, hidden, o), cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
 
 
 def draft_logits(params: dict, cfg: Eagle3Config, prenorm: jax.Array) -> jax.Array:

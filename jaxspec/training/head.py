@@ -1,0 +1,337 @@
+"""`train_head(target, prompts, workdir, config)`: trains an EAGLE-3 feature head for a decoder-only target, with
+resumable checkpoints, held-out acceptance as it trains, data parallelism on a mesh, and export in SpecForge's
+format; launch/train_head.py and notebooks call it.
+
+    result = train_head(target, prompts, "runs/head", HeadTrainConfig(steps=2000), heldout_prompts=held)
+    head = jaxspec.load("runs/head/head")          # == result.head: Speculation(head, gamma=3) drafts with it
+
+What a run does, in WORKDIR:
+  1. data.json: each prompt followed by the target's own response (`head_data.regenerate`: greedy, or sampled
+     with config.temperature), written once; a resumed run reads it back (and refuses one made from other
+     prompts, settings or another target).
+  2. The draft vocabulary: the config.draft_vocab_size most frequent response tokens (`head_data.draft_vocab`).
+  3. Steps: batch k holds the rows `head_data.batch_rows(n, B, k, seed)` (a function of k only); the target's
+     features and soft labels are captured for that batch alone (`head_data.capture`), then one AdamW step on
+     the training-time test's loss (`head_steps.train_step`).
+  4. checkpoints/: Orbax, every config.checkpoint_every steps and at the end (the parameters, the optimizer state,
+     the step and what the data was made from). A killed run started again with the same WORKDIR continues from
+     its latest checkpoint and reproduces the uninterrupted run: the batch order depends on the step only and
+     nothing else is random. Orbax writes a checkpoint under a temporary name and renames it when complete, so a
+     kill mid-write leaves the previous one.
+  5. Every config.eval_every steps (and at steps 0 and the last) the head drafts for the target on the held-out
+     prompts: `jaxspec.generate(target, heldout, Speculation(head, gamma))`, greedy; tokens per iteration
+     (target calls saved) and alpha (acceptance) from its DecodeStats.
+  6. head/: the final head, `jaxspec.save`d in SpecForge's EAGLE-3 format (config.json + model.safetensors, no
+     embed_tokens: the head embeds with the target's table), which `jaxspec.load` reads back.
+
+With a `mesh` (`jaxspec.make_mesh(data=D)`), every batch is split over the mesh's "data" axis and the head's
+parameters and optimizer state are replicated: XLA all-reduces the gradients, so a step computes what one device
+computes (to float rounding). The target is placed on the mesh by the default rules (`jaxspec.shard`) unless it
+already is; a "model" axis shards the target as for decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import jaxspec
+from jaxspec import sharding
+from jaxspec.cli.outputs import progress as progress_bar
+from jaxspec.errors import ConfigError
+from jaxspec.model import FeatureHead
+from jaxspec.models import eagle3
+from jaxspec.models.decoder_only.config import DecoderOnlyConfig
+from jaxspec.training import head_data, head_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTrainConfig:
+  """Every setting of a head training run (launch/train_head.py's flags)."""
+
+  steps: int = 1000  # Optimizer steps.
+  batch_size: int = 8  # Rows per step (split over the mesh's data axis).
+  learning_rate: float = 1e-4  # SpecForge's default (the EAGLE-3 paper: 5e-5).
+  warmup_steps: int = 0  # Linear warm-up of the learning rate.
+  cosine: bool = True  # Cosine decay of the learning rate to 0 at `steps` (else constant after the warm-up).
+  weight_decay: float = 0.0
+  clip: float = 0.5  # Gradient clipping by global norm.
+  draft_vocab_size: int = 32000  # The head's output vocabulary: the most frequent response tokens.
+  ttt_steps: int = 7  # Draft steps unrolled in the training-time test.
+  ttt_decay: float = 0.8  # Step i's loss weighs ttt_decay ** i.
+  max_new_tokens: int = 256  # Longest regenerated response.
+  max_input_length: int = 512  # Longest prompt (tokens).
+  temperature: float = 0.0  # Regeneration: 0 greedy, else sampled at this temperature.
+  generate_batch_size: int = 8  # Rows per generate call (regeneration and evaluation).
+  eval_every: int = 100  # Held-out acceptance every this many steps (0: at the start and the end only).
+  eval_gamma: int = 3  # Draft tokens per iteration in the held-out evaluation.
+  eval_max_new_tokens: int = 64
+  checkpoint_every: int = 100  # 0: only at the end.
+  keep_checkpoints: int = 2
+  log_every: int = 10
+  seed: int = 0  # The head's initialisation, the batch order, regeneration samples.
+  progress: bool = True  # A tqdm bar on stderr.
+  verbose: bool = True  # Progress lines on stdout (loss, acceptance).
+
+  def check(self, vocab_size: int) -> None:
+    """ConfigError naming the first setting out of its range."""
+    positive = ("steps", "batch_size", "ttt_steps", "max_new_tokens", "max_input_length", "generate_batch_size",
+                "eval_gamma", "eval_max_new_tokens", "keep_checkpoints", "log_every")
+    for name in positive:
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name}={value!r}: expected an integer >= 1.")
+    for name in ("warmup_steps", "eval_every", "checkpoint_every", "seed"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{name}={value!r}: expected an integer >= 0.")
+    if not 1 <= self.draft_vocab_size <= vocab_size:
+      raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, {vocab_size}] (the target's "
+                        f"vocabulary).")
+    for name in ("learning_rate", "clip"):
+      if not np.isfinite(getattr(self, name)) or getattr(self, name) <= 0:
+        raise ConfigError(f"{name}={getattr(self, name)!r}: expected a number > 0.")
+    if not 0 < self.ttt_decay <= 1 or not np.isfinite(self.temperature) or self.temperature < 0 or (
+        self.weight_decay < 0):
+      raise ConfigError(f"ttt_decay={self.ttt_decay} must be in (0, 1], temperature={self.temperature} and "
+                        f"weight_decay={self.weight_decay} >= 0.")
+
+
+@dataclasses.dataclass
+class HeadTrainResult:
+  """What `train_head` returns: the trained head, the records it logged, and where it exported the head."""
+
+  head: FeatureHead
+  logs: list[dict]  # {"step", "loss", "loss_i", "acc_i", "grad_norm", "positions", "steps_per_s"} per log line
+  evals: list[dict]  # {"step", "tokens_per_iteration", "alpha", "accepted", "drafted"} per evaluation
+  export_dir: str
+
+
+def head_config(target_config: DecoderOnlyConfig, draft_vocab_size: int) -> eagle3.Eagle3Config:
+  """A head of the target's shapes (as SpecForge builds one from the target's config): its hidden size,
+  attention heads, MLP width, RoPE and norm epsilon, and the default feature layers (2, L // 2, L - 3)."""
+  c = target_config
+  return eagle3.Eagle3Config(
+      vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, hidden_size=c.hidden_size,
+      target_hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
+      num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, activation=c.activation, rms_norm_eps=c.rms_norm_eps,
+      rope=c.rope, max_position_embeddings=c.max_position_embeddings, pad_token_id=c.pad_token_id)
+
+
+def evaluate(target, head: FeatureHead, prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int,
+             batch_size: int, max_input_length: int) -> dict:
+  """Greedy speculative decoding of `prompts` with the head drafting: tokens per iteration (tokens per target
+  call, 1.0 without speculation) and alpha over every prompt (batches of one size; filler rows left out)."""
+  spec = jaxspec.Speculation(head, gamma=gamma)
+  parts = []
+  for k in range(0, len(prompts), batch_size):
+    rows = [list(p) for p in prompts[k:k + batch_size]]
+    real = len(rows)
+    rows += [rows[-1]] * (batch_size - real)
+    out = jaxspec.generate(target, rows, spec, max_new_tokens=max_new_tokens, max_input_length=max_input_length)
+    parts.append(out.stats.select(slice(0, real)))
+  stats = jaxspec.DecodeStats.concatenate(parts)
+  return {"tokens_per_iteration": stats.tokens_per_iteration, "alpha": stats.alpha,
+          "accepted": int(stats.accepted.sum()), "drafted": int(stats.drafted.sum())}
+
+
+def _data(target, prompts, workdir: str, c: HeadTrainConfig, log) -> head_data.HeadData:
+  """WORKDIR/data.json, regenerated when absent; ConfigError when it was made from other prompts, settings or
+  another target (its config and the first rows of its embedding)."""
+  first_rows = np.asarray(jax.device_get(target.params["embedding"][:4]), np.float32)
+  key = head_data.fingerprint(prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed,
+                              target=target.config.to_hf_dict(), embedding=first_rows.round(6).tolist())
+  path = os.path.join(workdir, "data.json")
+  if os.path.exists(path):
+    data = head_data.HeadData.load(path)
+    if data.fingerprint != key:
+      raise ConfigError(f"{path} was regenerated from other prompts, settings (max_new_tokens, temperature, seed) "
+                        f"or another target: use another directory, or remove it to start over.")
+    log(f"read {len(data)} regenerated rows from {path}")
+    return data
+  sampling = jaxspec.Sampling(temperature=c.temperature) if c.temperature > 0 else None
+  t0 = time.time()
+  data = head_data.regenerate(target, prompts, sampling, max_new_tokens=c.max_new_tokens,
+                              batch_size=c.generate_batch_size, max_input_length=c.max_input_length, seed=c.seed,
+                              bar=c.progress)
+  data.fingerprint = key
+  data.save(path)
+  tokens = sum(len(r) for r in data.responses())
+  log(f"regenerated {len(data)} responses ({tokens} tokens) in {time.time() - t0:.0f} s -> {path}")
+  return data
+
+
+def _place(target, state: tuple, mesh: Mesh | None) -> tuple:
+  """(target, state, place_rows): without a mesh, as they are; on one, the target placed by the default rules
+  (unless it already is), every array of `state` (the head's parameters, optimizer state, embedding, vocabulary
+  maps) replicated, and place_rows putting a batch's rows over the "data" axis."""
+  if mesh is None:
+    return target, state, lambda x: x
+  if sharding.mesh_of(target.params) is not mesh:
+    target = jaxspec.shard(target, mesh)
+  replicated, split = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+  return target, jax.tree.map(lambda x: sharding.place(x, replicated), state), lambda x: sharding.place(x, split)
+
+
+def _restore(manager, params, opt_state, meta: dict, mesh: Mesh | None, workdir: str, log) -> tuple:
+  """(params, opt_state, step) of the latest checkpoint, restored as `params` and `opt_state` are placed; the
+  arguments and step 0 when there is none. ConfigError for checkpoints of other data or another head shape."""
+  if manager.latest_step() is None:
+    return params, opt_state, 0
+  restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
+      state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}), meta=ocp.args.JsonRestore()))
+  saved = restored.meta
+  differ = [k for k in ("data", "head") if saved.get(k) != meta[k]]
+  if differ:
+    raise ConfigError(f"{workdir}/checkpoints belong to a run with other {' and '.join(differ)}: use another "
+                      "directory, or remove it to start over.")
+  changed = {k: (old, meta["settings"][k]) for k, old in (saved.get("settings") or {}).items()
+             if meta["settings"].get(k) != old}
+  if changed:
+    log("settings changed since the checkpoint: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+        + " (the run continues with the new ones: no longer a reproduction of the first run)")
+  params, opt_state = restored.state["params"], restored.state["opt_state"]
+  if mesh is None:  # Orbax commits them to a device: as fresh arrays instead, the compiled step is reused.
+    params, opt_state = jax.tree.map(lambda x: jnp.asarray(np.asarray(x)), (params, opt_state))
+  log(f"resumed from step {saved['step']}")
+  return params, opt_state, int(saved["step"])
+
+
+def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: HeadTrainConfig = HeadTrainConfig(),
+               *, heldout_prompts: Sequence[Sequence[int]] = (), mesh: Mesh | None = None,
+               on_log: Callable[[dict], None] | None = None, name: str | None = None) -> HeadTrainResult:
+  """Trains an EAGLE-3 head for `target` on its responses to `prompts` (the module docstring).
+
+  Args:
+    target: a decoder-only `jaxspec.Model` (its features feed the head; its embedding is the head's, frozen).
+    prompts: token-id lists; heldout_prompts: token-id lists for the acceptance evaluations (none: no evals).
+    workdir: data, checkpoints and the exported head (resumed when it holds a run's checkpoints).
+    mesh: None (one device) or a mesh with a "data" axis that divides config.batch_size.
+    on_log: called with every log record and evaluation record (dicts, "kind": "train" or "eval"), after the
+      step's checkpoint is written: notebooks collect curves with it.
+  Returns:
+    HeadTrainResult; the head is also in WORKDIR/head.
+  Raises:
+    ConfigError (bad settings, a target that is not decoder-only, a WORKDIR of another run), InputError (no or
+    empty prompts), CheckpointError (a target with fewer than 3 layers).
+  """
+  c = config
+  if not isinstance(target.config, DecoderOnlyConfig):
+    raise ConfigError(f"training a feature head needs a decoder-only target, got {type(target.config).__name__} "
+                      "(an encoder-decoder target has no published head format: docs/heads.md).")
+  vocab = target.config.vocab_size
+  c.check(vocab)
+  prompts = head_data.check_prompts(prompts, vocab)
+  heldout = head_data.check_prompts(heldout_prompts, vocab, "heldout_prompts") if len(heldout_prompts) else []
+  if mesh is not None:
+    data_size = dict(mesh.shape).get("data", 1)
+    if c.batch_size % data_size:
+      raise ConfigError(f"batch_size={c.batch_size} is not a multiple of the mesh's data axis ({data_size}).")
+  cfg = head_config(target.config, c.draft_vocab_size)
+  layers = eagle3.check_fits(cfg, target.config)
+  os.makedirs(workdir, exist_ok=True)
+  bar = None
+
+  def log(line: str) -> None:
+    if c.verbose:
+      (bar.write(line, file=sys.stdout) if bar is not None else print(line))
+      sys.stdout.flush()
+
+  data = _data(target, prompts, workdir, c, log)
+  if len(data) < c.batch_size:
+    raise ConfigError(f"batch_size={c.batch_size} exceeds the {len(data)} training rows.")
+  d2t, t2d = head_data.draft_vocab(data, vocab, c.draft_vocab_size)
+  draft_ids = jnp.asarray(np.flatnonzero(t2d), jnp.int32)
+  params = head_steps.init_weights(cfg, c.seed)
+  settings = head_steps.HeadStepConfig(head=cfg, ttt_steps=c.ttt_steps, decay=c.ttt_decay,
+                                       learning_rate=c.learning_rate, warmup_steps=c.warmup_steps,
+                                       total_steps=c.steps if c.cosine else None, weight_decay=c.weight_decay,
+                                       clip=c.clip)
+  opt_state = head_steps.make_optimizer(settings).init(params)
+  maps = {"d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
+  target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state,
+                                                                         target.params["embedding"], maps), mesh)
+  as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name)
+  meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(),
+          "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"}}
+  manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
+                                  options=ocp.CheckpointManagerOptions(max_to_keep=c.keep_checkpoints))
+  try:
+    params, opt_state, step = _restore(manager, params, opt_state, meta, mesh, workdir, log)
+  except BaseException:
+    manager.close()
+    raise
+
+  decoder, width, pad = target.decoder(), data.width, target.config.pad_token_id
+  logs, evals, pending = [], [], []
+  eval_kw = dict(gamma=c.eval_gamma, max_new_tokens=c.eval_max_new_tokens, batch_size=c.generate_batch_size,
+                 max_input_length=c.max_input_length)
+
+  def run_eval(at: int) -> dict:
+    record = {"kind": "eval", "step": at, **evaluate(target, as_head(params), heldout, **eval_kw)}
+    evals.append(record)
+    log(f"eval step {at}: {record['tokens_per_iteration']:.3f} tokens per target call, alpha {record['alpha']:.3f} "
+        f"(gamma {c.eval_gamma}, {len(heldout)} held-out prompts)")
+    return record
+
+  log(f"training a head: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, draft vocabulary "
+      f"{c.draft_vocab_size} of {vocab}, feature layers {layers}, {len(data)} rows of width {width}, batch "
+      f"{c.batch_size}{'' if mesh is None else f' on mesh {dict(mesh.shape)}'}")
+  records = []
+  if heldout and step == 0:
+    records.append(run_eval(0))
+  bar = progress_bar(c.steps, "train head", unit="step", initial=step) if c.progress else None
+  t_last, last_step = time.time(), step
+  try:
+    for record in records:
+      if on_log is not None:
+        on_log(record)
+    while step < c.steps:
+      rows = head_data.batch_rows(len(data), c.batch_size, step, c.seed)
+      ids, lengths, starts = map(place_rows, data.batch(rows, width, pad))
+      batch = head_data.capture(decoder, target.params, layers, draft_ids, ids, lengths, starts)
+      params, opt_state, metrics = head_steps.train_step(settings, params, opt_state, embed, batch)
+      step += 1
+      pending.append(metrics)
+      if bar is not None:
+        bar.update(1)
+      records, last = [], step == c.steps
+      if step % c.log_every == 0 or last:
+        m = jax.device_get(pending)  # Also bounds how far the host runs ahead of the device.
+        now = time.time()
+        record = {"kind": "train", "step": step, "steps_per_s": (step - last_step) / max(now - t_last, 1e-9),
+                  **{k: float(np.mean([x[k] for x in m])) for k in m[0]}}
+        t_last, last_step, pending = now, step, []
+        logs.append(record)
+        records.append(record)
+        accs = " ".join(f"{record[f'acc_{i}']:.2f}" for i in range(c.ttt_steps))
+        log(f"step {step}/{c.steps} | loss {record['loss']:.4f} | top-1 per draft step {accs} | grad "
+            f"{record['grad_norm']:.2f} | {record['steps_per_s']:.2f} steps/s")
+      if (c.checkpoint_every and step % c.checkpoint_every == 0) or last:
+        manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
+            meta=ocp.args.JsonSave({**meta, "step": step})))
+      if heldout and ((c.eval_every and step % c.eval_every == 0) or last):
+        records.append(run_eval(step))
+      if on_log is not None:
+        for record in records:
+          on_log(record)
+  finally:
+    manager.wait_until_finished()
+    manager.close()
+    if bar is not None:
+      bar.close()
+  head = as_head(params)
+  export_dir = os.path.join(workdir, "head")
+  jaxspec.save(head, export_dir)
+  log(f"exported the head to {export_dir}")
+  return HeadTrainResult(head=head, logs=logs, evals=evals, export_dir=export_dir)
