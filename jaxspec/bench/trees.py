@@ -3,8 +3,8 @@
 `compare` decodes the same inputs, for each (temperature, batch size), with plain decoding, chains and trees, in
 interleaved passes (`timing.interleaved_passes`: a warm-up pass with compilation, then medians over the rounds),
 and reports per variant: tau (tokens per target call), acceptance per depth, ms per token and the speedup over
-plain decoding; at temperature 0 whether the output equals plain decoding's. `verify_cost` is r(N): the target's
-tree call over N nodes (with the ancestor mask, `TreeDecoder.step_tree`) over its 1-token step, timed alone.
+plain decoding; at temperature 0 whether the output equals plain decoding's. r(N) is the target's tree call over N
+nodes (with the ancestor mask, `TreeDecoder.step_tree`: `tree_step_time`) over its 1-token step, timed alone.
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ def heap_tree(nodes: int, top_k: int, batch: int) -> tuple[jax.Array, jax.Array]
   return jnp.broadcast_to(jnp.asarray(depths), (batch, n)), ancestors_of(parents, int(depths.max()))
 
 
-def verify_cost(model: jaxspec.Model, batch: int, tree: jaxspec.Tree, prompt_len: int = 16, context: int = 16,
-                repeats: int = 5, n_calls: int = 8) -> float:
-  """r(N): seconds of one `step_tree` over N = tree.nodes + 1 nodes over one 1-token `step` (medians)."""
+def tree_step_time(model: jaxspec.Model, batch: int, tree: jaxspec.Tree, prompt_len: int = 16, context: int = 16,
+                   repeats: int = 5, n_calls: int = 8) -> float:
+  """Seconds per `step_tree` call over N = tree.nodes + 1 nodes (median; over `costs.decoder_step_time` of one
+  token: r(N))."""
   n = tree.nodes + 1
   cache = costs._filled_cache(model, batch, n, prompt_len, context)  # pylint: disable=protected-access
   depths, ancestors = heap_tree(tree.nodes, tree.top_k, batch)
   tokens = jnp.full((batch, n), 5, jnp.int32)
-  tree_s = timing.median_time(lambda: _tree_steps(model.decoder(), model.params, cache, tokens, depths, ancestors,
-                                                  n_calls).block_until_ready(), repeats) / n_calls
-  return tree_s / costs.decoder_step_time(model, batch, 1, prompt_len, context, repeats)
+  return timing.median_time(lambda: _tree_steps(model.decoder(), model.params, cache, tokens, depths, ancestors,
+                                                n_calls).block_until_ready(), repeats) / n_calls
 
 
 def _label(speculation: jaxspec.Speculation | None) -> str:
@@ -73,13 +73,13 @@ def compare(target: jaxspec.Model, variants: Sequence[jaxspec.Speculation], ids:
   for batch in batch_sizes:
     batches = fixed_batches(ids, batch)
     real = [min(batch, len(ids) - k) for k in range(0, len(ids), batch)]  # rows that are not padding copies
+    one = costs.decoder_step_time(target, batch, 1, repeats=cost_repeats)  # r's denominator: a 1-token step
     r_of = {}
     for v in variants:
       if v.tree is not None:
-        r_of[_label(v)] = verify_cost(target, batch, v.tree, repeats=cost_repeats)
+        r_of[_label(v)] = tree_step_time(target, batch, v.tree, repeats=cost_repeats) / one
       elif v.gamma not in r_of:
-        r_of[v.gamma] = (costs.decoder_step_time(target, batch, v.gamma + 1, repeats=cost_repeats) /
-                         costs.decoder_step_time(target, batch, 1, repeats=cost_repeats))
+        r_of[v.gamma] = costs.decoder_step_time(target, batch, v.gamma + 1, repeats=cost_repeats) / one
     for temperature in temperatures:
       sampling = jaxspec.Sampling(temperature=temperature)
       contenders = [None] + list(variants)

@@ -69,6 +69,11 @@ class History:
   lengths: jax.Array  # [B] int32 tokens in `sequences` (the last one not yet fed to the target).
   done: jax.Array  # [B] bool finished rows (frozen: whatever they propose is ignored).
 
+  @property
+  def last(self) -> jax.Array:
+    """[B] int32 each row's last token (not yet fed to the target: the next verify call's first token)."""
+    return jnp.take_along_axis(self.sequences, (self.lengths - 1)[:, None], axis=1)[:, 0]
+
 
 @struct.dataclass
 class Proposal:

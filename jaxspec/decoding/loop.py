@@ -242,13 +242,14 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
 
   if settings.tree is None:
     proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
-    last = jnp.take_along_axis(state.sequences, (state.lengths - 1)[:, None], axis=1)  # [B, 1]
-    verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache, last, proposal,
-                                                   knobs, verify_keys, kind.width)
+    verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
+                                                   state.history.last[:, None], proposal, knobs, verify_keys,
+                                                   kind.width)
     drafts = proposal.tokens
-  else:
-    proposal, resting, features = settings.drafter.propose_tree(  # type: ignore[attr-defined]
-        draft_params, state.draft_state, state.history, settings.proposal, knobs, draft_keys), None, None
+  else:  # schedule "constant": every row drafts its whole tree; no features (heads draft chains only)
+    resting, features = None, None
+    proposal = settings.drafter.propose_tree(  # type: ignore[attr-defined]
+        draft_params, state.draft_state, state.history, settings.proposal, knobs, draft_keys)
     verdict, drafts, bad, target_cache = _verify_tree(settings, target_params, state.target_cache, proposal, knobs,
                                                       verify_keys)
   failed = state.failed | (active & bad)

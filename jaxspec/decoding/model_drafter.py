@@ -126,9 +126,8 @@ class ModelDrafter:
         logits, cache = self.decoder.step_tree(params, cache, tokens, depths, ancestors)
       return rank(logits), cache
 
-    root = jnp.take_along_axis(history.sequences, (history.lengths - 1)[:, None], axis=1)[:, 0]
-    (tokens, parents, depths, ancestors), cache = tree.draft_tree(root, rank(first), beam_step, cache, static.tree,
-                                                                  static.gamma)
+    (tokens, parents, depths, ancestors), cache = tree.draft_tree(history.last, rank(first), beam_step, cache,
+                                                                  static.tree, static.gamma)
     return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors,
                              after=Drafted(cache=cache, base=base, steps=jnp.int32(0)))
 

@@ -80,8 +80,7 @@ class NGramDraft:
 
   def propose_tree(self, params, state, history, static, knobs, keys):
     """The continuations of up to top_k earlier matches as branches of one tree (`propose_tree`)."""
-    root = jnp.take_along_axis(history.sequences, (history.lengths - 1)[:, None], axis=1)[:, 0]
-    tokens, parents, depths, ancestors = propose_tree(self, state, root, static.gamma, static.tree.top_k,
+    tokens, parents, depths, ancestors = propose_tree(self, state, history.last, static.gamma, static.tree.top_k,
                                                       static.tree.nodes)
     return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, after=state)
 
@@ -106,8 +105,8 @@ def append(context: NGramContext, block: jax.Array, counts: jax.Array) -> NGramC
   return NGramContext(tokens=tokens, lengths=context.lengths + counts)
 
 
-def _continuation_start(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
-  """[B] index of the token after the earliest earlier occurrence of each row's last n tokens, or -1.
+def _matches(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
+  """[B, C - n + 1] bool: an earlier occurrence of each row's last n tokens starts at i.
 
   An occurrence starting at i counts when a token follows it inside the context (i + n < lengths), which also
   excludes the suffix itself (it starts at lengths - n).
@@ -117,6 +116,12 @@ def _continuation_start(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Ar
   match = jnp.arange(width)[None] + n < lengths[:, None]  # [B, width]
   for j in range(n):
     match &= tokens[:, j:j + width] == suffix[:, j:j + 1]
+  return match
+
+
+def _continuation_start(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Array:
+  """[B] index of the token after the earliest earlier occurrence of each row's last n tokens, or -1."""
+  match = _matches(tokens, lengths, n)
   return jnp.where(jnp.any(match, axis=1), jnp.argmax(match, axis=1) + n, -1).astype(jnp.int32)
 
 
@@ -133,11 +138,8 @@ def propose(draft: NGramDraft, context: NGramContext, gamma: int) -> tuple[jax.A
 def _continuation_starts(tokens: jax.Array, lengths: jax.Array, n: int, k: int) -> jax.Array:
   """[B, K] indices of the tokens after the K earliest earlier occurrences of each row's last n tokens (-1 past
   the matches found), earliest first; as `_continuation_start`."""
-  width = tokens.shape[1] - n + 1
-  suffix = jnp.take_along_axis(tokens, jnp.clip(lengths[:, None] - n + jnp.arange(n)[None], 0, None), axis=1)
-  match = jnp.arange(width)[None] + n < lengths[:, None]
-  for j in range(n):
-    match &= tokens[:, j:j + width] == suffix[:, j:j + 1]
+  match = _matches(tokens, lengths, n)
+  width = match.shape[1]
   score = jnp.where(match, -jnp.arange(width)[None], -width - 1)  # earliest first
   best, where = jax.lax.top_k(score, min(k, width))
   starts = jnp.where(best > -width - 1, where + n, -1).astype(jnp.int32)

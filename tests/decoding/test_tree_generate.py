@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import engine, loop, sampling
+from jaxspec.decoding import loop, sampling
+from jaxspec.decoding.model_drafter import ModelDrafter
 
 from conftest import write_hf_t5
 from decoder_only_models import checkpoint_dirs, ragged_prompts
@@ -71,13 +72,27 @@ def test_greedy_trees_equal_plain_decoding(pair, gamma, top_k, nodes):
   np.testing.assert_array_equal(lookup.lengths, plain.lengths)
 
 
-def _loop_outputs(settings, target, draft, prompts):
-  """The loop run directly with these static settings (the engine maps a one-child tree to the chain loop)."""
-  ids, lengths = (jnp.asarray(x) for x in engine.arguments.prepare_inputs(target, prompts, 64))
+def _settings(target, draft, gamma, tree):
+  """The loop's static settings, built here (the engine maps a one-child tree to the chain loop): greedy."""
+  cfg = target.config
+  return loop.LoopSettings(target=target.decoder(), drafter=ModelDrafter(draft.decoder()), gamma=gamma,
+                           max_new_tokens=MAX_NEW, greedy=True, filtering=False, eos_ids=tuple(cfg.eos_token_ids),
+                           pad_id=cfg.pad_token_id, tree=tree)
+
+
+def _loop_state(settings, target, draft, prompts):
+  """The loop's final state for right-padded prompts, run directly with these static settings."""
+  width = max(map(len, prompts))
+  ids = jnp.asarray([p + [target.config.pad_token_id] * (width - len(p)) for p in prompts], jnp.int32)
+  lengths = jnp.asarray([len(p) for p in prompts], jnp.int32)
   tc, dc, first = jax.jit(functools.partial(loop.prefill, settings))(target.params, draft.params, ids, lengths)
-  state = jax.jit(functools.partial(loop.run, settings))(
+  return jax.jit(functools.partial(loop.run, settings))(
       target.params, draft.params, tc, dc, first, sampling.SamplingKnobs.create(0.0, 0, 1.0),
       np.zeros((len(prompts),), np.uint32), np.arange(len(prompts), dtype=np.int32))
+
+
+def _loop_outputs(settings, target, draft, prompts):
+  state = _loop_state(settings, target, draft, prompts)
   return jax.device_get((state.sequences, state.lengths, state.stats.accepted))
 
 
@@ -86,10 +101,8 @@ def test_a_one_child_tree_is_the_chain(pair):
   loop's tokens and accepts as many drafts."""
   target, draft = pair
   prompts = _prompts(target.config.vocab_size, seed=1)
-  call = engine._prepare(target, prompts, jaxspec.Speculation(draft, gamma=3), None, MAX_NEW, 64, False)
-  chain = _loop_outputs(call.settings, target, draft, prompts)
-  tree = _loop_outputs(dataclasses.replace(call.settings, tree=jaxspec.Tree(top_k=1, nodes=3)), target, draft,
-                       prompts)
+  chain = _loop_outputs(_settings(target, draft, 3, None), target, draft, prompts)
+  tree = _loop_outputs(_settings(target, draft, 3, jaxspec.Tree(top_k=1, nodes=3)), target, draft, prompts)
   for c, t in zip(chain, tree):
     np.testing.assert_array_equal(t, c)
   assert chain[2].sum() > 0
@@ -101,14 +114,7 @@ def test_the_cache_after_tree_iterations_is_a_fresh_prefill(tmp_path_factory):
   target = jaxspec.load(checkpoint_dirs(tmp_path_factory)["llama2"], dtype=jnp.float32)
   draft = _noisy(target)
   prompts = ragged_prompts((3, 9), seed=2)
-  spec = jaxspec.Speculation(draft, gamma=3, tree=jaxspec.Tree(top_k=2, nodes=5))
-  call = engine._prepare(target, prompts, spec, None, MAX_NEW, 64, False)
-  ids, lengths = (jnp.asarray(x) for x in engine.arguments.prepare_inputs(target, prompts, 64))
-  settings = call.settings
-  tc, dc, first = jax.jit(functools.partial(loop.prefill, settings))(target.params, draft.params, ids, lengths)
-  state = jax.jit(functools.partial(loop.run, settings))(
-      target.params, draft.params, tc, dc, first, sampling.SamplingKnobs.create(0.0, 0, 1.0),
-      np.zeros((2,), np.uint32), np.arange(2, dtype=np.int32))
+  state = _loop_state(_settings(target, draft, 3, jaxspec.Tree(top_k=2, nodes=5)), target, draft, prompts)
   cache = state.target_cache
   for row, prompt in enumerate(prompts):
     n = int(state.lengths[row])
