@@ -1,10 +1,16 @@
 """Helpers the launch-script tests share: a tiny random T5 pair with the embedded tokenizer (`tiny_pair`), an
 EAGLE-3 head for its target (`tiny_head`; `random_head` for any config), `run_script` (a launch script as a
-subprocess on CPU) and `assert_one_line_error`."""
+subprocess on CPU; `script_env`, its environment; `run_scripts`, several at once) and `assert_one_line_error`;
+`compile_env`, how every JAX subprocess of the tests compiles."""
 
+import atexit
+import concurrent.futures
+import functools
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -57,13 +63,56 @@ def tiny_head(directory, target_hidden_size: int = 16) -> str:
   return str(directory)
 
 
+# Compilation dominates the tests' JAX subprocesses (launch scripts, sharding workers, notebook kernels) on their
+# tiny models, and a test runs a script again and again with the same shapes (a resume, a second training run).
+# So they compile for compile time, not for the CPU code's speed: LLVM at -O0 and, where this XLA has them, its
+# older fusion emitters (together a third of the default compile time); and the launch scripts and kernels of a
+# session share one persistent compilation cache.
+_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+_IF_KNOWN = ("--xla_cpu_use_fusion_emitters=false",)  # an XLA that does not know a flag aborts: each is tried first
+_COMPILATION_CACHE = tempfile.mkdtemp(prefix="jaxspec-test-compilation-cache-")
+atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+
+
+@functools.cache
+def xla_test_flags() -> str:
+  """XLA_FLAGS for the tests' JAX subprocesses: _FAST_COMPILE, then each _IF_KNOWN flag that this XLA accepts."""
+  flags = list(_FAST_COMPILE)
+  for flag in _IF_KNOWN:
+    probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, timeout=300,
+                           env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flag))
+    if probe.returncode == 0:
+      flags.append(flag)
+  return " ".join(flags)
+
+
+def compile_env() -> dict:
+  """`xla_test_flags` (after any XLA_FLAGS set) and the session's compilation cache, as environment variables."""
+  return {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {xla_test_flags()}".strip(),
+          "JAX_COMPILATION_CACHE_DIR": _COMPILATION_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+          "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+
+
+def script_env(**extra: str) -> dict:
+  """The environment of a launch script under test: CPU, `compile_env`, then `extra`."""
+  return {**os.environ, "JAX_PLATFORMS": "cpu", "TOKENIZERS_PARALLELISM": "false", **compile_env(), **extra}
+
+
 def run_script(args: list[str], stdin: bytes | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-  """python launch/... on CPU; stdout and stderr as text."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false")
+  """python launch/... on CPU (`script_env`); stdout and stderr as text."""
+  env = script_env()
   res = subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, input=stdin, env=env,
                        timeout=timeout)
   return subprocess.CompletedProcess(res.args, res.returncode, res.stdout.decode(errors="replace"),
                                      res.stderr.decode(errors="replace"))
+
+
+def run_scripts(runs: list, timeout: int = 600) -> list[subprocess.CompletedProcess]:
+  """`run_script` for independent runs (each an argument list, or (arguments, stdin)), as many at a time as there
+  are CPUs, in order: a short run's time is mostly the interpreter starting and importing JAX, one core's work."""
+  runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
+  with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+    return list(pool.map(lambda r: run_script(r[0], r[1], timeout), runs))
 
 
 def assert_one_line_error(res, *needles: str) -> None:

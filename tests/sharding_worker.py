@@ -5,7 +5,8 @@
     python tests/sharding_worker.py distributed OUT.json TARGET,DRAFT PORT ID  # 4 devices, 1 of 2 processes
 
 The device count must be fixed before JAX starts, hence a subprocess per run; compilation dominates, so the XLA
-flags below trade the CPU code's speed for compile time (every compared run shares them).
+flags of tests/script_helpers.py (`xla_test_flags`, passed as JAXSPEC_TEST_XLA_FLAGS; -O0 without it) trade the
+CPU code's speed for compile time.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 
 if __name__ == "__main__":  # Before JAX starts; the test module imports the helpers below without this.
   os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count={4 if sys.argv[1] == 'distributed' else 8} "
-                             "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+                             + os.environ.get("JAXSPEC_TEST_XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                              "--xla_llvm_disable_expensive_passes=true"))
   os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

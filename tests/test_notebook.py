@@ -19,6 +19,8 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 from nbclient import NotebookClient
 
+from script_helpers import compile_env
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "colab", "*.ipynb")))
 KERNEL = "jaxspec-test-venv"
@@ -73,7 +75,8 @@ def _kernel(tmp_path) -> KernelManager:
   """A kernel manager that starts this interpreter's ipykernel with the small-mode environment."""
   directory = tmp_path / "kernels" / KERNEL
   directory.mkdir(parents=True)
-  env = dict(KERNEL_ENV, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+  env = dict(KERNEL_ENV, **compile_env(),  # compiled as the launch scripts under test are
+             PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
   spec = {"argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
           "display_name": "jaxspec tests", "language": "python", "env": env}
   (directory / "kernel.json").write_text(json.dumps(spec))

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from conftest import write_hf_t5
+from script_helpers import script_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
@@ -22,7 +23,7 @@ def test_benchmark_smoke_run(tmp_path):
   inputs.write_text("\n".join(" ".join(str(5 + (i * j) % 80) for j in range(6)) for i in range(3)))
   # The tiny checkpoints have no tokenizer: the input file holds token ids.
   out = tmp_path / "bench"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = script_env()
   res = subprocess.run([sys.executable, "launch/benchmark.py", f"--target={tmp_path / 'target'}",
                         f"--draft={tmp_path / 'draft'}", f"--input={inputs}", "--input_is_token_ids",
                         "--gammas=2", "--temperatures=0,1", "--batch_sizes=1", "--sentences=3",
@@ -48,7 +49,7 @@ def test_benchmark_smoke_run(tmp_path):
 def test_hardware_costs_smoke_run(tmp_path):
   """launch/hardware_costs.py on the smallest public shape (random weights): valid ratios and loop timings."""
   out = tmp_path / "costs"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = script_env()
   res = subprocess.run([sys.executable, "launch/hardware_costs.py", "--target=t5-small", "--drafts=t5-small",
                         "--gammas=2", "--batch_sizes=1", "--dtype=float32", "--repeats=1", f"--output={out}"],
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
@@ -68,7 +69,7 @@ def test_hardware_costs_smoke_run(tmp_path):
 
 def test_loop_profile_smoke_run(tmp_path):
   out = tmp_path / "profile"
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env = script_env()
   res = subprocess.run([sys.executable, "launch/loop_profile.py", "--gammas=2", "--sentences=2", "--rounds=1",
                         "--max_new_tokens=8", f"--output={out}"],
                        cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)

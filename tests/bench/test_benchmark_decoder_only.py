@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from decoder_only_models import write_hf_decoder
+from script_helpers import script_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 
@@ -21,7 +22,7 @@ def test_benchmark_decoder_only_with_peer(tmp_path):
   texts = ["the cat reads a book.", "a small dog runs over the river.", "green tree."]
   prompts.write_text("".join(json.dumps({"messages": [{"role": "user", "content": t}]}) + "\n" for t in texts))
   out = tmp_path / "bench"
-  env = dict(os.environ, JAX_PLATFORMS="cpu", OMP_WAIT_POLICY="PASSIVE")
+  env = script_env(OMP_WAIT_POLICY="PASSIVE")
   res = subprocess.run([sys.executable, "launch/benchmark.py", f"--target={target}", f"--draft={draft}",
                         f"--input={prompts}", "--gammas=2,3", "--temperatures=0", "--batch_sizes=1",
                         "--repeats=1", "--probe_repeats=1", "--max_new_tokens=8", f"--output_dir={out}"],

@@ -27,6 +27,7 @@ from jaxspec.models import registry
 from jaxspec.models.t5 import T5Config
 
 import sharding_worker
+from script_helpers import xla_test_flags
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where sharding_worker.py lives
 ROOT = os.path.dirname(HERE)
@@ -41,7 +42,8 @@ class Worker:
   def __init__(self, tmp, name: str, *args: str):
     self.out = os.path.join(tmp, f"{name}.json")
     self.log = open(os.path.join(tmp, f"{name}.log"), "w")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, HERE, os.environ.get("PYTHONPATH", "")]),
+               JAXSPEC_TEST_XLA_FLAGS=xla_test_flags())
     self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "sharding_worker.py"), args[0], self.out,
                                   *args[1:]], stdout=self.log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     self._result = None
