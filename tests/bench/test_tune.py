@@ -17,7 +17,8 @@ from jaxspec.bench import tune
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only, eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig
-from script_helpers import assert_one_line_error, random_head, random_params, run_script, tiny_head, tiny_pair
+from script_helpers import (assert_one_line_error, random_head, random_params, run_script, run_scripts, tiny_head,
+                            tiny_pair)
 
 NUMBERS = ("alpha", "tau", "tokens_per_iteration", "mean_draft_length", "fallback_share", "c", "r", "c_alternating",
            "draft_step_ms", "target_step_ms", "plain_ms_per_token", "spec_ms_per_token", "plain_tokens_per_s",
@@ -198,9 +199,12 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   inputs = tmp_path / "in.txt"
   inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
-  res = run_script(["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto",
-                    "--tree=2,3", "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}",
-                    f"--output={out}"])
+  # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing (checked below, run alongside).
+  res, no_draft, bad_gamma = run_scripts([
+      ["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto", "--tree=2,3",
+       "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}", f"--output={out}"],
+      ["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto", f"--input={inputs}"],
+      ["launch/translate.py", "--gamma=fast", "--target=no-such-model"]])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "calibrating on" in res.stderr
   assert "| Temp | Batch | draft" in res.stdout  # the table, then the choice and why
@@ -212,11 +216,8 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
   assert "plain decoding" in chosen or "gamma" in chosen
   assert len(out.read_text().split("\n")) == 5 + 1 and "== summary" in res.stdout
-  # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing.
-  assert_one_line_error(run_script(["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto",
-                                    f"--input={inputs}"]), "--gamma=auto needs at least one --draft")
-  assert_one_line_error(run_script(["launch/translate.py", "--gamma=fast", "--target=no-such-model"]),
-                        "--gamma=fast", "'auto'")
+  assert_one_line_error(no_draft, "--gamma=auto needs at least one --draft")
+  assert_one_line_error(bad_gamma, "--gamma=fast", "'auto'")
 
 
 def test_tune_tries_token_trees_and_chooses_one():

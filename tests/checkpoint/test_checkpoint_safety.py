@@ -22,7 +22,7 @@ from jaxspec.errors import JaxspecError
 
 from conftest import write_hf_t5
 from decoder_only_models import write_hf_decoder
-from script_helpers import assert_one_line_error, run_script
+from script_helpers import assert_one_line_error, run_scripts
 
 
 @pytest.fixture(scope="module")
@@ -87,13 +87,22 @@ def test_convert_gguf_refuses_an_empty_output_dir(tmp_path, monkeypatch):
   assert os.getcwd() == str(tmp_path)
 
 
-@pytest.mark.parametrize("args, needle", [
+GGUF_ERRORS = [
     (["--gguf=/nonexistent.gguf", "--output_dir="], "output_dir"),
     (["--gguf=/nonexistent.gguf", "--output_dir=/tmp/jaxspec-never-written"], "/nonexistent.gguf"),
     (["--gguf=/nonexistent.gguf", "--output_dir=/tmp/x", "--dtype=float64"], "--dtype"),
-])
-def test_convert_gguf_script_ends_in_one_line(args, needle):
-  res = run_script(["launch/convert_gguf.py"] + args)
+]
+
+
+@pytest.fixture(scope="module")
+def gguf_error_runs():
+  """Every GGUF_ERRORS case's run, as many at a time as there are CPUs."""
+  return run_scripts([["launch/convert_gguf.py"] + args for args, _ in GGUF_ERRORS])
+
+
+@pytest.mark.parametrize("args, needle", GGUF_ERRORS)
+def test_convert_gguf_script_ends_in_one_line(args, needle, gguf_error_runs):
+  res = gguf_error_runs[GGUF_ERRORS.index((args, needle))]
   assert_one_line_error(res, needle)
   assert len(res.stderr.strip().splitlines()) <= 2, res.stderr  # The error (and absl's hint for a bad flag).
 

@@ -24,7 +24,7 @@ from jaxspec.bench import report
 from jaxspec.errors import InputError, OutputError
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
-from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, tiny_pair
+from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, run_scripts, tiny_pair
 
 TEXTS = ["The house is small.", "", "Hello.", "Thank you."]
 SETTINGS = dict(draft="ngram", gamma=3, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=8,
@@ -108,13 +108,13 @@ def test_generate_refuses_a_foreign_output_before_loading_models(tmp_path):
   """Item 3 in the scripts: the check runs before any model loads (an unknown --target is never reached)."""
   notes = tmp_path / "notes.txt"
   notes.write_text("keep me\nand me")
-  res = run_script(["launch/generate.py", "--target=no-such-model", f"--output={notes}"], stdin=b"Hello.\n")
-  assert_one_line_error(res, f"{notes} exists but was not written by this script")
-  assert "no-such-model" not in res.stderr and notes.read_text() == "keep me\nand me"
   src = tmp_path / "in.txt"
   src.write_text("Hello.\n")
-  res = run_script(["launch/translate.py", "--target=no-such-model", f"--input={src}", f"--output={src}"])
-  assert_one_line_error(res, "is the --input file")
+  res, same = run_scripts([(["launch/generate.py", "--target=no-such-model", f"--output={notes}"], b"Hello.\n"),
+                           ["launch/translate.py", "--target=no-such-model", f"--input={src}", f"--output={src}"]])
+  assert_one_line_error(res, f"{notes} exists but was not written by this script")
+  assert "no-such-model" not in res.stderr and notes.read_text() == "keep me\nand me"
+  assert_one_line_error(same, "is the --input file")
   assert src.read_text() == "Hello.\n"
 
 
@@ -217,14 +217,23 @@ def test_unwritable_destinations_are_refused(tmp_path):
   resume.check_output_dir(str(tmp_path / "new_dir"))
 
 
-@pytest.mark.parametrize("args, needle", [
+DESTINATIONS = [
     (["launch/tune.py", "--output_dir=/dev/null"], "--output_dir=/dev/null: is a file, expected a directory"),
     (["launch/tune.py", "--output_dir="], "--output_dir is empty"),
     (["launch/generate.py", "--output=/dev/null"], "--output=/dev/null: is not a regular file"),
     (["launch/translate.py", "--output=/tmp"], "--output=/tmp: is a directory"),
-])
-def test_scripts_check_destinations_before_loading(args, needle):
-  res = run_script(args + ["--target=no-such-model"], stdin=b"Hello.\n")
+]
+
+
+@pytest.fixture(scope="module")
+def destination_runs():
+  """Every DESTINATIONS case's run, as many at a time as there are CPUs."""
+  return run_scripts([(args + ["--target=no-such-model"], b"Hello.\n") for args, _ in DESTINATIONS])
+
+
+@pytest.mark.parametrize("args, needle", DESTINATIONS)
+def test_scripts_check_destinations_before_loading(args, needle, destination_runs):
+  res = destination_runs[DESTINATIONS.index((args, needle))]
   assert_one_line_error(res, needle)
   assert "no-such-model" not in res.stderr
 
@@ -238,15 +247,24 @@ def test_tune_refuses_zero_repeats(loaded):
 # --- item 12 and item 10 (part): plan.py, meshes, vocabularies ----------------------------------------------------
 
 
-@pytest.mark.parametrize("args, needle", [
+PLANS = [
     (["--mesh=data:4,model:8", "--device=tpu-v5e-8"], "32 devices, but --device=tpu-v5e-8 has 8"),
     (["--mesh=model:16", "--device=tpu-v4-8"], "16 devices, but --device=tpu-v4-8 has 4"),
     (["--device_gib=-1"], "--device_gib"), (["--device_gib=nan"], "--device_gib"),
     (["--device_gib=inf"], "--device_gib"), (["--batch=x"], "--batch"),
-])
-def test_plan_checks_the_mesh_and_numbers(args, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def plan_runs():
+  """Every PLANS case's run, as many at a time as there are CPUs."""
+  return run_scripts([["launch/plan.py", "--model=t5-small", "--draft="] + args for args, _ in PLANS])
+
+
+@pytest.mark.parametrize("args, needle", PLANS)
+def test_plan_checks_the_mesh_and_numbers(args, needle, plan_runs):
   """Item 12: a 32-device mesh 'fit' an 8-chip machine; -1 or NaN GiB gave a verdict."""
-  res = run_script(["launch/plan.py", "--model=t5-small", "--draft="] + args)
+  res = plan_runs[PLANS.index((args, needle))]
   assert_one_line_error(res, needle)
   assert "fits" not in res.stdout
 
@@ -291,10 +309,10 @@ def test_stdin_on_a_terminal_says_how_to_end(monkeypatch, capsys):
 
 def test_generate_gamma_auto_is_refused_in_one_line():
   """--gamma=auto in generate.py: 'invalid literal for int()'; now it says where the measured choice is."""
-  res = run_script(["launch/generate.py", "--gamma=auto", "--target=no-such-model"], stdin=b"Hello.\n")
-  assert_one_line_error(res, "--gamma=auto", "translate.py")
-  res = run_script(["launch/generate.py", "--tree=auto", "--target=no-such-model"], stdin=b"Hello.\n")
-  assert_one_line_error(res, "--tree=auto", "translate.py")
+  gamma, tree = run_scripts([(["launch/generate.py", "--gamma=auto", "--target=no-such-model"], b"Hello.\n"),
+                             (["launch/generate.py", "--tree=auto", "--target=no-such-model"], b"Hello.\n")])
+  assert_one_line_error(gamma, "--gamma=auto", "translate.py")
+  assert_one_line_error(tree, "--tree=auto", "translate.py")
 
 
 def test_the_default_draft_is_dropped_for_another_family(tmp_path):
@@ -302,11 +320,11 @@ def test_the_default_draft_is_dropped_for_another_family(tmp_path):
   from decoder_only_models import write_hf_decoder  # pylint: disable=import-outside-toplevel
   target = str(tmp_path / "llama")
   write_hf_decoder(target, "llama2")
-  res = run_script(["launch/generate.py", f"--target={target}", "--max_new_tokens=3"], stdin=b"hello\n")
+  res, named = run_scripts([(["launch/generate.py", f"--target={target}", "--max_new_tokens=3"], b"hello\n"),
+                            (["launch/generate.py", f"--target={target}", "--draft=ende-draft"], b"hello\n")])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "decoding plainly" in res.stderr and "plain decoding:" in res.stdout
-  res = run_script(["launch/generate.py", f"--target={target}", "--draft=ende-draft"], stdin=b"hello\n")
-  assert_one_line_error(res, "tokenizer")  # named explicitly: still refused
+  assert_one_line_error(named, "tokenizer")  # named explicitly: still refused
 
 
 def test_the_summary_says_n_a_when_nothing_was_verified(loaded):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from script_helpers import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, run_script, run_scripts, tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +32,21 @@ def test_chat_without_a_chat_template_is_one_line(models):
   assert_one_line_error(res, "--chat", "chat template")
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_FLAGS = [
     (["--batch_size=0"], "--batch_size=0"), (["--top_p=1.5"], "--top_p"), (["--seed=-5"], "--seed=-5"),
     (["--input=/nonexistent.txt"], "/nonexistent.txt: no such file"), (["--tree=3"], "--tree=3"),
-])
-def test_bad_flags_and_inputs_end_in_one_line(args, needle):
-  assert_one_line_error(run_script(["launch/generate.py", "--target=no-such-model"] + args), needle)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_flag_runs():
+  """Every BAD_FLAGS case's run, as many at a time as there are CPUs."""
+  return run_scripts([["launch/generate.py", "--target=no-such-model"] + args for args, _ in BAD_FLAGS])
+
+
+@pytest.mark.parametrize("args, needle", BAD_FLAGS)
+def test_bad_flags_and_inputs_end_in_one_line(args, needle, bad_flag_runs):
+  assert_one_line_error(bad_flag_runs[BAD_FLAGS.index((args, needle))], needle)
 
 
 def test_an_unknown_model_is_one_line():

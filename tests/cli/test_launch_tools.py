@@ -7,14 +7,14 @@ import gzip
 import pytest
 
 from jaxspec.data.ende import Pair, read_pairs, write_pairs
-from script_helpers import assert_one_line_error, run_script, tiny_pair
+from script_helpers import assert_one_line_error, run_script, run_scripts, tiny_pair
 
 SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
              ("Open the file.", "Öffnen Sie die Datei."), ("I like green tea.", "Ich mag grünen Tee."),
              ("The cat sleeps.", "Die Katze schläft.")]
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_INPUT = [
     (["launch/benchmark.py", "--gammas=0"], "--gammas=0"),
     (["launch/benchmark.py", "--temperatures=0,hot"], "--temperatures=0,hot"),
     (["launch/benchmark.py", "--input=/nonexistent.txt"], "/nonexistent.txt: no such file"),
@@ -35,9 +35,18 @@ SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.",
     (["launch/train_tokenizer.py", "--output_dir=/tmp/x", "--train=/nonexistent.tsv"], "/nonexistent.tsv"),
     (["launch/demo.py", "--config.gamma=0"], "gamma"),
     (["launch/demo.py", "--config.gama=2"], "--config.gama: no such field"),
-])
-def test_bad_input_ends_in_one_line(args, needle):
-  assert_one_line_error(run_script(args), needle)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_input_runs():
+  """Every BAD_INPUT case's run, as many at a time as there are CPUs."""
+  return run_scripts([args for args, _ in BAD_INPUT])
+
+
+@pytest.mark.parametrize("args, needle", BAD_INPUT)
+def test_bad_input_ends_in_one_line(args, needle, bad_input_runs):
+  assert_one_line_error(bad_input_runs[BAD_INPUT.index((args, needle))], needle)
 
 
 @pytest.fixture(scope="module")

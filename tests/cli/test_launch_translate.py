@@ -12,7 +12,7 @@ import pytest
 import jaxspec
 from jaxspec.cli import jobs
 from jaxspec.errors import CheckpointError
-from script_helpers import assert_one_line_error, run_script, tiny_head, tiny_pair
+from script_helpers import assert_one_line_error, run_script, run_scripts, tiny_head, tiny_pair
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +31,16 @@ def test_every_tsv_row_gives_one_output_line(models, tmp_path):
   """Item 1: rows whose German column is empty or missing were skipped (2 output lines for 4 rows)."""
   tsv = tmp_path / "in.tsv"
   tsv.write_text("en\tde\nThe house is small.\t\nHello.\tHallo.\nGood morning.\nThank you.\tDanke.\n")
+  # An English-only TSV (no 'de' column at all) gives the same lines: none skipped, none shifted.
+  en_only = tmp_path / "en_only.tsv"
+  en_only.write_text("en\nThe house is small.\nHello.\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
-  res = run_script(["launch/translate.py", f"--input={tsv}", f"--output={out}", "--nocompare"] + models)
-  assert res.returncode == 0, res.stderr[-3000:]
+  for res in run_scripts([["launch/translate.py", f"--input={tsv}", f"--output={out}", "--nocompare"] + models,
+                          ["launch/translate.py", f"--input={en_only}", f"--output={tmp_path / 'en_only.txt'}",
+                           "--nocompare"] + models]):
+    assert res.returncode == 0, res.stderr[-3000:]
   lines = _lines(out)
   assert len(lines) == 4, lines
-  # An English-only TSV (no 'de' column at all) gives the same lines: none skipped, none shifted.
-  tsv.write_text("en\nThe house is small.\nHello.\nGood morning.\nThank you.\n")
-  res = run_script(["launch/translate.py", f"--input={tsv}", f"--output={tmp_path / 'en_only.txt'}",
-                    "--nocompare"] + models)
-  assert res.returncode == 0, res.stderr[-3000:]
   assert _lines(tmp_path / "en_only.txt") == lines
 
 
@@ -55,15 +55,15 @@ def test_resume_redoes_a_partial_last_line_and_refuses_a_longer_output(models, t
   out = tmp_path / "out.txt"
   out.write_text(expected[0] + "\n" + expected[1] + "\n" + "Das Ha")  # killed in the middle of line 3
   shutil.copy(f"{full}.jaxspec.json", f"{out}.jaxspec.json")  # what the run wrote first (jaxspec.cli.resume)
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
-  assert res.returncode == 0, res.stderr[-3000:]
-  assert "resuming: 2 of 4" in res.stderr
-  assert _lines(out) == expected
   too_long = tmp_path / "too_long.txt"
   too_long.write_text("a\nb\nc\nd\ne\nf\n")
   shutil.copy(f"{full}.jaxspec.json", f"{too_long}.jaxspec.json")
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={too_long}"] + models)
-  assert_one_line_error(res, "already has 6 lines, more than the 4 inputs")
+  res, refused = run_scripts([["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models,
+                              ["launch/translate.py", f"--input={inputs}", f"--output={too_long}"] + models])
+  assert res.returncode == 0, res.stderr[-3000:]
+  assert "resuming: 2 of 4" in res.stderr
+  assert _lines(out) == expected
+  assert_one_line_error(refused, "already has 6 lines, more than the 4 inputs")
   assert too_long.read_text() == "a\nb\nc\nd\ne\nf\n"  # left as it was
 
 
@@ -72,11 +72,9 @@ def test_sampled_lines_do_not_depend_on_batch_size_or_resume_point(models, tmp_p
   inputs = tmp_path / "in.txt"
   inputs.write_text("The house is small.\nHello.\nGood morning.\nThank you.\nThe dog is big.\n")
   sample = ["--temperature=1.0", "--seed=11", "--nocompare", "--max_new_tokens=6"]
-  outs = {}
-  for batch in (1, 3):
-    outs[batch] = tmp_path / f"b{batch}.txt"
-    res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={outs[batch]}",
-                      f"--batch_size={batch}"] + models + sample)
+  outs = {batch: tmp_path / f"b{batch}.txt" for batch in (1, 3)}
+  for res in run_scripts([["launch/translate.py", f"--input={inputs}", f"--output={path}", f"--batch_size={batch}"]
+                          + models + sample for batch, path in outs.items()]):
     assert res.returncode == 0, res.stderr[-3000:]
   assert _lines(outs[1]) == _lines(outs[3])
   resumed = tmp_path / "resumed.txt"
@@ -88,15 +86,24 @@ def test_sampled_lines_do_not_depend_on_batch_size_or_resume_point(models, tmp_p
   assert _lines(resumed) == _lines(outs[1])
 
 
-@pytest.mark.parametrize("flag, needle", [
+BAD_KNOBS = [
     ("--seed=-1", "--seed=-1"), (f"--seed={2**31}", f"--seed={2**31}"),  # item 8: outside [0, 2**31 - 1]
     ("--batch_size=0", "--batch_size=0"), ("--batch_size=-1", "--batch_size=-1"),  # item 10
     ("--top_p=0", "--top_p"), ("--temperature=-1", "--temperature"), ("--top_k=-3", "--top_k"),
     ("--gamma=0", "--gamma=0"), ("--max_new_tokens=0", "--max_new_tokens=0"), ("--mesh=data:x", "--mesh"),
-])
-def test_bad_knobs_stop_before_any_model_loads(flag, needle):
+]
+
+
+@pytest.fixture(scope="module")
+def bad_knob_runs():
+  """Every BAD_KNOBS case's run, as many at a time as there are CPUs."""
+  return run_scripts([["launch/translate.py", flag, "--target=no-such-model"] for flag, _ in BAD_KNOBS])
+
+
+@pytest.mark.parametrize("flag, needle", BAD_KNOBS)
+def test_bad_knobs_stop_before_any_model_loads(flag, needle, bad_knob_runs):
   """Item 10: knob errors came as tracebacks after the models loaded; -1 rows exited 0 having written nothing."""
-  res = run_script(["launch/translate.py", flag, "--target=no-such-model"])
+  res = bad_knob_runs[BAD_KNOBS.index((flag, needle))]
   assert_one_line_error(res, needle)
   assert "no-such-model" not in res.stderr  # the flags were checked first
 
@@ -105,15 +112,15 @@ def test_unreadable_inputs_are_named_with_their_line(models, tmp_path):
   """Item 10: a non-UTF-8 file (UnicodeDecodeError, no line number), stdin, a TSV without its header."""
   latin = tmp_path / "latin1.txt"
   latin.write_bytes("Good morning.\nGrüße aus Köln.\n".encode("latin-1"))
-  assert_one_line_error(run_script(["launch/translate.py", f"--input={latin}"] + models),
-                        f"{latin}: line 2 is not valid UTF-8")
-  assert_one_line_error(run_script(["launch/translate.py", "--input=-"] + models, stdin=b"ok\n\xe4\n"),
-                        "<stdin>: line 2 is not valid UTF-8")
   headless = tmp_path / "headless.tsv"
   headless.write_text("The house is small.\tDas Haus ist klein.\n")
-  assert_one_line_error(run_script(["launch/translate.py", f"--input={headless}"] + models), "no 'en' column")
-  assert_one_line_error(run_script(["launch/translate.py", f"--input={tmp_path / 'missing.txt'}"] + models),
-                        "missing.txt: no such file")
+  runs = run_scripts([["launch/translate.py", f"--input={latin}"] + models,
+                      (["launch/translate.py", "--input=-"] + models, b"ok\n\xe4\n"),
+                      ["launch/translate.py", f"--input={headless}"] + models,
+                      ["launch/translate.py", f"--input={tmp_path / 'missing.txt'}"] + models])
+  for res, needle in zip(runs, (f"{latin}: line 2 is not valid UTF-8", "<stdin>: line 2 is not valid UTF-8",
+                                "no 'en' column", "missing.txt: no such file"), strict=True):
+    assert_one_line_error(res, needle)
 
 
 def test_stdin_lines_are_translated(models):

@@ -3,8 +3,6 @@
 import json
 import os
 import struct
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,18 +14,13 @@ from jaxspec.training import steps
 from jaxspec.data.ende import Pair, bucketed_batches, distillation_sources, length_buckets, read_pairs, write_pairs
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
+from script_helpers import run_script, run_scripts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 SENTENCES = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
              ("Open the file.", "Öffnen Sie die Datei."), ("The cat sleeps.", "Die Katze schläft."),
              ("Save the document now.", "Speichern Sie das Dokument jetzt."),
              ("I like green tea.", "Ich mag grünen Tee.")]
-
-
-def _run(args, **kw):
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600,
-                        **kw)
 
 
 def test_tsv_round_trip_and_bad_header(tmp_path):
@@ -78,8 +71,8 @@ def test_build_corpus_from_gettext_catalogs(tmp_path):
   msgs["%s files"] = "%s Dateien"  # format strings are skipped
   _write_mo(tmp_path / "locale" / "de" / "LC_MESSAGES" / "demo.mo", msgs)
   out = tmp_path / "corpus"
-  res = _run(["launch/build_corpus.py", f"--locale_roots={tmp_path / 'locale'}", f"--output_dir={out}",
-              "--dev_size=5", "--ding=/nonexistent"])
+  res = run_script(["launch/build_corpus.py", f"--locale_roots={tmp_path / 'locale'}", f"--output_dir={out}",
+                    "--dev_size=5", "--ding=/nonexistent"])
   assert res.returncode == 0, res.stderr[-2000:]
   train = read_pairs(str(out / "train.tsv.gz"))
   dev, test = read_pairs(str(out / "dev.tsv")), read_pairs(str(out / "test.tsv"))
@@ -133,27 +126,29 @@ def tiny_setup(tmp_path_factory):
 def test_training_resumes_and_distils(tiny_setup):
   root, common, tiny = tiny_setup
   workdir = root / "target"
-  first = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                "--config.train_steps=10"] + common + tiny)
+  first = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+                      "--config.train_steps=10"] + common + tiny)
   assert first.returncode == 0, first.stderr[-3000:]
   assert "step 10/10" in first.stdout and "eval step 10: dev loss" in first.stdout
   # A second run with a longer schedule continues from the saved step instead of starting over.
-  second = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                 "--config.train_steps=15"] + common + tiny)
+  second = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+                       "--config.train_steps=15"] + common + tiny)
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from step 10" in second.stdout and "step 15/15" in second.stdout
   assert "step 5/" not in second.stdout
   target = jaxspec.load(str(workdir / "export"))
   assert target.tokenizer is not None and target.config.d_model == 16
-  # Continuing from a saved model in a new workdir starts from its weights, not from a random init.
-  cont = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={root / 'continued'}",
-               f"--config.init_from={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
+  # Continuing from a saved model in a new workdir starts from its weights, not from a random init; a draft
+  # distils from it (the two runs side by side).
+  cont, draft = run_scripts([
+      ["launch/train.py", "--config=configs/ende.py:target", f"--workdir={root / 'continued'}",
+       f"--config.init_from={workdir / 'export'}", "--config.train_steps=5"] + common + tiny,
+      ["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
+       f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny])
   assert cont.returncode == 0, cont.stderr[-3000:]
   first_ce = float(first.stdout.split("step 5/10")[1].split("| ce ")[1].split()[0])
   cont_ce = float(cont.stdout.split("step 5/5")[1].split("| ce ")[1].split()[0])
   assert cont_ce < first_ce
-  draft = _run(["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
-                f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny)
   assert draft.returncode == 0, draft.stderr[-3000:]
   assert " kl " in draft.stdout
 
@@ -161,9 +156,9 @@ def test_training_resumes_and_distils(tiny_setup):
 def test_training_exports_the_best_dev_loss(tiny_setup):
   root, common, tiny = tiny_setup
   workdir = root / "best"
-  res = _run(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-              "--config.train_steps=12", "--config.export_best=true", "--config.learning_rate=0.05"]
-             + common + tiny + ["--config.eval_every=3"])
+  res = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
+                    "--config.train_steps=12", "--config.export_best=true", "--config.learning_rate=0.05"]
+                   + common + tiny + ["--config.eval_every=3"])
   assert res.returncode == 0, res.stderr[-3000:]
   evals = {int(line.split()[2].rstrip(":")): float(line.split("dev loss ")[1].split()[0])
            for line in res.stdout.splitlines() if line.startswith("eval step")}
@@ -185,7 +180,7 @@ def test_translate_script(tiny_setup, tmp_path):
   inputs = tmp_path / "in.txt"
   inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\n")
   out = tmp_path / "out.txt"
-  res = _run(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models)
+  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models)
   assert res.returncode == 0, res.stderr[-3000:]
   lines = out.read_text().split("\n")
   assert len(lines) == 5 and lines[1] == ""  # one output line per input line, the empty one kept empty
@@ -194,17 +189,11 @@ def test_translate_script(tiny_setup, tmp_path):
     assert key in res.stdout
   # Resuming: a run over a longer input appends only the new lines.
   inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\nThe cat sleeps.\n")
-  res = _run(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
+  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
   assert res.returncode == 0 and "resuming: 4 of 5" in res.stderr
   assert out.read_text().split("\n")[:4] == lines[:4] and len(out.read_text().split("\n")) == 6
-  # Bad input: a too-long line refused, an unknown model, a draft whose tokenizer differs.
+  # Bad input: a too-long line refused (or truncated), an unknown model, a draft whose tokenizer differs.
   inputs.write_text("word " * 200 + "\n")
-  res = _run(["launch/translate.py", f"--input={inputs}", "--long_inputs=refuse", "--max_input_length=16"] + models)
-  assert res.returncode != 0 and "more than --max_input_length=16" in res.stderr
-  res = _run(["launch/translate.py", f"--input={inputs}", "--max_input_length=16", "--nocompare"] + models)
-  assert res.returncode == 0 and "truncated to 16" in res.stderr
-  res = _run(["launch/translate.py", "--target=no-such-model"])
-  assert res.returncode != 0 and "Unknown model 'no-such-model'" in res.stderr
   other = tmp_path / "other_tok"
   from transformers import AutoTokenizer
   import shutil
@@ -212,8 +201,15 @@ def test_translate_script(tiny_setup, tmp_path):
   hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
   hf_tok.add_tokens(["<extra_word>"])
   hf_tok.save_pretrained(str(other))
-  res = _run(["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"])
-  assert res.returncode != 0 and "tokenizer" in res.stderr and "differs" in res.stderr
+  refused, truncated, unknown, differs = run_scripts([
+      ["launch/translate.py", f"--input={inputs}", "--long_inputs=refuse", "--max_input_length=16"] + models,
+      ["launch/translate.py", f"--input={inputs}", "--max_input_length=16", "--nocompare"] + models,
+      ["launch/translate.py", "--target=no-such-model"],
+      ["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"]])
+  assert refused.returncode != 0 and "more than --max_input_length=16" in refused.stderr
+  assert truncated.returncode == 0 and "truncated to 16" in truncated.stderr
+  assert unknown.returncode != 0 and "Unknown model 'no-such-model'" in unknown.stderr
+  assert differs.returncode != 0 and "tokenizer" in differs.stderr and "differs" in differs.stderr
 
 
 def test_domains_of_pairs_and_distillation_sources():

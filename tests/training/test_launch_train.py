@@ -10,7 +10,7 @@ import pytest
 
 from jaxspec.data import token_cache
 from jaxspec.data.ende import Pair, write_pairs
-from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script
+from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, run_scripts
 
 PAIRS = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "Der Hund ist groß."),
          ("Open the file.", "Öffnen Sie die Datei."), ("I like green tea.", "Ich mag grünen Tee.")]
@@ -68,7 +68,7 @@ def test_token_cache_key_covers_tokenizer_size_and_mtime(data, tmp_path):
   assert token_cache.tokenized_pairs(str(train), _Tok("B", 0), cache)[0] == [[1, 1]]
 
 
-@pytest.mark.parametrize("args, needle", [
+BAD_CONFIGS = [
     (["--config.train=/nonexistent/train.tsv"], "/nonexistent/train.tsv: no such file"),
     (["--config.data_dir=/nonexistent"], "EN-DE train split not found: /nonexistent/train.tsv.gz"),
     (["--config.tokenizer=/nonexistent"], "config.tokenizer='/nonexistent'"),
@@ -76,16 +76,25 @@ def test_token_cache_key_covers_tokenizer_size_and_mtime(data, tmp_path):
     (["--config.teacher=", "--config.distill_weight=0.5"], "needs config.teacher"),
     (["--config.no_such_field=1"], "--config.no_such_field: no such field"),
     (["--config.train_steps=many"], "--config.train_steps=many"),
-])
-def test_bad_configs_end_in_one_line(args, needle, tmp_path):
-  res = run_script(["launch/train.py", f"--workdir={tmp_path}"] + args)
-  assert_one_line_error(res, needle)
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(tmp_path_factory):
+  """Every BAD_CONFIGS case's run (a workdir each), as many at a time as there are CPUs."""
+  return run_scripts([["launch/train.py", f"--workdir={tmp_path_factory.mktemp('bad')}"] + args
+                      for args, _ in BAD_CONFIGS])
+
+
+@pytest.mark.parametrize("args, needle", BAD_CONFIGS)
+def test_bad_configs_end_in_one_line(args, needle, bad_config_runs):
+  assert_one_line_error(bad_config_runs[BAD_CONFIGS.index((args, needle))], needle)
 
 
 def test_a_training_tsv_without_its_header_is_named(tmp_path):
   headless = tmp_path / "train.tsv"
   headless.write_text("The house is small.\tDas Haus ist klein.\n")
-  res = run_script(["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"])
-  assert_one_line_error(res, f"{headless}: expected a header 'en<TAB>de")
-  res = run_script(["launch/train.py"])
-  assert_one_line_error(res, "--workdir")
+  named, no_workdir = run_scripts([["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"],
+                                   ["launch/train.py"]])
+  assert_one_line_error(named, f"{headless}: expected a header 'en<TAB>de")
+  assert_one_line_error(no_workdir, "--workdir")
