@@ -2,7 +2,7 @@
 
     python tests/sharding_worker.py tokens OUT.json FAMILY[,FAMILY...]   # 8 devices: tokens on 4 meshes vs one
     python tests/sharding_worker.py programs OUT.json                    # 8 devices: HLO, memory, Orbax
-    python tests/sharding_worker.py distributed OUT.json TARGET,DRAFT PORT ID  # 4 devices, 1 of 2 processes
+    python tests/sharding_worker.py distributed OUT.json TARGET,DRAFT,HEAD PORT ID  # 4 devices, 1 of 2 processes
 
 The device count must be fixed before JAX starts, hence a subprocess per run; compilation dominates, so the XLA
 flags of tests/script_helpers.py (`xla_test_flags`, passed as JAXSPEC_TEST_XLA_FLAGS; -O0 without it) trade the
@@ -214,7 +214,7 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
   sharding.initialize_distributed(f"127.0.0.1:{port}", 2, process_id)
   out = {"process": jax.process_index(), "devices": jax.device_count(), "local": jax.local_device_count()}
-  target_dir, draft_dir = checkpoints
+  target_dir, draft_dir, head_dir = checkpoints
   family, cfg = io.read_config(target_dir)
   # Loading onto model=8: each process holds half of every split weight and reads only that half.
   mesh = sharding.make_mesh(1, 8)
@@ -230,6 +230,16 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
   target_2x4 = jaxspec.load(target_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))
   out["sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(draft, gamma=GAMMA),
                                     jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
+  # A feature head beside the target on data=2 x model=4: its weights replicated there once, kept with it.
+  head = jaxspec.load(head_dir)
+  out["head_greedy"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA), **KW).tokens.tolist()
+  out["head_sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA),
+                                         jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
+  ((given, placed),) = head.__dict__["_mesh_copies"].values()
+  own = {id(x) for x in jax.tree.leaves(head.params)}  # the rest: the target's embedding, kept as placed
+  mesh = sharding.mesh_of(target_2x4.params)
+  out["head_replicated"] = all(sharding.mesh_of(p) == mesh and (id(g) not in own or p.sharding.is_fully_replicated)
+                               for g, p in zip(given, placed))
   out["main"] = sharding.is_main_process()
   return out
 

@@ -55,8 +55,6 @@ def _load_draft(name: str, target: jaxspec.Model, mesh=None):
     return jaxspec.NGramDraft()
   model = jaxspec.load(name.removeprefix(RANDOM))
   if isinstance(model, jaxspec.FeatureHead):  # an EAGLE-3 head: it drafts from this target's hidden states
-    if mesh is not None:
-      raise InputError(f"--draft={name}: a feature head does not run on a mesh yet; decode on one device.")
     eagle3.check_fits(model.config, target.config, model.params)  # one CheckpointError naming each mismatch
     return _random_head(model, name) if name.startswith(RANDOM) else model
   if name.startswith(RANDOM):
@@ -95,7 +93,7 @@ def load_drafts(spec: str, target: jaxspec.Model, mesh=None) -> dict:
   """{name: draft} from comma-separated names: 'ngram' (jaxspec.NGramDraft()), 'random:NAME', or what
   jaxspec.load reads (embedded names, model directories, EAGLE-3 head directories: a `jaxspec.FeatureHead`,
   checked against the target); '' gives {} (plain decoding). With a mesh, model drafts are replicated over
-  `model` (jaxspec.DRAFT_RULES); a head refuses a mesh."""
+  `model` (jaxspec.DRAFT_RULES); a head's weights are replicated on the mesh when it first decodes there."""
   names = [n.strip() for n in spec.split(",") if n.strip()]
   if len(set(names)) != len(names):
     raise InputError(f"--draft={spec}: a draft is named twice.")

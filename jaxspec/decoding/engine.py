@@ -110,7 +110,8 @@ def _placed(call: _Call, target: Model, seed) -> placement.Call:
   memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape)
   run = placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
   if call.head_params is not None:
-    run.draft_params = call.head_params  # (on a mesh the program places them, as any argument not on it)
+    run.draft_params = call.head_params if where is None else placement.replicated_on(
+        call.head_params, where.mesh, owner=call.speculation.draft)
   return run
 
 

@@ -13,7 +13,9 @@ placed on a mesh (`jaxspec.shard`, `jaxspec.load(..., mesh=...)`):
     loop, and the loop's `in_shardings`, so the compiler neither replicates them nor gathers weights (the caches
     are still donated to the loop);
   - a draft that is not on the target's mesh is replicated over `model` (`DRAFT_RULES`, docs/scaling.md), once:
-    the placed copy is kept with the draft model for later calls on that mesh.
+    the placed copy is kept with the draft model for later calls on that mesh;
+  - a feature head's weights are replicated on the mesh (`replicated_on`: one decoder layer, small beside the
+    target; the target's embedding it may read stays as the target placed it), once per mesh, kept with the head.
 Convention read here: in every program output, the target's cache comes before the draft's (flatten order).
 """
 
@@ -212,6 +214,19 @@ def _draft_params_on(draft, mesh: Mesh) -> Any:
     shardings, _ = tree_shardings(draft.family.param_axes(draft.config), draft.params, mesh, DRAFT_RULES)
     copies[key] = jax.tree.map(place, draft.params, shardings)
   return copies[key]
+
+
+def replicated_on(tree: Any, mesh: Mesh, owner: Any) -> Any:
+  """`tree`'s arrays on `mesh`: those already there as they are, every other one replicated (`place`, so each
+  process builds its own shards). Placed once per mesh and kept with `owner` (keyed by the arrays' identity)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  copies = owner.__dict__.setdefault("_mesh_copies", {})
+  key = (mesh, tuple(id(x) for x in leaves))
+  if key not in copies:
+    copies.clear()  # one placed copy at a time, as for a draft model
+    replicated = NamedSharding(mesh, PartitionSpec())
+    copies[key] = (leaves, [x if mesh_of(x) == mesh else place(x, replicated) for x in leaves])  # keeps ids alive
+  return jax.tree.unflatten(treedef, copies[key][1])
 
 
 def prepare(where: Placement | None, target, draft, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,

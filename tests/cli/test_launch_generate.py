@@ -56,8 +56,8 @@ def test_an_unknown_model_is_one_line():
 
 def test_a_feature_head_drafts_for_its_target(tmp_path):
   """`generate.py --target=DIR --draft=HEAD_DIR` with an EAGLE-3 head directory (the SpecForge format): greedy
-  output identical to plain decoding (the script exits non-zero when they differ); a head for another target is
-  one line."""
+  output identical to plain decoding (the script exits non-zero when they differ), on one device and with the
+  target on a mesh (the head's weights replicated there); a head for another target is one line."""
   import jax
   from decoder_only_models import write_hf_decoder
   from jaxspec.models import eagle3
@@ -66,11 +66,13 @@ def test_a_feature_head_drafts_for_its_target(tmp_path):
   cfg = eagle3.Eagle3Config(vocab_size=128, draft_vocab_size=64, hidden_size=32, target_hidden_size=32,
                             intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1))
   eagle3.save(str(tmp_path / "head"), cfg, eagle3.init_params(cfg, jax.random.key(0)))
-  res = run_script(["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'head'}", "--gamma=3",
-                    "--max_new_tokens=6"], stdin=b"hello world\nthe cat\n")
-  assert res.returncode == 0, res.stderr[-3000:]
-  assert "identical to plain greedy output: True" in res.stdout and "alpha" in res.stdout
   other = eagle3.Eagle3Config(**{**cfg.__dict__, "target_hidden_size": 48})
   eagle3.save(str(tmp_path / "other"), other, eagle3.init_params(other, jax.random.key(0)))
-  res = run_script(["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'other'}"], stdin=b"hi\n")
+  run = ["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'head'}", "--gamma=3", "--max_new_tokens=6"]
+  one, meshed, res = run_scripts([(run, b"hello world\nthe cat\n"), (run + ["--mesh=data:1,model:1"], b"the cat\n"),
+                                  (["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'other'}"],
+                                   b"hi\n")])
+  for res_ok in (one, meshed):
+    assert res_ok.returncode == 0, res_ok.stderr[-3000:]
+    assert "identical to plain greedy output: True" in res_ok.stdout and "alpha" in res_ok.stdout
   assert_one_line_error(res, "target_hidden_size")

@@ -23,7 +23,7 @@ from jax.sharding import AbstractMesh, PartitionSpec as P
 import jaxspec
 from jaxspec import sharding
 from jaxspec.sharding.memory_plan import DEVICE_MEMORY, memory_plan
-from jaxspec.models import registry
+from jaxspec.models import eagle3, registry
 from jaxspec.models.t5 import T5Config
 
 import sharding_worker
@@ -247,9 +247,14 @@ def distributed(tmp_path_factory, workers):
                  relative_attention_num_buckets=8, relative_attention_max_distance=20, tie_word_embeddings=False,
                  scale_decoder_outputs=False)
   target, draft = sharding_worker.pair(cfg)
-  dirs = [os.path.join(tmp, n) for n in ("target", "draft")]
+  head_config = eagle3.Eagle3Config(vocab_size=128, draft_vocab_size=64, hidden_size=16, target_hidden_size=16,
+                                    intermediate_size=32, num_heads=2, num_kv_heads=1, head_dim=8,
+                                    aux_layer_ids=(0, 0, 0))
+  head = jaxspec.FeatureHead(head_config, eagle3.init_params(head_config, jax.random.PRNGKey(3), std=0.2))
+  dirs = [os.path.join(tmp, n) for n in ("target", "draft", "head")]
   for model, d in zip((target, draft), dirs):
     jaxspec.save(model, d, format="hf")
+  jaxspec.save(head, dirs[2])
   for w in workers.values():  # Two more processes: wait for the 8-device runs to leave the cores.
     w.result()
   with socket.socket() as s:
@@ -257,12 +262,15 @@ def distributed(tmp_path_factory, workers):
     port = s.getsockname()[1]
   procs = [Worker(tmp, f"process{i}", "distributed", ",".join(dirs), str(port), str(i)) for i in range(2)]
   rows = sharding_worker.prompts(cfg.vocab_size)
-  target, draft = (jaxspec.load(d, dtype=jnp.float32) for d in dirs)
-  reference = {"greedy": jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=sharding_worker.GAMMA),
-                                               **sharding_worker.KW).tokens.tolist(),
-               "sampled": jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=sharding_worker.GAMMA),
-                                                jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5],
-                                                **sharding_worker.KW).tokens.tolist()}
+  target, draft = (jaxspec.load(d, dtype=jnp.float32) for d in dirs[:2])
+  head = jaxspec.load(dirs[2])
+  reference = {}
+  for name, d in (("", draft), ("head_", head)):
+    speculation = jaxspec.Speculation(d, gamma=sharding_worker.GAMMA)
+    reference[f"{name}greedy"] = jaxspec.generate(target, rows, speculation, **sharding_worker.KW).tokens.tolist()
+    reference[f"{name}sampled"] = jaxspec.generate(target, rows, speculation, jaxspec.Sampling(temperature=1.0),
+                                                   seed=[1, 2, 3, 4, 5], **sharding_worker.KW).tokens.tolist()
+  assert reference["head_greedy"] == jaxspec.generate(target, rows, **sharding_worker.KW).tokens.tolist()
   return [p.result() for p in procs], reference
 
 
@@ -273,6 +281,9 @@ def test_two_processes_give_the_same_tokens(distributed):
   assert [r["main"] for r in results] == [True, False]
   for r in results:
     assert r["greedy"] == reference["greedy"] and r["sampled"] == reference["sampled"]
+    # A feature head on the mesh (its weights replicated there by generate) gives one device's tokens.
+    assert r["head_greedy"] == reference["head_greedy"] and r["head_sampled"] == reference["head_sampled"]
+    assert r["head_replicated"]
 
 
 @pytest.mark.slow
