@@ -220,7 +220,11 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
     found = tree_verify.accept_tree_greedy(proposal.tokens, proposal.parents, logits, path_size=gamma + 1)
   else:
     p = sampling.warp_probs(logits, knobs, settings.filtering)
-    found = tree_verify.accept_tree_sampled(keys, proposal.tokens, proposal.parents, p, path_size=gamma + 1)
+    if proposal.siblings is None:  # deterministic candidates (prompt lookup)
+      found = tree_verify.accept_tree_sampled(keys, proposal.tokens, proposal.parents, p, path_size=gamma + 1)
+    else:  # children drawn from the draft's q
+      found = tree_verify.accept_tree_recursive(keys, proposal.tokens, proposal.parents, p, proposal.siblings,
+                                                path_size=gamma + 1)
   # Non-finite logits fail a row only on its path (what plain decoding would have computed).
   on_path = jnp.take_along_axis(logits, found.path[:, :, None], axis=1)  # [B, G + 1, V]
   kept = jnp.arange(gamma + 1)[None] < found.path_len[:, None]

@@ -114,9 +114,9 @@ class ModelDrafter:
 
   def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
     """A tree of static.tree's shape and depth gamma per row (`tree.draft_tree`): one catch-up call, then the
-    beam of each depth fed once through the draft's `step_tree`. `settle` drops the tree from the cache (the
-    catch-up of the next iteration feeds the accepted tokens, at most gamma + 1)."""
-    del keys  # the tree is the draft's top candidates: nothing is drawn
+    beam of each depth fed once through the draft's `step_tree`; when sampling, every expanded node's children
+    are drawn from its q (the proposal's `siblings`, verified by recursive rejection sampling). `settle` drops
+    the tree from the cache (the catch-up of the next iteration feeds the accepted tokens, at most gamma + 1)."""
     first, cache, base = catch_up(self.decoder, static, params, state, history.sequences, history.lengths,
                                   ~history.done, variable=True, refeed=False)
     rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
@@ -126,10 +126,9 @@ class ModelDrafter:
         logits, cache = self.decoder.step_tree(params, cache, tokens, depths, ancestors)
       return rank(logits), cache
 
-    (tokens, parents, depths, ancestors), cache = tree.draft_tree(history.last, rank(first), beam_step, cache,
-                                                                  static.tree, static.gamma)
-    return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors,
-                             after=Drafted(cache=cache, base=base, steps=jnp.int32(0)))
+    proposal = tree.draft_tree(history.last, rank(first), beam_step, cache, static.tree, static.gamma,
+                               keys=None if static.greedy else keys)
+    return proposal.replace(after=Drafted(cache=proposal.after, base=base, steps=jnp.int32(0)))
 
   def _step(self, params: Any):
     """The chain's step (chain.Step): one token per row [B] fed to the draft model."""

@@ -16,6 +16,13 @@ log-probabilities the draft computed at the beam tokens `state.beam_tokens`, and
 them over log-probabilities known in advance (tests, analysis). Static shapes throughout: a pool of
 1 + k + (D - 1) k^2 candidates per row, filled depth by depth.
 
+Sampled children (temperature > 0, with `keys`): each expanded node's k children are a SAMPLE without
+replacement from the draft's q at that node, in draw order (the Gumbel-top-k trick: the k largest of
+log q + Gumbel noise are the first k draws of sequential sampling without replacement), instead of q's top k.
+Scores stay the cumulative log q of the path. `SampledSiblings` records, for every expanded node, its k draws
+(kept in the tree or not) and q, which `tree_verify.accept_tree_recursive` needs to verify them by recursive
+rejection sampling: lossless, and it accepts a draw with probability min(1, p/q) rather than p.
+
 Shape letters: B rows, K top_k, V vocabulary, M candidates in the pool, N = nodes + 1 tree nodes (the root, node
 0, is the loop's own token, not a draft), D depths (the tree's deepest node has depth D).
 """
@@ -88,12 +95,25 @@ class TreeDraft:
     return jnp.take_along_axis(self.tokens, self.beam, axis=1)
 
 
-def start(root_tokens: jax.Array, root_logprobs: jax.Array, top_k: int, depth: int) -> TreeDraft:
-  """Depth 1: the root's top_k tokens. root_tokens [B] int32, root_logprobs [B, V]: the draft's log-probabilities
-  of the first drafted token. `depth`: the expansions planned (sizes the pool)."""
+def _children(logprobs: jax.Array, top_k: int, keys: jax.Array | None) -> tuple[jax.Array, jax.Array]:
+  """(log q [..., K], tokens [..., K] int32) of a node's children from its log q [B, ..., V]: the top_k tokens,
+  best first (keys None), or top_k draws without replacement from q, in draw order (Gumbel-top-k; keys [B])."""
+  logprobs = logprobs.astype(jnp.float32)
+  if keys is None:
+    return jax.lax.top_k(logprobs, top_k)
+  u = sampling.uniform(keys, logprobs.shape)
+  _, tokens = jax.lax.top_k(logprobs - jnp.log(-jnp.log(u)), top_k)  # log q + Gumbel(0, 1) noise
+  return jnp.take_along_axis(logprobs, tokens, axis=-1), tokens
+
+
+def start(root_tokens: jax.Array, root_logprobs: jax.Array, top_k: int, depth: int,
+          keys: jax.Array | None = None) -> TreeDraft:
+  """Depth 1: the root's top_k tokens (or top_k draws from q with `keys` [B]: the module docstring).
+  root_tokens [B] int32, root_logprobs [B, V]: the draft's log-probabilities of the first drafted token.
+  `depth`: the expansions planned (sizes the pool)."""
   batch = root_tokens.shape[0]
   size = 1 + top_k + (depth - 1) * top_k ** 2
-  scores, tokens = jax.lax.top_k(root_logprobs.astype(jnp.float32), top_k)  # [B, K], best first
+  scores, tokens = _children(root_logprobs, top_k, keys)  # [B, K]
   def pool(first, rest, fill, dtype):
     out = jnp.full((batch, size), fill, dtype)
     return out.at[:, :1 + top_k].set(jnp.concatenate([first.astype(dtype), rest.astype(dtype)], axis=1))
@@ -106,12 +126,12 @@ def start(root_tokens: jax.Array, root_logprobs: jax.Array, top_k: int, depth: i
                    filled=1 + top_k)
 
 
-def grow(state: TreeDraft, beam_logprobs: jax.Array) -> TreeDraft:
-  """One more depth: each beam node proposes its top_k children (k^2 candidates, in beam order, then child rank);
-  the best top_k by cumulative log-probability become the beam. beam_logprobs [B, K, V]: the draft's
-  log-probabilities after each beam node's path."""
+def grow(state: TreeDraft, beam_logprobs: jax.Array, keys: jax.Array | None = None) -> TreeDraft:
+  """One more depth: each beam node proposes its top_k children (k^2 candidates, in beam order, then child rank;
+  with `keys` [B], its top_k draws from q in draw order); the best top_k by cumulative log-probability become the
+  beam. beam_logprobs [B, K, V]: the draft's log-probabilities after each beam node's path."""
   batch, k = state.beam.shape
-  logp, child = jax.lax.top_k(beam_logprobs.astype(jnp.float32), k)  # [B, K, K]
+  logp, child = _children(beam_logprobs, k, keys)  # [B, K, K]
   parent_scores = jnp.take_along_axis(state.scores, state.beam, axis=1)  # [B, K]
   scores = (parent_scores[:, :, None] + logp).reshape(batch, k * k)
   parents = jnp.broadcast_to(state.beam[:, :, None], (batch, k, k)).reshape(batch, k * k)
@@ -133,6 +153,18 @@ def select(state: TreeDraft, nodes: int) -> tuple[jax.Array, jax.Array, jax.Arra
     tokens [B, N] int32, parents [B, N] int32 (node indices; -1 at the root), depths [B, N] int32 and
     ancestors [B, N, N] bool (a node is its own ancestor), N = nodes + 1.
   """
+  slots, node_of_slot = _kept(state, nodes)
+  parent_slots = jnp.take_along_axis(state.parents, slots, axis=1)  # [B, N]
+  parents = jnp.where(parent_slots < 0, -1, jnp.take_along_axis(node_of_slot, jnp.maximum(parent_slots, 0), axis=1))
+  tokens = jnp.take_along_axis(state.tokens, slots, axis=1)
+  depths = jnp.take_along_axis(state.depths, slots, axis=1)
+  k = state.beam.shape[1]
+  return tokens, parents, depths, ancestors_of(parents, 1 + (state.filled - 1 - k) // (k * k))
+
+
+def _kept(state: TreeDraft, nodes: int) -> tuple[jax.Array, jax.Array]:
+  """(slots [B, N] int32: the pool slots of the root and the best `nodes` candidates, in pool order;
+  node_of_slot [B, M] int32: each pool slot's tree node, -1 where not kept)."""
   batch, size = state.tokens.shape
   if not 1 <= nodes <= state.filled - 1:
     raise ValueError(f"select {nodes} nodes from {state.filled - 1} candidates.")
@@ -140,12 +172,39 @@ def select(state: TreeDraft, nodes: int) -> tuple[jax.Array, jax.Array, jax.Arra
   slots = jnp.concatenate([jnp.zeros((batch, 1), jnp.int32), jnp.sort(best, axis=1).astype(jnp.int32) + 1], axis=1)
   rows = jnp.arange(batch)[:, None]
   node_of_slot = jnp.full((batch, size), -1, jnp.int32).at[rows, slots].set(jnp.arange(nodes + 1, dtype=jnp.int32))
-  parent_slots = jnp.take_along_axis(state.parents, slots, axis=1)  # [B, N]
-  parents = jnp.where(parent_slots < 0, -1, jnp.take_along_axis(node_of_slot, jnp.maximum(parent_slots, 0), axis=1))
-  tokens = jnp.take_along_axis(state.tokens, slots, axis=1)
-  depths = jnp.take_along_axis(state.depths, slots, axis=1)
-  k = state.beam.shape[1]
-  return tokens, parents, depths, ancestors_of(parents, 1 + (state.filled - 1 - k) // (k * k))
+  return slots, node_of_slot
+
+
+@struct.dataclass
+class SampledSiblings:
+  """The children DRAWN from q at every expanded node of a tree (`draft_tree` with keys), kept in the tree or
+  not, for `tree_verify.accept_tree_recursive`. E = 1 + K (D - 1) expanded nodes (the root, then each depth's
+  beam), in pool order."""
+
+  nodes: jax.Array  # [B, E] int32 tree node of each expanded node (-1: not kept in the tree).
+  children: jax.Array  # [B, E, K] int32 its K draws without replacement from q, in draw order.
+  child_nodes: jax.Array  # [B, E, K] int32 tree node of each draw (-1: dropped by the final rerank).
+  q: jax.Array  # [B, E, V] float32 the draft's distribution at the expanded node (the draws came from it).
+
+
+def _siblings(pool: TreeDraft, expanded: list[jax.Array], logprobs: list[jax.Array], nodes: int) -> SampledSiblings:
+  """SampledSiblings of a grown pool: expanded [B, 1] (the root) then [B, K] per depth (that depth's beam slots);
+  logprobs [B, V] then [B, K, V] per depth, q's logs there. A beam's children fill k consecutive slots each, in
+  beam order, from the slot where its `grow` started."""
+  k = pool.beam.shape[1]
+  _, node_of_slot = _kept(pool, nodes)
+  slots = jnp.concatenate(expanded, axis=1)  # [B, E]
+  starts = [1] + [1 + k + d * k * k for d in range(len(expanded) - 1)]
+  child_slots = np.concatenate([s + np.arange(e.shape[1] * k).reshape(e.shape[1], k)
+                                for s, e in zip(starts, expanded)])  # [E, K], static
+  batch = slots.shape[0]
+  child_slots = jnp.broadcast_to(jnp.asarray(child_slots, jnp.int32), (batch,) + child_slots.shape)
+  flat = child_slots.reshape(batch, -1)
+  q = jnp.exp(jnp.concatenate([logprobs[0][:, None]] + list(logprobs[1:]), axis=1).astype(jnp.float32))
+  return SampledSiblings(nodes=jnp.take_along_axis(node_of_slot, slots, axis=1),
+                         children=jnp.take_along_axis(pool.tokens, flat, axis=1).reshape(child_slots.shape),
+                         child_nodes=jnp.take_along_axis(node_of_slot, flat, axis=1).reshape(child_slots.shape),
+                         q=q)
 
 
 def ancestors_of(parents: jax.Array, max_depth: int) -> jax.Array:
@@ -184,10 +243,12 @@ class TreeProposal:
   depths: jax.Array  # [B, N] int32 (0 at the root; the deepest node has depth <= gamma).
   ancestors: jax.Array  # [B, N, N] bool (a node is its own ancestor).
   after: Any  # The drafter's state after proposing, as its `settle` reads it.
+  siblings: SampledSiblings | None = None  # Children drawn from q (a draft model sampling), else None: the
+  #                                          children are deterministic candidates (greedy, prompt lookup).
 
 
 def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Callable, state: Any, tree: Tree,
-               depth: int) -> tuple[tuple[jax.Array, jax.Array, jax.Array, jax.Array], Any]:
+               depth: int, keys: jax.Array | None = None) -> TreeProposal:
   """EAGLE-2's tree grown by a drafter that scores the beam depth by depth, each beam node fed once.
 
   Depth 1 comes from the root's log-probabilities; then, for each depth d = 1 .. depth - 1, the K beam nodes of
@@ -200,12 +261,16 @@ def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Call
   Args:
     root_tokens: [B] int32 the loop's last token; root_logprobs: [B, V] the drafter's log-probabilities after it.
     depth: D expansions (the speculation's gamma, static); tree.check_depth(depth) must hold.
+    keys: None (children: the top_k of q), or [B] keys: children drawn from q = exp(logprobs) without
+      replacement, recorded in the proposal's `siblings` (the module docstring).
   Returns:
-    ((tokens, parents, depths, ancestors) as `select`, state after the last call).
+    TreeProposal (tokens, parents, depths, ancestors as `select`; after: the state after the last call).
   """
   k = tree.top_k
-  pool = start(root_tokens, root_logprobs, k, depth)
+  key_at = (lambda d: None) if keys is None else (lambda d: sampling.fold(keys, d))
+  pool = start(root_tokens, root_logprobs, k, depth, key_at(0))
   batch = root_tokens.shape[0]
+  expanded, logprobs_seen = [jnp.zeros((batch, 1), jnp.int32)], [root_logprobs]
   eye = jnp.broadcast_to(jnp.eye(k, dtype=bool), (batch, k, k))
   rows, fed_depths, previous = eye, jnp.zeros((batch, k), jnp.int32), None  # ancestors of the beam over fed nodes
   for d in range(1, depth):
@@ -217,8 +282,13 @@ def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Call
       fed_depths = jnp.concatenate([fed_depths, jnp.full((batch, k), d - 1, jnp.int32)], axis=1)
     logprobs, state = beam_step(state, pool.beam_tokens, fed_depths, rows)
     previous = pool.beam
-    pool = grow(pool, logprobs)
-  return select(pool, tree.nodes), state
+    expanded.append(pool.beam)
+    logprobs_seen.append(logprobs)
+    pool = grow(pool, logprobs, key_at(d))
+  tokens, parents, depths, ancestors = select(pool, tree.nodes)
+  siblings = None if keys is None else _siblings(pool, expanded, logprobs_seen, tree.nodes)
+  return TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, after=state,
+                      siblings=siblings)
 
 
 def draft_logprobs(logits: jax.Array, greedy: bool, filtering: bool, knobs: sampling.SamplingKnobs) -> jax.Array:

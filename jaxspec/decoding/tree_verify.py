@@ -24,6 +24,19 @@ target does: the emitted sequence has the target's joint distribution, however t
 long as the tree was chosen from draft information only (never from the target's verdict). A second sibling
 with the same token has r(x) = 0 by then and is never accepted.
 
+Sampled children (`accept_tree_recursive`): when the drafter DREW each expanded node's K children from its q
+without replacement (x_1 .. x_K in draw order; `tree.SampledSiblings`), recursive rejection sampling (Jeon et
+al. 2024, "Recursive Speculative Decoding") accepts more: with r = p at the node and q_1 = q, accept x_i with
+probability min(1, r_i(x_i) / q_i(x_i)); on rejection r_{i+1} = norm(max(0, r_i - q_i)) and q_{i+1} = q_i
+without x_i, renormalised; when every draw is rejected, the next token comes from r_{K+1}. Each stage is
+Leviathan's rule with proposal q_i (the law of x_i given the earlier draws) and target r_i, which does not depend
+on the earlier draws, so it emits r_i exactly; r_{i+1}(x_i) = 0 (a rejection needs q_i(x_i) > r_i(x_i)), so the
+residual never needs x_i again: by induction the emitted token is distributed as p. An accepted draw that the
+tree kept moves the walk to its node; one that the final rerank dropped ends the path with it as the next
+token (its target distribution was not computed, nothing more is needed); at a node that was not expanded the
+next token is drawn from p. Top-k drafting with this acceptance (EAGLE's temperature > 0 rule) is NOT exact:
+the draws must come from q, and the tests show the difference.
+
 Arithmetic: r is kept unnormalised (p with rejected tokens zeroed; the test is u * |r| < r(x), no division),
 so no renormalised rounding noise is ever sampled from (REFERENCE.md pitfall 2); `sampling.sample` normalises by
 the mass it sees. Only if rounding zeroed every entry (a rejection of probability ~1e-7) is p itself used.
@@ -39,6 +52,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding import sampling
+from jaxspec.decoding.tree import SampledSiblings
+from jaxspec.decoding.verify import residual_probs
 
 
 @struct.dataclass
@@ -163,3 +178,90 @@ def accept_tree_sampled(key: jax.Array, tokens: jax.Array, parents: jax.Array, p
   p_last = jnp.take_along_axis(p, last[:, None, None], axis=1)[:, 0]
   residual = _residual(p_last, tokens, _children(parents, last))  # every child of the last node was rejected
   return verdict.replace(next_token=sampling.sample(sampling.fold(keys, size), residual))
+
+
+def _normalised(x: jax.Array) -> jax.Array:
+  """x / sum(x) over the last axis; zeros where the sum is 0."""
+  mass = jnp.sum(x, axis=-1, keepdims=True)
+  return jnp.where(mass > 0, x / jnp.where(mass > 0, mass, 1.0), 0.0)
+
+
+def _recursive_rejection(u: jax.Array, p_node: jax.Array, q: jax.Array, children: jax.Array,
+                         child_nodes: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """One node of recursive rejection sampling (the module docstring).
+
+  Args:
+    u: [B, K] uniforms; p_node: [B, V] the target's p at the node; q: [B, V] the draft's q there (all zero at a
+      node that was not expanded: every draw is then invalid); children: [B, K] the draws in draw order;
+      child_nodes: [B, K] their tree nodes (-1: not in the tree).
+  Returns:
+    (accepted [B] bool, token [B] int32 the accepted draw, node [B] int32 its tree node or -1, residual [B, V]
+    r_{K+1}, what the next token is drawn from when nothing was accepted).
+  """
+  batch, k = children.shape
+  rows = jnp.arange(batch)
+  r, qq = _normalised(p_node.astype(jnp.float32)), _normalised(q.astype(jnp.float32))
+  accepted, token, node = jnp.zeros((batch,), bool), jnp.zeros((batch,), jnp.int32), jnp.full((batch,), -1, jnp.int32)
+
+  def body(i, carry):
+    r, qq, accepted, token, node = carry
+    x = children[:, i]
+    qx, rx = qq[rows, x], r[rows, x]
+    tried = ~accepted & (qx > 0)  # a draw with q = 0 (rounding, filtering) was never really drawn: skipped
+    take = tried & (u[:, i] * qx < rx)
+    rejected = (tried & ~take)[:, None]
+    r = jnp.where(rejected, residual_probs(r, qq), r)
+    qq = jnp.where(rejected, _normalised(qq.at[rows, x].set(0.0)), qq)
+    return (r, qq, accepted | take, jnp.where(take, x, token), jnp.where(take, child_nodes[:, i], node))
+
+  r, _, accepted, token, node = jax.lax.fori_loop(0, k, body, (r, qq, accepted, token, node))
+  return accepted, token, node, r
+
+
+def _expanded_node(siblings: SampledSiblings, node: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(q [B, V] (zero where `node` [B] was not expanded), children [B, K], child_nodes [B, K]) of node."""
+  hit = siblings.nodes == node[:, None]  # [B, E]
+  e = jnp.argmax(hit, axis=1)
+  q = jnp.take_along_axis(siblings.q, e[:, None, None], axis=1)[:, 0]
+  q = jnp.where(jnp.any(hit, axis=1)[:, None], q, 0.0)
+  pick = lambda x: jnp.take_along_axis(x, e[:, None, None], axis=1)[:, 0]
+  return q, pick(siblings.children), pick(siblings.child_nodes)
+
+
+def accept_tree_recursive(key: jax.Array, tokens: jax.Array, parents: jax.Array, p: jax.Array,
+                          siblings: SampledSiblings, path_size: int | None = None) -> TreeVerdict:
+  """Sampling over a tree whose children were drawn from the draft's q: recursive rejection sampling.
+
+  Args:
+    key: [B] PRNG keys, one per row (or a single key: the row index is then folded in).
+    tokens, parents: [B, N] as in `accept_tree_greedy`; p: [B, N, V] float32 the target's warped
+      probabilities at every node; siblings: the draws and q of every expanded node (`tree.draft_tree` with keys).
+    path_size: D, static, at least the deepest node's depth + 1 (default N).
+  Returns:
+    TreeVerdict; the emitted tokens have the target's joint distribution (the module docstring).
+  """
+  batch = tokens.shape[0]
+  keys = sampling.row_keys(key, batch)
+  size = _path_size(parents, path_size)
+  k = siblings.children.shape[2]
+  p = p.astype(jnp.float32)
+
+  def body(step, carry):
+    node, alive, path, length, next_token = carry
+    p_node = jnp.take_along_axis(p, node[:, None, None], axis=1)[:, 0]  # [B, V]
+    q, children, child_nodes = _expanded_node(siblings, node)
+    step_keys = sampling.fold(keys, step)
+    u = sampling.uniform(sampling.fold(step_keys, 0), (batch, k))
+    accepted, token, child, residual = _recursive_rejection(u, p_node, q, children, child_nodes)
+    drawn = sampling.sample(sampling.fold(step_keys, 1), residual)
+    move = alive & accepted & (child >= 0)
+    stop = alive & ~move
+    next_token = jnp.where(stop, jnp.where(accepted, token, drawn), next_token)
+    path = path.at[:, jnp.minimum(step + 1, size - 1)].set(jnp.where(move, child, path[:, jnp.minimum(step + 1,
+                                                                                                     size - 1)]))
+    return jnp.where(move, child, node), move, path, length + move.astype(jnp.int32), next_token
+
+  start = (jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool), jnp.zeros((batch, size), jnp.int32),
+           jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
+  _, _, path, length, next_token = jax.lax.fori_loop(0, size, body, start)
+  return TreeVerdict(path=path, path_len=length, next_token=next_token)

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from jaxspec.decoding import adaptive, loop, ngram, sampling, tree_verify, verify
+from jaxspec.decoding import adaptive, loop, ngram, sampling, tree, tree_verify, verify
 from jaxspec.decoding.drafter import PlainDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.tree import Tree
@@ -285,18 +285,50 @@ def test_lossless_with_trees(case, tree):
   assert int(state.stats.accepted.sum()) > 0
 
 
+def test_sampled_children_accept_more_than_deterministic_ones(monkeypatch):
+  """Children drawn from q and verified by recursive rejection sampling accept a draw with probability
+  min(1, p / q); the deterministic-candidate rule (q's top k, each accepted with probability p(x)) accepts less
+  when q is close to p (a draft far from the target can do better with its top k). Same pair, tree and rows;
+  when p == q the first draw at every node is always accepted: every iteration accepts its whole
+  depth (bar EOS)."""
+  target, other = _markov_params(0, scale=0.7), _markov_params(1, scale=0.7)  # broad p, as at temperature 1
+  draft = jax.tree.map(lambda t, o: t + 0.3 * o, target, other)  # a draft close to the target, as trained ones are
+  _, drawn = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
+  _, same = _run(target, target, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
+  top_k = tree._children  # the deterministic rule's tree: q's top k, each sibling accepted with p(x)
+  monkeypatch.setattr(tree, "_children", lambda logprobs, k, keys: top_k(logprobs, k, None))
+  monkeypatch.setattr(loop.tree_verify, "accept_tree_recursive",
+                      lambda key, tokens, parents, p, siblings, path_size: tree_verify.accept_tree_sampled(
+                          key, tokens, parents, p, path_size))
+  _, deterministic = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
+  rate = lambda state: float(state.stats.accepted.sum() / state.stats.iterations.sum())
+  print("accepted per iteration: drawn", rate(drawn), "deterministic", rate(deterministic), "p == q", rate(same))
+  assert rate(drawn) > 1.1 * rate(deterministic), (rate(drawn), rate(deterministic))
+  full = same.stats.accepted_per_position  # [B, G]: accepted count per depth
+  assert np.all(np.asarray(full[:, 0]) >= np.asarray(same.stats.iterations) - 1), "p == q: depth 1 always accepted"
+
+
 def test_lossless_with_trees_top_k_and_top_p():
   target, draft = _markov_params(0), _markov_params(1)
   samples, _ = _run(target, draft, gamma=2, temperature=0.7, top_k=3, top_p=0.7, tree=Tree(top_k=2, nodes=4))
   _assert_matches(samples, _markov_exact(target, 0.7, 3, 0.7))
 
 
-@pytest.mark.parametrize("drafter", ["model", "ngram"])
+@pytest.mark.parametrize("drafter", ["model", "model_top_k", "ngram"])
 def test_a_broken_tree_rule_is_caught(monkeypatch, drafter):
-  """Negative control: the same statistic rejects a tree rule that draws the next token from p itself (not the
-  residual without the rejected siblings), for trees from a draft model and from prompt lookup."""
-  monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
+  """Negative controls: the same statistic rejects, for trees from a draft model (children drawn from q,
+  recursive rejection sampling), a rule whose residual after a rejected draw is r itself (not max(0, r - q));
+  children taken as q's top k but accepted with min(1, p / q) (EAGLE's temperature > 0 rule: the draws must come
+  from q); and, for prompt lookup (deterministic candidates), a next token drawn from p itself (not the residual
+  without the rejected siblings)."""
   if drafter == "model":
+    monkeypatch.setattr(tree_verify, "residual_probs", lambda r, q: r)
+  elif drafter == "model_top_k":
+    top_k = tree._children
+    monkeypatch.setattr(tree, "_children", lambda logprobs, k, keys: top_k(logprobs, k, None))
+  else:
+    monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
+  if drafter.startswith("model"):
     target = _markov_params(0)
     samples, _ = _run(target, _markov_params(1), gamma=2, tree=Tree(top_k=2, nodes=4))
   else:
