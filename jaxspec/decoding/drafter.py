@@ -138,8 +138,10 @@ class TreeDrafter(Drafter, Protocol):
   def propose_tree(self, params: Any, state: Any, history: History, static: ProposalSettings, knobs: SamplingKnobs,
                    keys: jax.Array) -> TreeProposal:
     """A tree of static.tree.nodes + 1 nodes per row (the root first: the loop's last token), depth <= gamma,
-    parents before children, siblings in decreasing draft score; chosen from the drafter's information only
-    (never the target's verdict), which keeps both acceptance rules exact (tree_verify.py)."""
+    parents before children; chosen from the drafter's information only (never the target's verdict), which
+    keeps every acceptance rule exact (tree_verify.py). Siblings are deterministic candidates (greedy; prompt
+    lookup), or, when sampling, DRAWS from the drafter's q in draw order, recorded with q in the proposal's
+    `siblings` (`tree.draft_tree` with `keys`) so that the target verifies them by recursive rejection sampling."""
     ...
 
 
