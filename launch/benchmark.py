@@ -19,7 +19,6 @@ spinning), and greedy exactness: jaxspec's speculative == jaxspec's plain == tra
 Writes results.json, results.md (aligned markdown, the paper's Table 2 form) and speedup.png to --output_dir.
 """
 
-import json
 import os
 import platform
 import shlex
@@ -31,10 +30,8 @@ from absl import flags
 
 import jaxspec
 from jaxspec.cli import flags as cli_flags
-from jaxspec.cli.batching import MAX_INPUT_LENGTH
-from jaxspec.bench import peer, report, sweep, tune
+from jaxspec.bench import inputs, peer, report, sweep, tune
 from jaxspec.data.ende import split_path
-from jaxspec.cli.inputs import InputError, encode_texts, parse_token_ids, read_corpus_texts, read_lines
 
 cli_flags.define_models()
 cli_flags.define_mesh()
@@ -73,23 +70,9 @@ def _apply_paper_row() -> None:
 
 
 def _input_ids(target, spec: str) -> list[list[int]]:
-  """Token ids of the first --sentences inputs of `spec`."""
-  if spec.endswith(".jsonl"):
-    if target.tokenizer is None:
-      raise InputError(f"{spec}: chats need a target with a tokenizer.")
-    try:
-      chats = [json.loads(line)["messages"] for line in read_lines(spec) if line.strip()][:_SENTENCES.value]
-      return [target.tokenizer.encode(target.tokenizer.apply_chat_template(m)) for m in chats]
-    except (ValueError, KeyError, TypeError) as e:  # bad JSON, no "messages", no chat template
-      raise InputError(f"{spec}: every line must be a chat {{\"messages\": [...]}} for the target's chat "
-                       f"template ({type(e).__name__}: {e}).") from None
-  texts = read_corpus_texts(spec, _NATURAL.value)[:_SENTENCES.value]
-  if _TOKEN_IDS.value:
-    return parse_token_ids(texts, target.config.eos_token_id, spec)
-  if target.tokenizer is None:
-    raise SystemExit(f"{FLAGS.target} has no tokenizer: pass --input_is_token_ids with a file of token ids.")
-  return encode_texts(target.tokenizer, texts, prefix=_PREFIX.value, chat=_CHAT.value,
-                      max_input_length=MAX_INPUT_LENGTH)
+  """Token ids of the first --sentences inputs of `spec` (`jaxspec.bench.inputs.prompt_ids`)."""
+  return inputs.prompt_ids(target, spec, _SENTENCES.value, natural_only=_NATURAL.value, token_ids=_TOKEN_IDS.value,
+                           prefix=_PREFIX.value, chat=_CHAT.value)
 
 
 def _machine() -> str:

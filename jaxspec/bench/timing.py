@@ -2,17 +2,21 @@
 
 Every timed function must block until its result is ready (`jax.block_until_ready`, or a host copy). Warm-up
 calls (compilation included) are timed apart and never enter a median. Interleaving runs every contender once per
-round, in turn, so slow drifts of the machine (frequency, neighbours) fall on all of them alike.
+round, in turn, so slow drifts of the machine (frequency, neighbours) fall on all of them alike. `compile_time`
+measures what JAX spent lowering and compiling inside a block (jax.monitoring's events), so a warm-up's
+compilation can be reported apart from its pass.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import statistics
 import time
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 import jax
+import jax.monitoring
 import numpy as np
 
 
@@ -28,6 +32,37 @@ def median_time(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> 
   return statistics.median(times)
 
 
+# Lowering to MLIR and XLA's compilation (or its retrieval from the persistent cache), once per executable. Tracing
+# is left out: a jitted function traced inside another one reports its own trace inside the outer one's.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_to_mlir_module_duration", "/jax/core/compile/backend_compile_duration")
+
+
+@dataclasses.dataclass
+class CompileTime:
+  """Seconds and executables JAX lowered and compiled while a `compile_time` block ran."""
+
+  seconds: float = 0.0
+  executables: int = 0
+
+
+@contextlib.contextmanager
+def compile_time() -> Iterator[CompileTime]:
+  """with compile_time() as c: ...  ->  c.seconds spent in JAX's lowering and compilation (COMPILE_EVENTS) inside
+  the block, c.executables XLA compilations. 0 when everything ran from JAX's in-memory caches."""
+  total = CompileTime()
+
+  def listener(event: str, duration: float, **_):
+    if event in COMPILE_EVENTS:
+      total.seconds += duration
+      total.executables += event == COMPILE_EVENTS[-1]
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    yield total
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+
+
 @dataclasses.dataclass
 class Passes:
   """One contender's result in `interleaved_passes`."""
@@ -36,6 +71,7 @@ class Passes:
   median_s: float  # The median pass (by total time) over the timed rounds.
   latencies_s: list[float]  # Per-batch latencies of that median pass.
   outputs: list[Any]  # fn(batch) of the warm-up pass, per batch.
+  compile_s: float = 0.0  # Of warmup_s, JAX's lowering and compilation (`compile_time`).
 
 
 def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Sequence[Any], repeats: int,
@@ -43,19 +79,21 @@ def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Seque
                        ) -> tuple[dict[Hashable, Passes], list[Any]]:
   """Times several contenders side by side over the same batches.
 
-  One warm-up pass each (compilation included, timed apart), then `repeats` rounds in each of which every
-  contender runs one pass over all batches, in turn. `probe`, if given, runs once before the warm-ups (to compile
-  it) and once per round (isolated cost measurements taken in the same minutes as the passes). `on_round` is
-  called after the warm-up and after each round: repeats + 1 times (progress).
+  One warm-up pass each (compilation included, timed apart; JAX's compilation in it also alone, as compile_s),
+  then `repeats` rounds in each of which every contender runs one pass over all batches, in turn. `probe`, if
+  given, runs once before the warm-ups (to compile it) and once per round (isolated cost measurements taken in the
+  same minutes as the passes). `on_round` is called after the warm-up and after each round: repeats + 1 times
+  (progress).
   Returns ({name: Passes}, [probe() of each round]).
   """
-  first, outs, passes, probes = {}, {}, {name: [] for name in fns}, []
+  first, compiled, outs, passes, probes = {}, {}, {}, {name: [] for name in fns}, []
   if probe is not None:
     probe()
   for name, fn in fns.items():
     start = time.perf_counter()
-    outs[name] = [fn(b) for b in batches]
-    first[name] = time.perf_counter() - start
+    with compile_time() as c:
+      outs[name] = [fn(b) for b in batches]
+    first[name], compiled[name] = time.perf_counter() - start, c.seconds
   if on_round is not None:
     on_round()
   for _ in range(repeats):
@@ -74,7 +112,7 @@ def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Seque
   for name, runs in passes.items():
     runs.sort(key=lambda p: p[0])
     total, lat = runs[len(runs) // 2]
-    result[name] = Passes(first[name], total, lat, outs[name])
+    result[name] = Passes(first[name], total, lat, outs[name], compiled[name])
   return result, probes
 
 
