@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import chain, sampling
+from jaxspec.decoding import chain, sampling, tree
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head
 
@@ -125,6 +125,44 @@ class HeadDrafter:
                        after.hidden)
     return HeadState(cache=cache.rollback(lengths - 1), hidden=hidden)
 
+  def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
+    """EAGLE-2's tree of static.tree's shape and depth gamma per row, grown from the head (`tree.draft_tree`;
+    the module docstring, "Trees"). Depth 1 is the top_k of the first draft's logits (from `hidden`); each
+    further depth's beam is fed once (`_call` with the tree's depths and ancestors), each beam node's entry
+    pairing the pre-norm output of its parent's entry (`hidden` for a depth-1 node) with its own token. The
+    tree's entries are speculative: `settle` drops them (and re-feeds the accepted path from the target)."""
+    del keys  # the tree is the head's top candidates: nothing is drawn
+    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
+
+    def beam_step(carry, tokens, depths, ancestors):
+      """carry (cache, prenorm [B, K', H] of the previous beam's entries; K' = 1 before the first call)."""
+      cache, previous = carry
+      k, fed = tokens.shape[1], depths.shape[1] - tokens.shape[1]
+      if fed == 0:  # depth 1: every node's parent is the root, whose "entry" is L - 2 (`hidden`)
+        hidden = jnp.broadcast_to(previous, previous.shape[:1] + (k,) + previous.shape[2:])
+      else:  # the parent of each node: the one previous-beam node (the last K fed) among its ancestors
+        parent = jnp.argmax(ancestors[:, :, fed - k:fed], axis=2)  # [B, K]
+        hidden = jnp.take_along_axis(previous, parent[:, :, None], axis=1)
+      logits, prenorm, cache = self._call(params, cache, hidden, tokens, (depths, ancestors))
+      return rank(logits), (cache, prenorm)
+
+    (tokens, parents, depths, ancestors), (cache, _) = tree.draft_tree(
+        history.last, rank(self._first(params, state)), beam_step, (state.cache, state.hidden[:, None]),
+        static.tree, static.gamma)
+    return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors,
+                             after=state.replace(cache=cache))
+
+  def _call(self, params: Any, cache: Eagle3Cache, hidden: jax.Array, tokens: jax.Array,
+            tree_nodes: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+    """The head's proposal call, shared by chains and trees: T entries (hidden [B, T, H], tokens [B, T]) ->
+    (logits [B, T, V], pre-norm outputs [B, T, H], cache). tree_nodes None: a chain's entries at consecutive
+    positions (`Eagle3Head.step`); (depths [B, P + T], ancestors [B, T, P + T]): tree nodes
+    (`Eagle3Head.step_tree`)."""
+    with jax.named_scope("draft_step"):
+      if tree_nodes is None:
+        return self.head.step(params["head"], params["embed"], cache, hidden, tokens)
+      return self.head.step_tree(params["head"], params["embed"], cache, hidden, tokens, *tree_nodes)
+
   def _first(self, params: Any, state: HeadState) -> jax.Array:
     """[B, V] the logits of the first draft (from the pre-norm output of entry L - 2)."""
     return self.head.logits(params["head"], state.hidden[:, None])[:, 0]
@@ -133,9 +171,7 @@ class HeadDrafter:
     """The chain's step (chain.Step): one entry per row, carry (cache, hidden [B, H]), token [B]."""
     def step(carry, token):
       cache, hidden = carry
-      with jax.named_scope("draft_step"):
-        logits, prenorm, cache = self.head.step(params["head"], params["embed"], cache, hidden[:, None],
-                                                token[:, None])
+      logits, prenorm, cache = self._call(params, cache, hidden[:, None], token[:, None])
       return logits[:, 0], (cache, prenorm[:, 0])
     return step
 
