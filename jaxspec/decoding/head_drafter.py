@@ -35,8 +35,25 @@ settle: the chain entries were speculative: the cache goes back to L - 1 (the it
   rested is never behind, and no catch-up or re-feed is ever needed.
 idle: nothing (the resting iteration's settle feeds the one verified position).
 
+Trees (`propose_tree`, `Speculation(head, gamma=D, tree=jaxspec.Tree(K, N))`: EAGLE-2's dynamic tree from an
+EAGLE-3 head, `tree.draft_tree`'s builder). The tree's root is the loop's last token L - 1; a node of depth d holds
+the token at position L - 1 + d, and the head entry that proposes its children sits at position L - 2 + d and
+pairs the pre-norm output of its parent's entry (for d = 1: `hidden`, the entry L - 2) with the node's token, as a
+chain's step d would. Depth 1 is the top_k of `hidden`'s logits; for each depth d < D the beam's K nodes are fed
+in ONE head call (`Eagle3Head.step_tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
+attending to the cached entries < L - 1 and to the entries of its own ancestors among the beams fed before, the
+`contract.tree_attention` mask), whose logits rank the next depth's candidates (`tree.draft_logprobs` of the
+logits over the full target vocabulary, -inf outside t2d; any ranking is exact, the tree depends on the head
+only). The K (D - 1) tree entries are speculative. The loop verifies the tree with the target's
+`step_tree_features` and passes `settle` the features of the accepted path's nodes in path order ([B, G + 1, F];
+node path[j] sits at position L - 1 + j) with the path's block (its drafted tokens, then the next token): the
+chain's inputs for the same accepted tokens, so `settle` is the chain's and the invariants above hold for trees
+unchanged: the cache goes back to L - 1 (every tree entry dropped: later writes overwrite them, attention masks
+them by position meanwhile) and the path's positions are re-fed from the target's REAL features.
+
 Exactness: every draft depends only on the sequence so far and the target's features of already verified
-positions (known before the target scores the drafts), and q is exactly what each token was drawn from.
+positions (known before the target scores the drafts), and q is exactly what each token was drawn from (a tree's
+nodes are deterministic candidates: tree_verify.py).
 
 Shapes: B batch, G = gamma, V target vocabulary, H the head's hidden size, F = 3 * target hidden size, W the
 verify call's positions.
