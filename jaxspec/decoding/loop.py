@@ -72,7 +72,8 @@ class LoopSettings:
   @property
   def slack(self) -> int:
     """Positions a call may write past a row's last token: gamma (a chain's block), or for a tree the most of
-    its nodes (the target's verify call) and of the beam nodes a draft model feeds (top_k per depth but the last)."""
+    its nodes (the target's verify call) and of the beam nodes a draft model or a head feeds (top_k per depth but
+    the last)."""
     if self.tree is None:
       return self.gamma
     return max(self.gamma, self.tree.nodes, self.tree.top_k * (self.gamma - 1) + 1)
