@@ -139,5 +139,12 @@ class MarkovFeatureDecoder(MarkovDecoder):
 
   def step_features(self, params, cache, tokens, layers):
     logits, cache = self.step(params, cache, tokens)
-    features = jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)
-    return logits, features, cache
+    return logits, self._features(params, tokens, layers), cache
+
+  def step_tree_features(self, params, cache, tokens, depths, ancestors, layers):
+    """A tree's nodes (`TreeFeatureDecoder`): each node's feature depends on its token only, as in a chain."""
+    logits, cache = self.step_tree(params, cache, tokens, depths, ancestors)
+    return logits, self._features(params, tokens, layers), cache
+
+  def _features(self, params, tokens, layers):
+    return jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)

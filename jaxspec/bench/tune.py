@@ -226,8 +226,8 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     inputs: texts (the target needs a tokenizer) or token-id lists; all of them are decoded in every pass.
     schedules: among "constant", "adaptive" (values from the measured costs, see the module docstring) and
       "heuristic".
-    trees: token-tree shapes (`jaxspec.Tree`) tried with every draft model and prompt lookup at every gamma deep
-      enough for the shape (`Tree.check_depth`), schedule "constant"; () tries chains only.
+    trees: token-tree shapes (`jaxspec.Tree`) tried with every draft (model, head, prompt lookup) at every gamma
+      deep enough for the shape (`Tree.check_depth`), schedule "constant"; () tries chains only.
     references: one reference text per input: rows get BLEU and chrF (sacrebleu) of their outputs and of plain
       decoding's.
     top_k, top_p: sampling filters of every pass (as jaxspec.generate's).
@@ -248,8 +248,7 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
   variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
-  variants += [sweep.Variant(name, int(g), "constant", t) for name, d in drafts.items()
-               if isinstance(d, (jaxspec.Model, jaxspec.NGramDraft)) for t in trees for g in gammas
+  variants += [sweep.Variant(name, int(g), "constant", t) for name in drafts for t in trees for g in gammas
                if t.top_k > 1 and t.pool_size(int(g)) >= t.nodes]
   start, load = time.time(), os.getloadavg()
   rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,

@@ -119,10 +119,11 @@ def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: i
   elif gamma_flag:
     flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
   if gamma_flag:
-    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model or ngram): 'K,N' drafts a tree "
-                 "of depth --gamma, expanding the K best nodes per depth and keeping the N best (jaxspec.Tree(top_k=K,"
-                 " nodes=N)); '' drafts chains" + (f"; '{AUTO}' times chains and a few tree shapes on the first "
-                                                   "inputs and uses the fastest." if auto_gamma else "."))
+    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model, an EAGLE-3 head or ngram): "
+                 "'K,N' drafts a tree of depth --gamma, expanding the K best nodes per depth and keeping the N best "
+                 "(jaxspec.Tree(top_k=K, nodes=N)); '' drafts chains" + (
+                     f"; '{AUTO}' times chains and a few tree shapes on the first inputs and uses the fastest."
+                     if auto_gamma else "."))
   flags.DEFINE_integer("max_new_tokens", max_new_tokens, "Tokens generated per input at most.", lower_bound=1)
   flags.DEFINE_integer("max_input_length", max_input_length, "Longest input in tokens (EOS included).",
                        lower_bound=1)

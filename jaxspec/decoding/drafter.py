@@ -17,14 +17,18 @@ decoding); the loop only carries it. Implementations, one module each:
   - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot);
   - `head_drafter.HeadDrafter`: a feature head (EAGLE-3) reading the target's hidden states.
 
-Trees. A drafter that also implements `TreeDrafter.propose_tree` (a draft model: `ModelDrafter`) can propose a
-token tree instead of a chain (`Speculation(tree=jaxspec.Tree(top_k, nodes))`): see `TreeDrafter`.
+Trees. A drafter that also implements `TreeDrafter.propose_tree` (a draft model: `ModelDrafter`; prompt lookup;
+a feature head: `HeadDrafter`) can propose a token tree instead of a chain (`Speculation(tree=jaxspec.Tree(top_k,
+nodes))`): see `TreeDrafter`.
 
 Features. A drafter whose static `feature_layers` is non-empty reads the target's hidden states of those layers
 (`jaxspec.models.contract.FeatureDecoder`): the loop's prefill then calls the target's `prefill_features` and
 passes the prompt's features [B, S', F] to `init`, and each verify call is the target's `step_features`, whose
-features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration) go to `settle`. For every
-other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step`, features None.
+features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration) go to `settle`. In a tree
+iteration the verify call is `step_tree_features` and `settle` gets the features of the accepted path's nodes in
+path order ([B, gamma + 1, F], root first: what a chain's call gives for the same accepted tokens). For every
+other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step` / `step_tree`, features
+None.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
 weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
@@ -123,7 +127,8 @@ class Drafter(Protocol):
     """The state after verification: history is the iteration's start; lengths [B] the new lengths; accepted
     [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b; params the
     drafter's weights; features [B, W, F] the target's features of the W positions the verify call fed (the last
-    token, then the drafts: position lengths - 1 + j of history for j < W; None without feature_layers)."""
+    token, then the drafts: position lengths - 1 + j of history for j < W; after a tree, W = G + 1 and entry j
+    is the accepted path's node j, junk past it; None without feature_layers)."""
     ...
 
 

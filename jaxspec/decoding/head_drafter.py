@@ -35,8 +35,25 @@ settle: the chain entries were speculative: the cache goes back to L - 1 (the it
   rested is never behind, and no catch-up or re-feed is ever needed.
 idle: nothing (the resting iteration's settle feeds the one verified position).
 
+Trees (`propose_tree`, `Speculation(head, gamma=D, tree=jaxspec.Tree(K, N))`: EAGLE-2's dynamic tree from an
+EAGLE-3 head, `tree.draft_tree`'s builder). The tree's root is the loop's last token L - 1; a node of depth d holds
+the token at position L - 1 + d, and the head entry that proposes its children sits at position L - 2 + d and
+pairs the pre-norm output of its parent's entry (for d = 1: `hidden`, the entry L - 2) with the node's token, as a
+chain's step d would. Depth 1 is the top_k of `hidden`'s logits; for each depth d < D the beam's K nodes are fed
+in ONE head call (`Eagle3Head.step_tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
+attending to the cached entries < L - 1 and to the entries of its own ancestors among the beams fed before, the
+`contract.tree_attention` mask), whose logits rank the next depth's candidates (`tree.draft_logprobs` of the
+logits over the full target vocabulary, -inf outside t2d; any ranking is exact, the tree depends on the head
+only). The K (D - 1) tree entries are speculative. The loop verifies the tree with the target's
+`step_tree_features` and passes `settle` the features of the accepted path's nodes in path order ([B, G + 1, F];
+node path[j] sits at position L - 1 + j) with the path's block (its drafted tokens, then the next token): the
+chain's inputs for the same accepted tokens, so `settle` is the chain's and the invariants above hold for trees
+unchanged: the cache goes back to L - 1 (every tree entry dropped: later writes overwrite them, attention masks
+them by position meanwhile) and the path's positions are re-fed from the target's REAL features.
+
 Exactness: every draft depends only on the sequence so far and the target's features of already verified
-positions (known before the target scores the drafts), and q is exactly what each token was drawn from.
+positions (known before the target scores the drafts), and q is exactly what each token was drawn from (a tree's
+nodes are deterministic candidates: tree_verify.py).
 
 Shapes: B batch, G = gamma, V target vocabulary, H the head's hidden size, F = 3 * target hidden size, W the
 verify call's positions.
@@ -51,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import chain, sampling
+from jaxspec.decoding import chain, sampling, tree
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head
 
@@ -125,6 +142,44 @@ class HeadDrafter:
                        after.hidden)
     return HeadState(cache=cache.rollback(lengths - 1), hidden=hidden)
 
+  def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
+    """EAGLE-2's tree of static.tree's shape and depth gamma per row, grown from the head (`tree.draft_tree`;
+    the module docstring, "Trees"). Depth 1 is the top_k of the first draft's logits (from `hidden`); each
+    further depth's beam is fed once (`_call` with the tree's depths and ancestors), each beam node's entry
+    pairing the pre-norm output of its parent's entry (`hidden` for a depth-1 node) with its own token. When
+    sampling, each expanded node's children are drawn from the head's q (the proposal's `siblings`). The
+    tree's entries are speculative: `settle` drops them (and re-feeds the accepted path from the target)."""
+    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
+
+    def beam_step(carry, tokens, depths, ancestors):
+      """carry (cache, prenorm [B, K', H] of the previous beam's entries; K' = 1 before the first call)."""
+      cache, previous = carry
+      k, fed = tokens.shape[1], depths.shape[1] - tokens.shape[1]
+      if fed == 0:  # depth 1: every node's parent is the root, whose "entry" is L - 2 (`hidden`)
+        hidden = jnp.broadcast_to(previous, previous.shape[:1] + (k,) + previous.shape[2:])
+      else:  # the parent of each node: the one previous-beam node (the last K fed) among its ancestors
+        parent = jnp.argmax(ancestors[:, :, fed - k:fed], axis=2)  # [B, K]
+        hidden = jnp.take_along_axis(previous, parent[:, :, None], axis=1)
+      logits, prenorm, cache = self._call(params, cache, hidden, tokens, (depths, ancestors))
+      return rank(logits), (cache, prenorm)
+
+    proposal = tree.draft_tree(history.last, rank(self._first(params, state)), beam_step,
+                               (state.cache, state.hidden[:, None]), static.tree, static.gamma,
+                               keys=None if static.greedy else keys)
+    cache, _ = proposal.after
+    return proposal.replace(after=state.replace(cache=cache))
+
+  def _call(self, params: Any, cache: Eagle3Cache, hidden: jax.Array, tokens: jax.Array,
+            tree_nodes: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+    """The head's proposal call, shared by chains and trees: T entries (hidden [B, T, H], tokens [B, T]) ->
+    (logits [B, T, V], pre-norm outputs [B, T, H], cache). tree_nodes None: a chain's entries at consecutive
+    positions (`Eagle3Head.step`); (depths [B, P + T], ancestors [B, T, P + T]): tree nodes
+    (`Eagle3Head.step_tree`)."""
+    with jax.named_scope("draft_step"):
+      if tree_nodes is None:
+        return self.head.step(params["head"], params["embed"], cache, hidden, tokens)
+      return self.head.step_tree(params["head"], params["embed"], cache, hidden, tokens, *tree_nodes)
+
   def _first(self, params: Any, state: HeadState) -> jax.Array:
     """[B, V] the logits of the first draft (from the pre-norm output of entry L - 2)."""
     return self.head.logits(params["head"], state.hidden[:, None])[:, 0]
@@ -133,9 +188,7 @@ class HeadDrafter:
     """The chain's step (chain.Step): one entry per row, carry (cache, hidden [B, H]), token [B]."""
     def step(carry, token):
       cache, hidden = carry
-      with jax.named_scope("draft_step"):
-        logits, prenorm, cache = self.head.step(params["head"], params["embed"], cache, hidden[:, None],
-                                                token[:, None])
+      logits, prenorm, cache = self._call(params, cache, hidden[:, None], token[:, None])
       return logits[:, 0], (cache, prenorm[:, 0])
     return step
 

@@ -2,7 +2,8 @@
 draft models under "heuristic" / "adaptive", two inner loops within it: drafting and resting iterations).
 
 The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step; `prefill_features` /
-`step_features` instead when the drafter's static `feature_layers` names target layers: a feature head) and its
+`step_features` instead when the drafter's static `feature_layers` names target layers: a feature head; with
+`tree`, `step_tree`, or `step_tree_features` for a feature head, and `compact`) and its
 cache's `positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it
 imports no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
@@ -71,7 +72,8 @@ class LoopSettings:
   @property
   def slack(self) -> int:
     """Positions a call may write past a row's last token: gamma (a chain's block), or for a tree the most of
-    its nodes (the target's verify call) and of the beam nodes a draft model feeds (top_k per depth but the last)."""
+    its nodes (the target's verify call) and of the beam nodes a draft model or a head feeds (top_k per depth but
+    the last)."""
     if self.tree is None:
       return self.gamma
     return max(self.gamma, self.tree.nodes, self.tree.top_k * (self.gamma - 1) + 1)
@@ -211,11 +213,22 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
                  knobs: sampling.SamplingKnobs, keys: jax.Array):
   """The target's call over every node of the tree and its verdict, as a chain's: (verify.Verdict with the
   accepted depths' beta 1 and the first rejected depth's 0, the path's drafts [B, G], bad [B] bool, the target
-  cache compacted to the accepted path). The cache at the top of an iteration holds every token but the root
-  (the last one), so the tree's root sits at slot base = cache.lengths."""
-  gamma, base = settings.gamma, cache.lengths
+  cache compacted to the accepted path, features). The cache at the top of an iteration holds every token but
+  the root (the last one), so the tree's root sits at slot base = cache.lengths.
+
+  features: None, or, when the drafter reads features (a feature head: the call is `step_tree_features`), the
+  target's features of the path's nodes [B, G + 1, F] in path order (root first: node path[j] sits at position
+  L - 1 + j, as the j-th position of a chain's verify call; junk past the path's length), which is what a
+  chain's `step_features` gives `settle` for the same accepted tokens."""
+  gamma, base, layers = settings.gamma, cache.lengths, settings.drafter.feature_layers
+  features = None
   with jax.named_scope("target_step"):
-    logits, cache = settings.target.step_tree(params, cache, proposal.tokens, proposal.depths, proposal.ancestors)
+    if layers:
+      logits, features, cache = settings.target.step_tree_features(params, cache, proposal.tokens, proposal.depths,
+                                                                   proposal.ancestors, layers)
+    else:
+      logits, cache = settings.target.step_tree(params, cache, proposal.tokens, proposal.depths,
+                                                proposal.ancestors)
   if settings.greedy:
     found = tree_verify.accept_tree_greedy(proposal.tokens, proposal.parents, logits, path_size=gamma + 1)
   else:
@@ -233,7 +246,9 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
   beta = (jnp.arange(gamma)[None] < n[:, None]).astype(jnp.float32)
   drafts = jnp.take_along_axis(proposal.tokens, found.path[:, 1:], axis=1)  # [B, G]; junk past n
   verdict = verify.Verdict(num_accepted=n, next_token=found.next_token, beta=beta)
-  return verdict, drafts, bad, cache.compact(base, found.path, found.path_len)
+  if features is not None:
+    features = jnp.take_along_axis(features, found.path[:, :, None], axis=1)  # [B, G + 1, F]
+  return verdict, drafts, bad, cache.compact(base, found.path, found.path_len), features
 
 
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
@@ -250,12 +265,12 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
                                                    state.history.last[:, None], proposal, knobs, verify_keys,
                                                    kind.width)
     drafts = proposal.tokens
-  else:  # schedule "constant": every row drafts its whole tree; no features (heads draft chains only)
-    resting, features = None, None
+  else:  # schedule "constant": every row drafts its whole tree; a head gets the accepted path's features
+    resting = None
     proposal = settings.drafter.propose_tree(  # type: ignore[attr-defined]
         draft_params, state.draft_state, state.history, settings.proposal, knobs, draft_keys)
-    verdict, drafts, bad, target_cache = _verify_tree(settings, target_params, state.target_cache, proposal, knobs,
-                                                      verify_keys)
+    verdict, drafts, bad, target_cache, features = _verify_tree(settings, target_params, state.target_cache,
+                                                                proposal, knobs, verify_keys)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted

@@ -97,10 +97,10 @@ class Speculation:
     (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model, head_drafter.HEAD_DRAFT_COST for a head).
   prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: every row starts by drafting);
     `jaxspec.tune` passes the draft's measured acceptance.
-  tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft model
-    proposes a token tree of depth gamma (EAGLE-2's dynamic tree) and the target verifies every node in one call
-    (docs/trees.md). Needs a draft model, or prompt lookup (its top_k earliest matches become branches), and
-    schedule "constant"; top_k=1 is the chain of `nodes` tokens.
+  tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft
+    proposes a token tree of depth gamma and the target verifies every node in one call (docs/trees.md): a draft
+    model or a feature head grows EAGLE-2's dynamic tree (a head: EAGLE-3's trees), prompt lookup makes its
+    top_k earliest matches branches. Needs schedule "constant"; top_k=1 is the chain of `nodes` tokens.
 
   Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
   """
@@ -140,9 +140,6 @@ class Speculation:
                f"{type(self.tree).__name__}.")
       _require(self.schedule == "constant", f"Speculation.tree drafts a whole tree every iteration: it needs "
                f"schedule='constant', got {self.schedule!r}.")
-      _require(isinstance(self.draft, (Model, NGramDraft)), f"Speculation.tree needs a draft model "
-               f"(jaxspec.Model) or prompt lookup (jaxspec.NGramDraft): a {type(self.draft).__name__} drafts "
-               f"chains only.")
       self.tree.check_depth(g)
 
   def replace(self, **changes) -> "Speculation":

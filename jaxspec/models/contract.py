@@ -12,6 +12,9 @@ and, for token trees (docs/trees.md), a `TreeDecoder` also has
     logits, cache = decoder.step_tree(params, cache, tokens, depths, ancestors)  # N tree nodes in one call
     cache = cache.compact(base, path, path_len)                                  # keep one root-to-leaf path
 
+and a `TreeFeatureDecoder` (every family) `step_tree_features(..., layers)`: `step_tree` plus the features a
+feature head reads (`step_features` is the chain's).
+
 Positions. A cache counts absolute positions per row in `lengths` [B] and the positions that precede the loop's
 first token in `offsets` [B]: 0 for an encoder-decoder (the decoder starts empty, the first token is its start
 token), prompt length - 1 for a decoder-only model (the prompt but its last token is prefilled; that last token is
@@ -174,6 +177,22 @@ class FeatureDecoder(Decoder, Protocol):
   def step_features(self, params: Any, cache: DecoderCache, tokens: jax.Array,
                     layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderCache]:
     """`step` plus features: (logits [B, T, V] float32, features [B, T, len(layers) * D], cache)."""
+    ...
+
+
+@runtime_checkable
+class TreeFeatureDecoder(TreeDecoder, FeatureDecoder, Protocol):
+  """A TreeDecoder that also returns features from its tree call, for a feature head drafting token trees: the
+  loop verifies the head's tree with `step_tree_features` and hands the features of the accepted path to the
+  head (docs/trees.md, "Trees from a feature head"). `step_tree` stays as it is (it collects nothing), so a
+  tree drafted by a draft model compiles as before."""
+
+  def step_tree_features(self, params: Any, cache: DecoderCache, tokens: jax.Array, depths: jax.Array,
+                         ancestors: jax.Array, layers: tuple[int, ...]
+                         ) -> tuple[jax.Array, jax.Array, DecoderCache]:
+    """`step_tree` plus features: (logits [B, N, V] float32, features [B, N, len(layers) * D], cache). Node n's
+    feature is what `step_features` computes at the last position of a plain step of n's path (it attends to
+    the prefix and its ancestors only)."""
     ...
 
 

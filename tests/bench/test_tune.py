@@ -211,7 +211,7 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   for name in (draft, head, "ngram"):
     for schedule in ("constant", "adaptive"):
       assert re.search(rf"\| {re.escape(name)} +\| {schedule} +\| 2 +\|", res.stdout), (name, schedule)
-  for name in (draft, "ngram"):  # --tree: token trees calibrated beside the chains (not for heads)
+  for name in (draft, head, "ngram"):  # --tree: token trees calibrated beside the chains, for every draft
     assert re.search(rf"\| {re.escape(name)} +\| tree 2,3 +\| 2 +\|", res.stdout), name
   chosen = next(line for line in res.stdout.splitlines() if line.startswith("chosen: "))
   assert "plain decoding" in chosen or "gamma" in chosen

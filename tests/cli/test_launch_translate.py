@@ -139,7 +139,8 @@ def test_caches_too_large_end_with_one_line(models):
 def test_a_feature_head_translates_as_plain_decoding(models, tmp_path, capsys):
   """Issue 21 item 6: `--draft=HEAD_DIR` as translate.py's main runs it (jobs.load_drafts, jobs.generate_texts; in
   process): translations identical to plain decoding's, the summary's c measured (not prompt lookup's 0); a head
-  for another target is one CheckpointError naming the mismatch. (A head in the pool: tests/bench/test_tune.py.)"""
+  for another target is one CheckpointError naming the mismatch; with --tree=K,N the head drafts token trees, also
+  identical to plain. (A head in the pool: tests/bench/test_tune.py.)"""
   target = jobs.load_target(models[0].removeprefix("--target="))
   head_dir = tiny_head(tmp_path / "head")
   head = jobs.load_drafts(head_dir, target)[head_dir]
@@ -149,6 +150,9 @@ def test_a_feature_head_translates_as_plain_decoding(models, tmp_path, capsys):
   assert run.identical is True
   out = capsys.readouterr().out
   assert "identical to plain greedy output: True" in out and "c 0.000" not in out
+  run = jobs.generate_texts(["The house is small.", "Hello."], target,  # --tree=2,3 with the head: token trees
+                            jaxspec.Speculation(head, gamma=2, tree=jaxspec.Tree(2, 3)), max_new_tokens=4)
+  assert run.identical is True
   with pytest.raises(CheckpointError, match="target_hidden_size"):
     jobs.load_drafts(tiny_head(tmp_path / "other", target_hidden_size=24), target)
   rand = jobs.load_drafts(f"random:{head_dir}", target)[f"random:{head_dir}"]  # its shapes, random weights

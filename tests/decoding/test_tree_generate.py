@@ -137,9 +137,10 @@ def test_bad_tree_settings_are_one_clear_error(pair):
   for kwargs, words in cases:
     with pytest.raises(jaxspec.SettingsError, match=words):
       jaxspec.Speculation(draft, **{"gamma": 3, **kwargs})
-  head = jaxspec.FeatureHead.__new__(jaxspec.FeatureHead)  # any FeatureHead: refused before its fields are read
-  with pytest.raises(jaxspec.SettingsError, match="draft model"):
-    jaxspec.Speculation(head, gamma=3, tree=jaxspec.Tree(2, 4))
+  head = jaxspec.FeatureHead.__new__(jaxspec.FeatureHead)  # any FeatureHead: its fields are not read here
+  assert jaxspec.Speculation(head, gamma=3, tree=jaxspec.Tree(2, 4)).tree == jaxspec.Tree(2, 4)  # heads grow trees
+  with pytest.raises(jaxspec.SettingsError, match="schedule='constant'"):  # with the same checks
+    jaxspec.Speculation(head, gamma=3, tree=jaxspec.Tree(2, 4), schedule="heuristic")
   for bad in (dict(top_k=0), dict(nodes=0), dict(top_k=2.5), dict(nodes=True)):
     with pytest.raises(jaxspec.SettingsError, match="Tree"):
       jaxspec.Tree(**bad)

@@ -277,3 +277,36 @@ def test_tree_fed_in_two_calls_is_one_call(family):
   alone, _ = step_tree(decoder)(params, mid, jnp.asarray(tokens[:, p:]), jnp.asarray(depths[:, p:]),
                                 jnp.asarray(ancestors[:, p:, p:]))  # negative control: no earlier nodes
   assert not np.allclose(alone, want[:, p:], rtol=1e-3, atol=1e-3)
+
+
+FEATURE_LAYERS = (0, 1, 2)  # the embedding, the input of layer 1, the input of layer 2 (2 layers: the final output)
+
+
+@pytest.mark.parametrize("family", ["llama2", "mistral", "qwen3", "gemma2", "t5_v1_1"])
+def test_tree_features_are_each_nodes_path_features(family):
+  """`step_tree_features` (a feature head's verify call): the logits and cache of `step_tree`, and node n's
+  features those of `step_features` fed n's root-to-node path, at n's depth (rows of different trees and
+  prefixes)."""
+  decoder, params, cache, vocab = setup(family)
+  layers = FEATURE_LAYERS
+  assert isinstance(decoder, contract.TreeFeatureDecoder)
+  depths, ancestors = tree_arrays(PARENTS)
+  tokens = jnp.asarray(np.random.RandomState(6).randint(3, vocab, size=PARENTS.shape), jnp.int32)
+  tree_args = (jnp.asarray(depths), jnp.asarray(ancestors))
+  logits, features, got_cache = jax.jit(decoder.step_tree_features, static_argnums=5)(params, cache, tokens,
+                                                                                      *tree_args, layers)
+  want_logits, want_cache = step_tree(decoder)(params, cache, tokens, *tree_args)
+  np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
+  assert_same_cache(got_cache, want_cache, np.asarray(want_cache.lengths))
+  step_features = jax.jit(decoder.step_features, static_argnums=3)
+  width = int(depths.max()) + 1
+  tokens = np.asarray(tokens)
+  for node in range(PARENTS.shape[1]):
+    paths = np.zeros((2, width), np.int32)
+    for r in range(2):
+      path = path_to(PARENTS[r], node)
+      paths[r, :len(path)] = tokens[r, path]
+    _, want, _ = step_features(params, cache, jnp.asarray(paths), layers)
+    for r in range(2):
+      np.testing.assert_allclose(features[r, node], want[r, depths[r, node]], rtol=1e-4, atol=1e-4,
+                                 err_msg=f"node {node} row {r}")

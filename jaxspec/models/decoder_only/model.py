@@ -274,6 +274,20 @@ def decode_features(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCach
   return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True, feature_layers=layers)
 
 
+def decode_tree_features(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
+                         depths: jax.Array, ancestors: jax.Array, layers: tuple[int, ...]
+                         ) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
+  """`decode_tree` that also returns the features of the N nodes (`decode_features` for what layer i means):
+  node n's are those a plain step of n's path computes at its last position.
+
+  Returns:
+    logits [B, N, V] float32, features [B, N, len(layers) * D] and the cache advanced by N.
+  """
+  layers = check_feature_layers(layers, cfg.num_layers)
+  return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True, feature_layers=layers,
+              tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
+
+
 def prefill_features(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array,
                      cache_len: int, layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:
   """`prefill` that also returns the prompt's features (see `decode_features` for what layer i means).
@@ -326,6 +340,12 @@ class CausalDecoder:
                     layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
     """`step` plus the features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
     return decode_features(params, self.config, cache, tokens, layers)
+
+  def step_tree_features(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array, depths: jax.Array,
+                         ancestors: jax.Array, layers: tuple[int, ...]
+                         ) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
+    """`step_tree` plus the features [B, N, len(layers) * D] of the nodes (see `decode_tree_features`)."""
+    return decode_tree_features(params, self.config, cache, tokens, depths, ancestors, layers)
 
   @property
   def num_feature_layers(self) -> int:

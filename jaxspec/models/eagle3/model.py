@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, shapes_from_axes, write_rows
+from jaxspec.models.contract import CachePositions, shapes_from_axes, tree_attention, write_rows
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.eagle3.config import Eagle3Config
 
@@ -208,8 +208,8 @@ def step(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, 
 
   Entry t is (hidden[:, t], tokens[:, t]): the fused target feature g of position p (`fuse`), or the head's own
   pre-norm output at p - 1 at later draft steps, with the token at p + 1. Inputs are per entry, so a tree drafter
-  can feed any mix of fused features and pre-norm outputs (a tree also needs an ancestor mask and per-node
-  positions, which this causal step does not take yet). The caller leaves room: lengths + T <= cache.max_length.
+  can feed any mix of fused features and pre-norm outputs (a tree's nodes, with their ancestor mask and per-node
+  positions: `step_tree`). The caller leaves room: lengths + T <= cache.max_length.
 
   Args:
     embed: [V, H] the embedding table (`embedding_table`).
@@ -220,6 +220,34 @@ def step(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, 
     the cache with lengths advanced by T.
   """
   prenorm, cache = feed(params, cfg, embed, cache, hidden, tokens)
+  return logits(params, cfg, prenorm), prenorm, cache
+
+
+def step_tree(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
+              tokens: jax.Array, depths: jax.Array, ancestors: jax.Array
+              ) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+  """`step` over T entries that are nodes of a token tree (`jaxspec.models.contract.TreeDecoder.step_tree`'s
+  layout): entry t sits at position cache.lengths - P + depths[:, P + t] (its RoPE angle), is written at slot
+  cache.lengths + t, and attends to the cached entries before the tree (slots < cache.lengths - P) and to the
+  tree's entries m with ancestors[:, t, m] (itself included), P of which were fed by earlier calls at slots
+  cache.lengths - P .. cache.lengths - 1 (`contract.tree_attention`). A chain (P = 0, depths 0..T-1,
+  ancestors lower-triangular) is `step`. A head drafting a tree feeds each depth's beam once: its entries pair
+  the pre-norm output of their parent's entry with their own token (docs/trees.md, "Trees from a feature head").
+
+  Args:
+    hidden: [B, T, H]; tokens: [B, T] int; depths: [B, P + T] int32; ancestors: [B, T, P + T] bool.
+  Returns:
+    logits [B, T, V] float32 over the TARGET vocabulary (-inf outside the draft vocabulary), prenorm_hidden
+    [B, T, H], and the cache with lengths advanced by T (the caller leaves room: lengths + T <= max_length).
+  """
+  starts = cache.lengths
+  positions, _, allowed = tree_attention(starts, depths.astype(jnp.int32), ancestors.astype(bool),
+                                         cache.max_length)  # [B, T], [B, T, C]
+  q, k, v = attention_inputs(params, cfg, embed, hidden, tokens, positions)
+  ks, vs = write_rows(cache.k, k, starts), write_rows(cache.v, v, starts)
+  o = layers.attend(q, ks, vs, allowed[:, None, None], cfg.head_dim ** -0.5, None)
+  prenorm = layer_output(params, cfg, hidden, o)
+  cache = cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
   return logits(params, cfg, prenorm), prenorm, cache
 
 
@@ -259,6 +287,7 @@ class Eagle3Head:
       cache = head.prefill(params, embed, features, input_ids, input_lengths, cache_len)
       logits, prenorm, cache = head.step(params, embed, cache, hidden, tokens)
       prenorm, cache = head.feed(params, embed, cache, hidden, tokens)    # step without the logits
+      logits, prenorm, cache = head.step_tree(params, embed, cache, hidden, tokens, depths, ancestors)  # tree nodes
       logits = head.logits(params, prenorm)                               # the logits of given pre-norm outputs
   """
 
@@ -278,6 +307,10 @@ class Eagle3Head:
   def step(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
            tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
     return step(params, self.config, embed, cache, hidden, tokens)
+
+  def step_tree(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array, tokens: jax.Array,
+                depths: jax.Array, ancestors: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
+    return step_tree(params, self.config, embed, cache, hidden, tokens, depths, ancestors)
 
   def feed(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
            tokens: jax.Array) -> tuple[jax.Array, Eagle3Cache]:

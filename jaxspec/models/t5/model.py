@@ -261,6 +261,18 @@ def decode_tree(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, 
   return logits, cache
 
 
+def decode_tree_features(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
+                         ancestors: jax.Array, layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
+  """`decode_tree` that also returns the decoder features of the N nodes (`decode_features` for what layer i
+  means): node n's are those a plain step of n's path computes at its last position.
+
+  Returns:
+    logits [B, N, V] float32, features [B, N, len(layers) * D] and the cache advanced by N.
+  """
+  layers = check_feature_layers(layers, cfg.num_decoder_layers)
+  return _decode(params, cfg, cache, tokens, None, layers, tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
+
+
 def _decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, dropout: Dropout | None,
             feature_layers: tuple[int, ...], tree: tuple[jax.Array, jax.Array] | None = None
             ) -> tuple[jax.Array, jax.Array | None, T5Cache]:
@@ -369,6 +381,11 @@ class T5Decoder:
                     layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
     """`step` plus the decoder features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
     return decode_features(params, self.config, cache, tokens, layers)
+
+  def step_tree_features(self, params: dict, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
+                         ancestors: jax.Array, layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
+    """`step_tree` plus the decoder features [B, N, len(layers) * D] of the nodes (see `decode_tree_features`)."""
+    return decode_tree_features(params, self.config, cache, tokens, depths, ancestors, layers)
 
   @property
   def num_feature_layers(self) -> int:
