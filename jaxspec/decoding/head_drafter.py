@@ -39,8 +39,8 @@ Trees (`propose_tree`, `Speculation(head, gamma=D, tree=jaxspec.Tree(K, N))`: EA
 EAGLE-3 head, `tree.draft_tree`'s builder). The tree's root is the loop's last token L - 1; a node of depth d holds
 the token at position L - 1 + d, and the head entry that proposes its children sits at position L - 2 + d and
 pairs the pre-norm output of its parent's entry (for d = 1: `hidden`, the entry L - 2) with the node's token, as a
-chain's step d would. Depth 1 is the top_k of `hidden`'s logits (top_k draws from them when sampling); for each depth d < D the beam's K nodes are fed
-in ONE head call (`Eagle3Head.step_tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
+chain's step d would. Depth 1 is the top_k of `hidden`'s logits (draws when sampling); for each depth d < D the
+beam's K nodes are fed in ONE head call (`Eagle3Head.step_tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
 attending to the cached entries < L - 1 and to the entries of its own ancestors among the beams fed before, the
 `contract.tree_attention` mask), whose logits rank the next depth's candidates (`tree.draft_logprobs` of the
 logits over the full target vocabulary, -inf outside t2d; any ranking is exact, the tree depends on the head

@@ -242,10 +242,10 @@ def test_lossless_sampling_with_head_trees(tree, temperature, top_k):
 
 
 def test_a_broken_head_tree_rule_is_caught(monkeypatch):
-  """Negative control: drawing the next token from p itself (the rejected siblings left in) instead of the
-  residual fails the same test."""
+  """Negative control: recursive rejection sampling whose residual after a rejected draw is r itself (q not
+  subtracted) fails the same test (the head's children are draws from its q)."""
   jax.clear_caches()
-  monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
+  monkeypatch.setattr(tree_verify, "residual_probs", lambda r, q: r)
   try:
     samples, exact, _ = _sample(jaxspec.Tree(top_k=2, nodes=4))
   finally:
