@@ -26,6 +26,11 @@ passes the prompt's features [B, S', F] to `init`, and each verify call is the t
 features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration) go to `settle`. For every
 other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step`, features None.
 
+Encoder output. A drafter with a static `reads_encoder = True` (optional: absent means False; a T5 target's
+feature head, cross_head_drafter.py) also reads the encoder-decoder target's encoder output: the loop's prefill
+calls the target's `prefill_encoder_features` (T5) instead and passes `encoder=(encoded [B, S, D], mask [B, S])`
+to `init`, once per input. The loop's iterations are unchanged.
+
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
 weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
 its unit tests (tests/decoding/), and the exactness and lossless-sampling tests run with it (docs/drafters.md).
