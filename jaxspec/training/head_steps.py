@@ -157,6 +157,9 @@ def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: j
 def ttt_loss(params: dict, settings: HeadStepConfig, embed: jax.Array, batch: HeadBatch) -> tuple[jax.Array, dict]:
   """The weighted loss of the unroll (the module docstring) and metrics: loss_i and acc_i per step (acc: the
   share of trained positions where the head's argmax is the target's), `positions` (trained at step 0)."""
+  if settings.head.cross_attention != (batch.encoded is not None):
+    raise ValueError("a T5 target's head trains on batches with the encoder's output (head_data.capture_encdec), "
+                     "a decoder-only target's head on batches without (head_data.capture).")
   encoder = None
   if batch.encoded is not None:  # a T5 target's head: cross-attention keys and values from its trained projections
     encoder = eagle3.encoder_kv(params, settings.head, batch.encoded, batch.encoder_mask)

@@ -9,6 +9,8 @@ into g. One Llama decoder layer reads concat(input_norm(embed(token)), hidden_no
 (the projections take 2H), with g as the attention's residual; then the gated MLP with its pre-norm and residual.
 Its output is the "pre-norm hidden"; final_norm (unless norm_output is false) and lm_head (H -> draft vocabulary)
 give the draft logits, mapped back to the target vocabulary by target_id = draft_id + d2t[draft_id].
+A T5 target's head (cfg.cross_attention) adds one cross-attention sublayer to the target's encoder output between
+the attention and the MLP (cross.py); its keys and values live in the cache (`Eagle3Cache.encoder`).
 
 Alignment. The entry at position p pairs the target's feature of position p (the hidden states the target
 computed while reading token p) with the embedding of token p + 1, and predicts token p + 2; RoPE uses p (the
