@@ -76,6 +76,7 @@ class FeatureHead:
 
   def __repr__(self) -> str:
     c = self.config
-    return (f"FeatureHead(name={self.name!r}, EAGLE-3, {self.num_params / 1e6:.1f}M params, hidden={c.hidden_size}, "
+    kind = "EAGLE-3 for T5 (cross-attention)" if c.cross_attention else "EAGLE-3"
+    return (f"FeatureHead(name={self.name!r}, {kind}, {self.num_params / 1e6:.1f}M params, hidden={c.hidden_size}, "
             f"draft_vocab={c.draft_vocab_size}, vocab={c.vocab_size}, "
             f"own_embedding={'yes' if 'embedding' in self.params else 'no'})")

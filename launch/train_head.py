@@ -1,4 +1,4 @@
-r"""Trains an EAGLE-3 feature head for a decoder-only target on the target's own responses; resumable.
+r"""Trains an EAGLE-3 feature head for a decoder-only or T5 target on the target's own responses; resumable.
 
     python launch/train_head.py --target=DIR --prompts=prompts.txt --out=runs/head --steps=2000
     python launch/train_head.py ... --mesh=data:8 --batch_size=64            # data parallel over 8 devices
@@ -7,7 +7,9 @@ r"""Trains an EAGLE-3 feature head for a decoder-only target on the target's own
 Every line of --prompts is one prompt (empty lines are skipped): text encoded by the target's tokenizer (with
 --chat, through its chat template), or space-separated token ids for a target without a tokenizer. The last
 --heldout prompts (or those of --heldout_prompts) are kept out of training and decoded with the head drafting
-every --eval_every steps: tokens per target call and acceptance. All of it is
+every --eval_every steps: tokens per target call and acceptance. For a T5 target the prompts are its encoder
+inputs (with the task prefix it was trained on, e.g. "translate English to German: ") and the head is a T5
+target's head (a cross-attention sublayer to the encoder output; docs/heads.md, "T5 targets"). All of it is
 `jaxspec.training.head.train_head`: the target regenerates the responses (OUT/data.json), the draft vocabulary
 is the --draft_vocab_size most frequent response tokens, each step captures the target's features of its batch
 and trains SpecForge's unrolled loss; Orbax checkpoints go to OUT/checkpoints and the head, in SpecForge's

@@ -148,3 +148,15 @@ class MarkovFeatureDecoder(MarkovDecoder):
 
   def _features(self, params, tokens, layers):
     return jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkovEncoderFeatureDecoder(MarkovFeatureDecoder):
+  """`MarkovFeatureDecoder` with an encoder, for a T5 target's feature head: `prefill_encoder_features` also
+  returns an "encoder output" params["encoder"][input id] [B, S, De] and its mask (input id != 0). The logits
+  never read it (the exact distribution stays the Markov chain's); a head that cross-attends to it drafts
+  differently per row."""
+
+  def prefill_encoder_features(self, params, input_ids, input_lengths, cache_len, layers):
+    cache, first, features = self.prefill_features(params, input_ids, input_lengths, cache_len, layers)
+    return cache, first, features, (params["encoder"][input_ids], input_ids != 0)

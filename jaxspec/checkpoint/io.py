@@ -25,7 +25,7 @@ from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
 from jaxspec.model import FeatureHead, Model
 from jaxspec.models import eagle3, registry
-from jaxspec.models.eagle3.config import ARCHITECTURE as EAGLE3_ARCHITECTURE
+from jaxspec.models.eagle3.config import ARCHITECTURES as EAGLE3_ARCHITECTURES
 from jaxspec.tokenizer import load_tokenizer
 
 _MARKER = "jaxspec.json"
@@ -86,12 +86,12 @@ def _read_json(path: str):
 
 
 def is_feature_head(directory: str) -> bool:
-  """Whether a directory's config.json names the EAGLE-3 head architecture."""
+  """Whether a directory's config.json names an EAGLE-3 head architecture (a decoder-only or a T5 target's)."""
   path = os.path.join(directory, "config.json")
   if not os.path.exists(path):
     return False
   raw = _read_json(path)
-  return isinstance(raw, dict) and EAGLE3_ARCHITECTURE in (raw.get("architectures") or [])
+  return isinstance(raw, dict) and bool(set(EAGLE3_ARCHITECTURES) & set(raw.get("architectures") or []))
 
 
 def _load_head(directory: str, name: str, dtype, mesh) -> FeatureHead:

@@ -30,6 +30,11 @@ path order ([B, gamma + 1, F], root first: what a chain's call gives for the sam
 other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step` / `step_tree`, features
 None.
 
+Encoder output. A drafter with a static `reads_encoder = True` (optional: absent means False; a T5 target's
+feature head, cross_head_drafter.py) also reads the encoder-decoder target's encoder output: the loop's prefill
+calls the target's `prefill_encoder_features` (T5) instead and passes `encoder=(encoded [B, S, D], mask [B, S])`
+to `init`, once per input. The loop's iterations are unchanged.
+
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
 weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
 its unit tests (tests/decoding/), and the exactness and lossless-sampling tests run with it (docs/drafters.md).

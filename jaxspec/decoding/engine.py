@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from jaxspec.decoding import adaptive, arguments, loop, memory_guard, placement, streaming
+from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafter import Drafter, PlainDrafter
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
@@ -60,7 +61,8 @@ def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, M
     layers = eagle3.check_fits(draft.config, target.config, draft.params)  # one CheckpointError if it does not fit
     embedding = get_path(target.params, target.family.embedding_path)
     params = {"head": draft.params, "embed": eagle3.embedding_table(draft.params, embedding)}
-    return HeadDrafter(eagle3.Eagle3Head(draft.config), layers, target.config.vocab_size), None, params
+    kind = CrossHeadDrafter if draft.config.cross_attention else HeadDrafter  # a T5 target's head: cross-attends
+    return kind(eagle3.Eagle3Head(draft.config), layers, target.config.vocab_size), None, params
   return draft, None, None  # NGramDraft is its own drafter.
 
 

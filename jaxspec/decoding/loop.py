@@ -138,6 +138,12 @@ def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.
     (target_cache, draft_state, first_tokens [B] int32).
   """
   layers, features = settings.drafter.feature_layers, None
+  if getattr(settings.drafter, "reads_encoder", False):  # a T5 target's head: the encoder's output too (opt-in)
+    target_cache, first, features, encoded = settings.target.prefill_encoder_features(
+        target_params, input_ids, input_lengths, settings.cache_len, layers)
+    draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len,
+                                        features=features, encoder=encoded)
+    return target_cache, draft_state, first
   if layers:
     target_cache, first, features = settings.target.prefill_features(target_params, input_ids, input_lengths,
                                                                      settings.cache_len, layers)

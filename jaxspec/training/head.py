@@ -1,6 +1,6 @@
-"""`train_head(target, prompts, workdir, config)`: trains an EAGLE-3 feature head for a decoder-only target, with
-resumable checkpoints, held-out acceptance as it trains, data parallelism on a mesh, and export in SpecForge's
-format; launch/train_head.py and notebooks call it.
+"""`train_head(target, prompts, workdir, config)`: trains an EAGLE-3 feature head for a decoder-only or a T5
+target, with resumable checkpoints, held-out acceptance as it trains, data parallelism on a mesh, and export in
+SpecForge's format; launch/train_head.py and notebooks call it.
 
     result = train_head(target, prompts, "runs/head", HeadTrainConfig(steps=2000), heldout_prompts=held)
     head = jaxspec.load("runs/head/head")          # == result.head: Speculation(head, gamma=3) drafts with it
@@ -28,6 +28,12 @@ With a `mesh` (`jaxspec.make_mesh(data=D)`), every batch is split over the mesh'
 parameters and optimizer state are replicated: XLA all-reduces the gradients, so a step computes what one device
 computes (to float rounding). The target is placed on the mesh by the default rules (`jaxspec.shard`) unless it
 already is; a "model" axis shards the target as for decoding.
+
+A T5 target (docs/heads.md, "T5 targets") trains a T5 target's head (`t5_head_config`: architectures
+["T5Eagle3Head"], a cross-attention sublayer to the target's encoder output): the prompts are the encoder's
+inputs, the regenerated responses the decoder's rows (after its start token); each batch's capture
+(`head_data.capture_encdec`) runs the encoder once and hands its output to the loss, whose unroll cross-attends to
+it through the head's own (trained) projections. Everything else is the same run.
 """
 
 from __future__ import annotations
@@ -50,7 +56,9 @@ from jaxspec.cli.outputs import progress as progress_bar
 from jaxspec.errors import ConfigError
 from jaxspec.model import FeatureHead
 from jaxspec.models import eagle3
-from jaxspec.models.decoder_only.config import DecoderOnlyConfig
+from jaxspec.models.decoder_only.config import DecoderOnlyConfig, Rope
+from jaxspec.models.hf_table import get_path
+from jaxspec.models.t5 import T5Config
 from jaxspec.training import head_data, head_steps
 
 
@@ -127,6 +135,23 @@ def head_config(target_config: DecoderOnlyConfig, draft_vocab_size: int) -> eagl
       rope=c.rope, max_position_embeddings=c.max_position_embeddings, pad_token_id=c.pad_token_id)
 
 
+def t5_head_config(target_config: T5Config, draft_vocab_size: int) -> eagle3.Eagle3Config:
+  """A T5 target's head (docs/heads.md, "T5 targets"): hidden size d_model (it embeds with the target's shared
+  table), the target's heads and d_kv, an MLP of width d_ff (gated SiLU, as every EAGLE-3 head), RoPE (theta 1e4)
+  on its own positions, a cross-attention sublayer over the encoder output (encoder_hidden_size = d_model), and the
+  decoder features entering layer 1, layer (L + 1) // 2 and the decoder's final pre-norm output (aux ids 0,
+  (L + 1) // 2 - 1, L - 1: low, middle, top, distinct for L >= 3; EAGLE-3's default (2, L // 2, L - 3) repeats a
+  layer for the few-layer decoders of T5 drafts-and-targets here)."""
+  c = target_config
+  layers = c.num_decoder_layers
+  return eagle3.Eagle3Config(
+      vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, hidden_size=c.d_model,
+      target_hidden_size=c.d_model, intermediate_size=c.d_ff, num_heads=c.num_heads, num_kv_heads=c.num_heads,
+      head_dim=c.d_kv, activation="silu", rms_norm_eps=c.layer_norm_epsilon, rope=Rope(theta=10000.0),
+      max_position_embeddings=2048, aux_layer_ids=(0, max((layers + 1) // 2 - 1, 0), layers - 1),
+      pad_token_id=c.pad_token_id, encoder_hidden_size=c.d_model)
+
+
 def evaluate(target, head: FeatureHead, prompts: Sequence[Sequence[int]], *, gamma: int, max_new_tokens: int,
              batch_size: int, max_input_length: int) -> dict:
   """Greedy speculative decoding of `prompts` with the head drafting: tokens per iteration (tokens per target
@@ -147,7 +172,7 @@ def evaluate(target, head: FeatureHead, prompts: Sequence[Sequence[int]], *, gam
 def _data(target, prompts, workdir: str, c: HeadTrainConfig, log) -> head_data.HeadData:
   """WORKDIR/data.json, regenerated when absent; ConfigError when it was made from other prompts, settings or
   another target (its config and the first rows of its embedding)."""
-  first_rows = np.asarray(jax.device_get(target.params["embedding"][:4]), np.float32)
+  first_rows = np.asarray(jax.device_get(_embedding(target)[:4]), np.float32)
   key = head_data.fingerprint(prompts, max_new_tokens=c.max_new_tokens, temperature=c.temperature, seed=c.seed,
                               target=target.config.to_hf_dict(), embedding=first_rows.round(6).tolist())
   path = os.path.join(workdir, "data.json")
@@ -168,6 +193,11 @@ def _data(target, prompts, workdir: str, c: HeadTrainConfig, log) -> head_data.H
   tokens = sum(len(r) for r in data.responses())
   log(f"regenerated {len(data)} responses ({tokens} tokens) in {time.time() - t0:.0f} s -> {path}")
   return data
+
+
+def _embedding(target) -> jax.Array:
+  """[V, H] the target's token embedding (the head's, frozen)."""
+  return get_path(target.params, target.family.embedding_path)
 
 
 def _place(target, state: tuple, mesh: Mesh | None) -> tuple:
@@ -212,7 +242,8 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   """Trains an EAGLE-3 head for `target` on its responses to `prompts` (the module docstring).
 
   Args:
-    target: a decoder-only `jaxspec.Model` (its features feed the head; its embedding is the head's, frozen).
+    target: a decoder-only or T5 `jaxspec.Model` (its features feed the head; its embedding is the head's,
+      frozen; a T5 target's prompts are its encoder inputs).
     prompts: token-id lists; heldout_prompts: token-id lists for the acceptance evaluations (none: no evals).
     workdir: data, checkpoints and the exported head (resumed when it holds a run's checkpoints).
     mesh: None (one device) or a mesh with a "data" axis that divides config.batch_size.
@@ -221,13 +252,14 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   Returns:
     HeadTrainResult; the head is also in WORKDIR/head.
   Raises:
-    ConfigError (bad settings, a target that is not decoder-only, a WORKDIR of another run), InputError (no or
-    empty prompts), CheckpointError (a target with fewer than 3 layers).
+    ConfigError (bad settings, a target that is neither decoder-only nor T5, a WORKDIR of another run),
+    InputError (no or empty prompts), CheckpointError (a decoder-only target with fewer than 3 layers).
   """
   c = config
-  if not isinstance(target.config, DecoderOnlyConfig):
-    raise ConfigError(f"training a feature head needs a decoder-only target, got {type(target.config).__name__} "
-                      "(an encoder-decoder target has no published head format: docs/heads.md).")
+  encdec = isinstance(target.config, T5Config)
+  if not encdec and not isinstance(target.config, DecoderOnlyConfig):
+    raise ConfigError(f"training a feature head needs a decoder-only or a T5 target, got "
+                      f"{type(target.config).__name__}.")
   vocab = target.config.vocab_size
   c.check(vocab)
   prompts = head_data.check_prompts(prompts, vocab)
@@ -236,7 +268,7 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
     data_size = dict(mesh.shape).get("data", 1)
     if c.batch_size % data_size:
       raise ConfigError(f"batch_size={c.batch_size} is not a multiple of the mesh's data axis ({data_size}).")
-  cfg = head_config(target.config, c.draft_vocab_size)
+  cfg = (t5_head_config if encdec else head_config)(target.config, c.draft_vocab_size)
   layers = eagle3.check_fits(cfg, target.config)
   os.makedirs(workdir, exist_ok=True)
   bar = None
@@ -258,8 +290,8 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
                                        clip=c.clip)
   opt_state = head_steps.make_optimizer(settings).init(params)
   maps = {"d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
-  target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state,
-                                                                         target.params["embedding"], maps), mesh)
+  target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state, _embedding(target),
+                                                                         maps), mesh)
   as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name)
   meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(),
           "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"}}
@@ -272,6 +304,16 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
     raise
 
   decoder, width, pad = target.decoder(), data.width, target.config.pad_token_id
+
+  def capture(rows: np.ndarray) -> head_data.HeadBatch:
+    """The target's features and labels of the batch of `rows` (placed over the data axis on a mesh)."""
+    if encdec:
+      enc, dec, lengths = map(place_rows, data.encdec_batch(rows, data.encoder_width, data.decoder_width, pad,
+                                                            target.config.decoder_start_token_id))
+      return head_data.capture_encdec(decoder, target.params, layers, draft_ids, enc, dec, lengths)
+    ids, lengths, starts = map(place_rows, data.batch(rows, width, pad))
+    return head_data.capture(decoder, target.params, layers, draft_ids, ids, lengths, starts)
+
   logs, evals, pending = [], [], []
   eval_kw = dict(gamma=c.eval_gamma, max_new_tokens=c.eval_max_new_tokens, batch_size=c.generate_batch_size,
                  max_input_length=c.max_input_length)
@@ -283,8 +325,9 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
         f"(gamma {c.eval_gamma}, {len(heldout)} held-out prompts)")
     return record
 
-  log(f"training a head: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, draft vocabulary "
-      f"{c.draft_vocab_size} of {vocab}, feature layers {layers}, {len(data)} rows of width {width}, batch "
+  shape = f"encoder / decoder width {data.encoder_width} / {data.decoder_width}" if encdec else f"width {width}"
+  log(f"training a {'T5 ' if encdec else ''}head: {sum(x.size for x in jax.tree.leaves(params)) / 1e6:.2f}M params, "
+      f"draft vocabulary {c.draft_vocab_size} of {vocab}, feature layers {layers}, {len(data)} rows of {shape}, batch "
       f"{c.batch_size}{'' if mesh is None else f' on mesh {dict(mesh.shape)}'}")
   records = []
   if heldout and step == 0:
@@ -297,8 +340,7 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
         on_log(record)
     while step < c.steps:
       rows = head_data.batch_rows(len(data), c.batch_size, step, c.seed)
-      ids, lengths, starts = map(place_rows, data.batch(rows, width, pad))
-      batch = head_data.capture(decoder, target.params, layers, draft_ids, ids, lengths, starts)
+      batch = capture(rows)
       params, opt_state, metrics = head_steps.train_step(settings, params, opt_state, embed, batch)
       step += 1
       pending.append(metrics)

@@ -20,8 +20,14 @@ restricted to the draft vocabulary and renormalised there (SpecForge's target_p)
 (mask) where token p + 1 exists, is a response token (p + 1 >= the prompt's length: the loss is on responses,
 as the reference's loss mask is on assistant turns) and the target's argmax at p lies in the draft vocabulary.
 
-Shapes: B batch, W padded row width, F = 3 * the target's hidden size, V the target vocabulary, Vd the draft
-vocabulary.
+A T5 (encoder-decoder) target (docs/heads.md, "T5 targets"): a row's prompt is the encoder's input and its
+response the decoder's output, so a batch is (`HeadData.encdec_batch`) encoder ids [B, Se] and decoder rows
+[B, W] = [start token, response ...]; `capture_encdec` runs the encoder once (`prefill_encoder_features`), the
+decoder over the rows (`step_features`), and returns the encoder's output beside the features for the head's
+cross-attention. Every decoder position after the start token is a response token.
+
+Shapes: B batch, W padded row width, Se padded encoder width, D the target's d_model, F = 3 * the target's hidden
+size, V the target vocabulary, Vd the draft vocabulary.
 """
 
 from __future__ import annotations
@@ -69,6 +75,31 @@ class HeadData:
       ids[b, :len(self.tokens[r])] = self.tokens[r]
     lengths = np.asarray([len(self.tokens[r]) for r in rows], np.int32)
     return ids, lengths, np.asarray([self.prompt_lengths[r] for r in rows], np.int32)
+
+  @property
+  def encoder_width(self) -> int:
+    """An encoder-decoder target's encoder width: the longest prompt rounded up to a multiple of 8."""
+    return max(8, -(-max(self.prompt_lengths) // 8) * 8)
+
+  @property
+  def decoder_width(self) -> int:
+    """An encoder-decoder target's decoder width: the longest response plus the start token, rounded up to 8."""
+    return max(8, -(-max(len(t) - n + 1 for t, n in zip(self.tokens, self.prompt_lengths)) // 8) * 8)
+
+  def encdec_batch(self, rows: Sequence[int], encoder_width: int, decoder_width: int, pad_id: int,
+                   start_id: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For an encoder-decoder target: (encoder ids [B, encoder_width] int32 (the prompts, right-padded), decoder
+    rows [B, decoder_width] int32 (start token, then the response, right-padded), decoder lengths [B] int32)."""
+    enc = np.full((len(rows), encoder_width), pad_id, np.int32)
+    dec = np.full((len(rows), decoder_width), pad_id, np.int32)
+    lengths = np.zeros((len(rows),), np.int32)
+    for b, r in enumerate(rows):
+      n, tokens = self.prompt_lengths[r], self.tokens[r]
+      enc[b, :n] = tokens[:n]
+      dec[b, 0] = start_id
+      dec[b, 1:len(tokens) - n + 1] = tokens[n:]
+      lengths[b] = len(tokens) - n + 1
+    return enc, dec, lengths
 
   def save(self, path: str) -> None:
     """One JSON file, written atomically."""
@@ -175,6 +206,22 @@ class HeadBatch:
   tokens: jax.Array  # [B, W] int32 the rows (prompt + response, right-padded)
   target_p: jax.Array  # [B, W, Vd] float32 the target's distribution of token p + 1 over the draft vocabulary
   mask: jax.Array  # [B, W] bool position p trains (see the module docstring)
+  # An encoder-decoder target: its final encoder output [B, Se, D] and mask [B, Se] (the head cross-attends).
+  encoded: jax.Array | None = None
+  encoder_mask: jax.Array | None = None
+
+
+def _labels(logits: jax.Array, features: jax.Array, ids: jax.Array, lengths: jax.Array, starts: jax.Array,
+            draft_ids: jax.Array, **encoder) -> HeadBatch:
+  """The batch of rows ids [B, W] from the target's logits [B, W, V] and features [B, W, F] over them."""
+  width = ids.shape[1]
+  logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
+  t2d = jnp.zeros((logits.shape[-1],), jnp.bool_).at[draft_ids].set(True)
+  p = jnp.arange(width)[None, :]
+  mask = (p + 1 < lengths[:, None]) & (p + 1 >= starts[:, None]) & t2d[jnp.argmax(logits, axis=-1)]
+  target_p = jax.nn.softmax(jnp.take(logits, draft_ids, axis=-1), axis=-1)
+  return HeadBatch(features=jax.lax.stop_gradient(features), tokens=ids.astype(jnp.int32), target_p=target_p,
+                   mask=mask, **encoder)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
@@ -190,10 +237,18 @@ def capture(decoder, target_params, layers: tuple[int, ...], draft_ids: jax.Arra
   batch, width = ids.shape
   cache, _ = decoder.prefill(target_params, ids[:, :1], jnp.ones((batch,), jnp.int32), width)
   logits, features, _ = decoder.step_features(target_params, cache, ids, layers)  # [B, W, V], [B, W, F]
-  logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
-  t2d = jnp.zeros((logits.shape[-1],), jnp.bool_).at[draft_ids].set(True)
-  p = jnp.arange(width)[None, :]
-  mask = (p + 1 < lengths[:, None]) & (p + 1 >= starts[:, None]) & t2d[jnp.argmax(logits, axis=-1)]
-  target_p = jax.nn.softmax(jnp.take(logits, draft_ids, axis=-1), axis=-1)
-  return HeadBatch(features=jax.lax.stop_gradient(features), tokens=ids.astype(jnp.int32), target_p=target_p,
-                   mask=mask)
+  return _labels(logits, features, ids, lengths, starts, draft_ids)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def capture_encdec(decoder, target_params, layers: tuple[int, ...], draft_ids: jax.Array, encoder_ids: jax.Array,
+                   ids: jax.Array, lengths: jax.Array) -> HeadBatch:
+  """`capture` for an encoder-decoder target (T5): the encoder runs once over encoder_ids [B, Se]; ids [B, W] are
+  the decoder rows (start token first) and lengths [B] their real tokens. Every position after the start token
+  is a response token (starts = 1)."""
+  batch, width = ids.shape
+  cache, _, _, (encoded, mask) = decoder.prefill_encoder_features(
+      target_params, encoder_ids, jnp.sum(encoder_ids != decoder.config.pad_token_id, axis=1), width, layers)
+  logits, features, _ = decoder.step_features(target_params, cache, ids, layers)  # [B, W, V], [B, W, F]
+  return _labels(logits, features, ids, lengths, jnp.ones((batch,), jnp.int32), draft_ids,
+                 encoded=jax.lax.stop_gradient(encoded), encoder_mask=mask)

@@ -115,7 +115,7 @@ def _attend(q: jax.Array, k0: jax.Array, v0: jax.Array, chain_k: jax.Array, chai
 
 
 def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: jax.Array, tokens: jax.Array,
-           steps: int) -> tuple[jax.Array, jax.Array]:
+           steps: int, encoder: eagle3.EncoderKV | None = None) -> tuple[jax.Array, jax.Array]:
   """The head's training-time test over whole rows (the module docstring). Steps 1..steps-1 are one `lax.scan`
   (one compiled body, whatever the number of steps), their chain keys in a buffer of steps - 1 slots.
 
@@ -123,6 +123,8 @@ def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: j
     params: the head's weights (vocabulary maps not needed); embed: [V, H] the target's embedding (frozen).
     features: [B, W, 3 Ht] the target's features of every position; tokens: [B, W] int the rows.
     steps: draft steps to unroll (static, >= 1).
+    encoder: a T5 target's head: its cross-attention keys and values of the target's encoder output
+      (`eagle3.encoder_kv`), read by every step; None for a decoder-only target's head.
   Returns:
     draft logits [steps, B, W, Vd] float32 and pre-norm outputs [steps, B, W, H]: step i's index t predicts
     token t + 2 + i.
@@ -133,7 +135,7 @@ def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: j
   q, k0, v0 = eagle3.attention_inputs(params, cfg, embed, g, shift(tokens, 1), index)
   empty = jnp.zeros((max(steps - 1, 1),) + k0.shape, k0.dtype)  # [J, B, W, K, Hd]
   scale = cfg.head_dim ** -0.5
-  hidden = eagle3.layer_output(params, cfg, g, _attend(q, k0, v0, empty, empty, 0, scale))
+  hidden = eagle3.layer_output(params, cfg, g, _attend(q, k0, v0, empty, empty, 0, scale), encoder)
 
   def chain_step(carry, i):
     hidden, chain_k, chain_v = carry
@@ -142,7 +144,7 @@ def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: j
     q, k, v = eagle3.attention_inputs(params, cfg, embed, hidden, toks, index + i)
     chain_k = jax.lax.dynamic_update_index_in_dim(chain_k, k, i - 1, axis=0)
     chain_v = jax.lax.dynamic_update_index_in_dim(chain_v, v, i - 1, axis=0)
-    hidden = eagle3.layer_output(params, cfg, hidden, _attend(q, k0, v0, chain_k, chain_v, i, scale))
+    hidden = eagle3.layer_output(params, cfg, hidden, _attend(q, k0, v0, chain_k, chain_v, i, scale), encoder)
     return (hidden, chain_k, chain_v), (eagle3.draft_logits(params, cfg, hidden), hidden)
 
   first = (eagle3.draft_logits(params, cfg, hidden)[None], hidden[None])
@@ -155,7 +157,13 @@ def unroll(params: dict, cfg: eagle3.Eagle3Config, embed: jax.Array, features: j
 def ttt_loss(params: dict, settings: HeadStepConfig, embed: jax.Array, batch: HeadBatch) -> tuple[jax.Array, dict]:
   """The weighted loss of the unroll (the module docstring) and metrics: loss_i and acc_i per step (acc: the
   share of trained positions where the head's argmax is the target's), `positions` (trained at step 0)."""
-  logits, _ = unroll(params, settings.head, embed, batch.features, batch.tokens, settings.ttt_steps)
+  if settings.head.cross_attention != (batch.encoded is not None):
+    raise ValueError("a T5 target's head trains on batches with the encoder's output (head_data.capture_encdec), "
+                     "a decoder-only target's head on batches without (head_data.capture).")
+  encoder = None
+  if batch.encoded is not None:  # a T5 target's head: cross-attention keys and values from its trained projections
+    encoder = eagle3.encoder_kv(params, settings.head, batch.encoded, batch.encoder_mask)
+  logits, _ = unroll(params, settings.head, embed, batch.features, batch.tokens, settings.ttt_steps, encoder)
   steps = settings.ttt_steps
   p = jnp.stack([shift(batch.target_p, 1 + i) for i in range(steps)])  # [S, B, W, Vd] index t: position t + 1 + i
   mask = jnp.stack([shift(batch.mask, 1 + i) for i in range(steps)])  # [S, B, W]

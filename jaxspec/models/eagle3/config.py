@@ -8,6 +8,11 @@ What the reference (specforge.modeling.draft.llama3_eagle.LlamaForCausalLMEagle3
   target_hidden_size (feature width per target layer, default hidden_size: fc takes 3 * it);
   fc_norm (an RMSNorm per feature chunk before fc, default false), norm_output (the final norm before lm_head,
   default true); eagle_config.eagle_aux_hidden_state_layer_ids (the target layers whose OUTPUTS are the features).
+
+A head for a T5 (encoder-decoder) target is jaxspec's own extension (docs/heads.md, "T5 targets"): architectures
+["T5Eagle3Head"], the same fields plus encoder_hidden_size (the width of the target's final encoder output that
+its cross-attention sublayer reads). A distinct architecture name, so that a loader of the reference refuses it
+instead of dropping the cross-attention weights it does not know.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from jaxspec.errors import CheckpointError
 from jaxspec.models.decoder_only.config import ACTIVATIONS, Rope
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
+CROSS_ARCHITECTURE = "T5Eagle3Head"  # jaxspec's head for T5 targets (a cross-attention sublayer).
+ARCHITECTURES = (ARCHITECTURE, CROSS_ARCHITECTURE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +50,9 @@ class Eagle3Config:
   # transformers' hidden_states[j + 1]); None: the EAGLE-3 default, the inputs of layers (2, L // 2, L - 3).
   aux_layer_ids: tuple[int, ...] | None = None
   pad_token_id: int | None = None
+  # None: a decoder-only target's head. An int: a T5 target's head, whose layer also cross-attends to the
+  # target's final encoder output [B, S, encoder_hidden_size] (`jaxspec.models.eagle3.cross`).
+  encoder_hidden_size: int | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "intermediate_size",
@@ -60,8 +70,20 @@ class Eagle3Config:
       raise CheckpointError(f"EAGLE-3 head: head_dim must be even for RoPE, got {self.head_dim}.")
     if self.activation not in ACTIVATIONS:
       raise CheckpointError(f"EAGLE-3 head: unknown hidden_act {self.activation!r}; expected one of {ACTIVATIONS}.")
+    enc = self.encoder_hidden_size
+    if enc is not None and (not isinstance(enc, int) or isinstance(enc, bool) or enc < 1):
+      raise CheckpointError(f"EAGLE-3 head: encoder_hidden_size must be an integer >= 1 or None, got {enc!r}.")
     if self.aux_layer_ids is not None:
       object.__setattr__(self, "aux_layer_ids", tuple(int(i) for i in self.aux_layer_ids))
+
+  @property
+  def cross_attention(self) -> bool:
+    """A T5 target's head: its layer cross-attends to the target's encoder output."""
+    return self.encoder_hidden_size is not None
+
+  @property
+  def architecture(self) -> str:
+    return CROSS_ARCHITECTURE if self.cross_attention else ARCHITECTURE
 
   @property
   def num_features(self) -> int:
@@ -82,9 +104,13 @@ class Eagle3Config:
   def from_hf_dict(cls, raw: dict[str, Any]) -> "Eagle3Config":
     """From an EAGLE-3 head's `config.json`; CheckpointError for another architecture or what jaxspec lacks."""
     architectures = raw.get("architectures") or []
-    if ARCHITECTURE not in architectures:
+    if not set(ARCHITECTURES) & set(architectures):
       raise CheckpointError(f"not an EAGLE-3 head: config.json has architectures {architectures}, expected "
-                            f"[{ARCHITECTURE!r}].")
+                            f"[{ARCHITECTURE!r}] (or [{CROSS_ARCHITECTURE!r}], a T5 target's head).")
+    cross = CROSS_ARCHITECTURE in architectures
+    if cross and not raw.get("encoder_hidden_size"):
+      raise CheckpointError(f"EAGLE-3 head: architectures [{CROSS_ARCHITECTURE!r}] (a T5 target's head) needs "
+                            f"encoder_hidden_size in config.json.")
     layers = raw.get("num_hidden_layers", 1)
     if layers != 1:
       raise CheckpointError(f"EAGLE-3 head with num_hidden_layers {layers}: the reference has one decoder layer.")
@@ -107,12 +133,13 @@ class Eagle3Config:
                head_dim=int(raw.get("head_dim") or hidden // heads), activation=raw.get("hidden_act", "silu"),
                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope=rope, max_position_embeddings=max_pos,
                fc_norm=bool(raw.get("fc_norm", False)), norm_output=bool(raw.get("norm_output", True)),
-               aux_layer_ids=None if aux is None else tuple(aux), pad_token_id=raw.get("pad_token_id"))
+               aux_layer_ids=None if aux is None else tuple(aux), pad_token_id=raw.get("pad_token_id"),
+               encoder_hidden_size=int(raw["encoder_hidden_size"]) if cross else None)
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` that `from_hf_dict` and the reference (transformers' LlamaConfig) read back."""
     out = {
-        "architectures": [ARCHITECTURE], "model_type": "llama", "vocab_size": self.vocab_size,
+        "architectures": [self.architecture], "model_type": "llama", "vocab_size": self.vocab_size,
         "draft_vocab_size": self.draft_vocab_size, "hidden_size": self.hidden_size,
         "target_hidden_size": self.target_hidden_size, "intermediate_size": self.intermediate_size,
         "num_hidden_layers": 1, "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
@@ -122,6 +149,9 @@ class Eagle3Config:
         "norm_output": self.norm_output, "pad_token_id": self.pad_token_id, "tie_word_embeddings": False,
         "attention_bias": False, "mlp_bias": False,
     }
+    if self.cross_attention:
+      out["encoder_hidden_size"] = self.encoder_hidden_size
+      out["is_encoder_decoder_target"] = True
     if self.aux_layer_ids is not None:
       out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}
     return out

@@ -9,6 +9,8 @@ into g. One Llama decoder layer reads concat(input_norm(embed(token)), hidden_no
 (the projections take 2H), with g as the attention's residual; then the gated MLP with its pre-norm and residual.
 Its output is the "pre-norm hidden"; final_norm (unless norm_output is false) and lm_head (H -> draft vocabulary)
 give the draft logits, mapped back to the target vocabulary by target_id = draft_id + d2t[draft_id].
+A T5 target's head (cfg.cross_attention) adds one cross-attention sublayer to the target's encoder output between
+the attention and the MLP (cross.py); its keys and values live in the cache (`Eagle3Cache.encoder`).
 
 Alignment. The entry at position p pairs the target's feature of position p (the hidden states the target
 computed while reading token p) with the embedding of token p + 1, and predicts token p + 2; RoPE uses p (the
@@ -32,6 +34,7 @@ Hd head_dim, H hidden, Ht target feature width, F intermediate, V target vocabul
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +43,7 @@ from flax import struct
 
 from jaxspec.models.contract import CachePositions, shapes_from_axes, tree_attention, write_rows
 from jaxspec.models.decoder_only import layers
+from jaxspec.models.eagle3 import cross
 from jaxspec.models.eagle3.config import Eagle3Config
 
 
@@ -51,6 +55,9 @@ class Eagle3Cache(CachePositions):
   v: jax.Array  # [B, C, K, Hd]
   lengths: jax.Array  # [B] int32 entries written per row.
   offsets: jax.Array  # [B] int32 prompt length - 1: the loop's first entry's position.
+  # A T5 target's head (cfg.cross_attention): cross.EncoderKV, its cross-attention keys and values of the
+  # target's encoder output, set once by the drafter's init and never rolled back. None for a decoder-only head.
+  encoder: Any = None
 
   @property
   def max_length(self) -> int:
@@ -76,6 +83,8 @@ def param_axes(cfg: Eagle3Config, with_embedding: bool = False) -> dict:
     axes["fc_norm"] = ("three", "target_embed")
   if with_embedding:
     axes["embedding"] = ("vocab", "embed")
+  if cfg.cross_attention:
+    axes.update(cross.param_axes(cfg))
   return axes
 
 
@@ -84,7 +93,8 @@ def param_shapes(cfg: Eagle3Config, with_embedding: bool = False) -> dict:
   size = {"features": cfg.num_features * cfg.target_hidden_size, "embed": cfg.hidden_size,
           "embed2": 2 * cfg.hidden_size, "heads": cfg.num_heads, "kv_heads": cfg.num_kv_heads, "kv": cfg.head_dim,
           "mlp": cfg.intermediate_size, "draft_vocab": cfg.draft_vocab_size, "vocab": cfg.vocab_size,
-          "three": cfg.num_features, "target_embed": cfg.target_hidden_size}
+          "three": cfg.num_features, "target_embed": cfg.target_hidden_size,
+          "encoder_embed": cfg.encoder_hidden_size or 0}
   return shapes_from_axes(param_axes(cfg, with_embedding), size)
 
 
@@ -122,11 +132,14 @@ def embedding_table(params: dict, target_embedding: jax.Array) -> jax.Array:
   return params.get("embedding", target_embedding)
 
 
-def init_cache(cfg: Eagle3Config, batch: int, length: int, dtype) -> Eagle3Cache:
-  """An empty cache of `length` positions per row (lengths and offsets 0)."""
+def init_cache(cfg: Eagle3Config, batch: int, length: int, dtype,
+               encoder: cross.EncoderKV | None = None) -> Eagle3Cache:
+  """An empty cache of `length` positions per row (lengths and offsets 0); a T5 target's head keeps its
+  encoder keys and values (`cross.encoder_kv`) in it."""
   shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
   zeros = jnp.zeros((batch,), jnp.int32)
-  return Eagle3Cache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=zeros, offsets=zeros)
+  return Eagle3Cache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype), lengths=zeros, offsets=zeros,
+                     encoder=encoder)
 
 
 def _norm(cfg: Eagle3Config, x: jax.Array, scale: jax.Array) -> jax.Array:
@@ -155,23 +168,31 @@ def attention_inputs(params: dict, cfg: Eagle3Config, embed: jax.Array, hidden: 
   return q, k, layers.project(x, a["v"])
 
 
-def layer_output(params: dict, cfg: Eagle3Config, hidden: jax.Array, attended: jax.Array) -> jax.Array:
+def layer_output(params: dict, cfg: Eagle3Config, hidden: jax.Array, attended: jax.Array,
+                 encoder: cross.EncoderKV | None = None) -> jax.Array:
   """The pre-norm output [B, T, H]: `hidden` (the attention's residual) plus the projected attention output
-  `attended` [B, T, N, Hd], then the gated MLP with its pre-norm and residual."""
+  `attended` [B, T, N, Hd], then (a T5 target's head: `encoder` given) the cross-attention sublayer
+  (`cross.attend`), then the gated MLP with its pre-norm and residual."""
   h = hidden + layers.output_projection(attended, params["attention"]["o"])
+  if encoder is not None:
+    h = cross.attend(params, cfg, h, encoder)
   return h + layers.gated_mlp(params["mlp"], _norm(cfg, h, params["mlp_norm"]), cfg.activation)
 
 
 def _layer(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
            tokens: jax.Array, key_len: int) -> tuple[jax.Array, Eagle3Cache]:
   """The decoder layer over T entries at positions cache.lengths: (pre-norm output [B, T, H], cache)."""
+  if cfg.cross_attention and cache.encoder is None:
+    raise ValueError("a T5 target's head (encoder_hidden_size set) needs its encoder keys and values in its cache: "
+                     "init_cache(..., encoder=cross.encoder_kv(params, cfg, encoded, mask)).")
   starts = cache.lengths
   positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]  # [B, T]
   q, k, v = attention_inputs(params, cfg, embed, hidden, tokens, positions)
   ks, vs = write_rows(cache.k, k, starts), write_rows(cache.v, v, starts)
   allowed = layers.attention_mask(positions, jnp.arange(key_len), None)  # [B, 1, 1, T, C]
   o = layers.attend(q, ks[:, :key_len], vs[:, :key_len], allowed, cfg.head_dim ** -0.5, None)
-  return layer_output(params, cfg, hidden, o), cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
+  out = layer_output(params, cfg, hidden, o, cache.encoder)
+  return out, cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
 
 
 def draft_logits(params: dict, cfg: Eagle3Config, prenorm: jax.Array) -> jax.Array:
@@ -246,13 +267,13 @@ def step_tree(params: dict, cfg: Eagle3Config, embed: jax.Array, cache: Eagle3Ca
   q, k, v = attention_inputs(params, cfg, embed, hidden, tokens, positions)
   ks, vs = write_rows(cache.k, k, starts), write_rows(cache.v, v, starts)
   o = layers.attend(q, ks, vs, allowed[:, None, None], cfg.head_dim ** -0.5, None)
-  prenorm = layer_output(params, cfg, hidden, o)
+  prenorm = layer_output(params, cfg, hidden, o, cache.encoder)  # (a T5 target's head: its cross-attention)
   cache = cache.replace(k=ks, v=vs, lengths=starts + tokens.shape[1])
   return logits(params, cfg, prenorm), prenorm, cache
 
 
 def prefill(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
-            input_lengths: jax.Array, cache_len: int) -> Eagle3Cache:
+            input_lengths: jax.Array, cache_len: int, encoder: cross.EncoderKV | None = None) -> Eagle3Cache:
   """Writes the prompt's entries in one call: entry s pairs features[:, s] with input_ids[:, s + 1].
 
   Args:
@@ -263,17 +284,18 @@ def prefill(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Arr
     a cache of S + cache_len positions holding entries 0 .. len - 2 (lengths = offsets = len - 1). The entries
     the call also computed at s >= len - 1 (padding tokens) are stale: masked and overwritten by later steps.
   """
-  return prefill_hidden(params, cfg, embed, features, input_ids, input_lengths, cache_len)[0]
+  return prefill_hidden(params, cfg, embed, features, input_ids, input_lengths, cache_len, encoder)[0]
 
 
 def prefill_hidden(params: dict, cfg: Eagle3Config, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
-                   input_lengths: jax.Array, cache_len: int) -> tuple[Eagle3Cache, jax.Array]:
+                   input_lengths: jax.Array, cache_len: int,
+                   encoder: cross.EncoderKV | None = None) -> tuple[Eagle3Cache, jax.Array]:
   """`prefill` that also returns the pre-norm outputs [B, S, H] of the S entries it computed: entry len - 2's
   gives the logits of the token after the prompt (`logits`), without a step."""
   batch, width = input_ids.shape
   next_tokens = jnp.concatenate([input_ids[:, 1:], jnp.zeros((batch, 1), input_ids.dtype)], axis=1)  # [B, S]
   g = fuse(params, cfg, features)
-  cache = init_cache(cfg, batch, width + cache_len, g.dtype)
+  cache = init_cache(cfg, batch, width + cache_len, g.dtype, encoder)
   prenorm, cache = _layer(params, cfg, embed, cache, g, next_tokens, width)
   last = (input_lengths - 1).astype(jnp.int32)
   return cache.replace(lengths=last, offsets=last), prenorm
@@ -319,5 +341,9 @@ class Eagle3Head:
   def logits(self, params: dict, prenorm: jax.Array) -> jax.Array:
     return logits(params, self.config, prenorm)
 
-  def init_cache(self, batch: int, length: int, dtype) -> Eagle3Cache:
-    return init_cache(self.config, batch, length, dtype)
+  def init_cache(self, batch: int, length: int, dtype, encoder: cross.EncoderKV | None = None) -> Eagle3Cache:
+    return init_cache(self.config, batch, length, dtype, encoder)
+
+  def encoder_kv(self, params: dict, encoded: jax.Array, mask: jax.Array) -> cross.EncoderKV:
+    """A T5 target's head: its cross-attention keys and values of the encoder output [B, S, De] (once per input)."""
+    return cross.encoder_kv(params, self.config, encoded, mask)

@@ -20,6 +20,16 @@ Tensor names (PyTorch Linear weights are [out, in]; ours [in, out], attention sp
 | lm_head.weight [Vd, H]                      | lm_head [H, Vd]                 |
 | d2t [Vd] int64, t2d [V] bool                | d2t [Vd] int32, t2d [V] bool    |
 | embed_tokens.weight [V, H] (optional)       | embedding [V, H]                |
+
+A T5 target's head (architectures ["T5Eagle3Head"], config.json's encoder_hidden_size De; docs/heads.md) has
+five more tensors, named as a T5 / Llama layer would name them:
+
+| file                                            | params                              |
+|-------------------------------------------------|-------------------------------------|
+| midlayer.cross_attention_layernorm.weight [H]   | cross_norm [H]                      |
+| midlayer.cross_attn.q_proj.weight [N Hd, H]     | cross_attention.q [H, N, Hd]        |
+| midlayer.cross_attn.{k,v}_proj.weight [K Hd, De]| cross_attention.{k,v} [De, K, Hd]   |
+| midlayer.cross_attn.o_proj.weight [H, N Hd]     | cross_attention.o [N, Hd, H]        |
 """
 
 from __future__ import annotations
@@ -68,6 +78,13 @@ def _table(cfg: Eagle3Config) -> list[tuple[str, tuple, tuple[Callable, Callable
           ("midlayer.mlp.down_proj.weight", ("mlp", "down"), _linear(cfg.intermediate_size, h)),
           ("norm.weight", ("final_norm",), _SAME),
           ("lm_head.weight", ("lm_head",), _linear(h, cfg.draft_vocab_size))]
+  if cfg.cross_attention:
+    enc = cfg.encoder_hidden_size
+    rows += [("midlayer.cross_attention_layernorm.weight", ("cross_norm",), _SAME),
+             ("midlayer.cross_attn.q_proj.weight", ("cross_attention", "q"), _linear(h, n, hd)),
+             ("midlayer.cross_attn.k_proj.weight", ("cross_attention", "k"), _linear(enc, k, hd)),
+             ("midlayer.cross_attn.v_proj.weight", ("cross_attention", "v"), _linear(enc, k, hd)),
+             ("midlayer.cross_attn.o_proj.weight", ("cross_attention", "o"), _linear_out(n, hd, h))]
   return rows
 
 
@@ -184,6 +201,11 @@ def save(directory: str, cfg: Eagle3Config, params: dict) -> None:
     save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
 
 
+def _is_encoder_decoder(target_config: Any) -> bool:
+  """A T5 config (an encoder and a decoder stack) rather than a decoder-only one."""
+  return hasattr(target_config, "d_model") and hasattr(target_config, "num_decoder_layers")
+
+
 def _target_sizes(target_config: Any) -> tuple[int, int, int]:
   """(hidden, vocabulary, decoder layers) of a decoder-only or T5 config."""
   hidden = getattr(target_config, "hidden_size", None) or getattr(target_config, "d_model")
@@ -199,10 +221,18 @@ def check_fits(cfg: Eagle3Config, target_config: Any, params: dict | None = None
   differs from the target's, the head has no embedding of its own and its hidden size differs from the target's
   (it embeds with the target's table), or an aux layer id is outside the target's layers (id j: the output of
   layer j, 0 <= j < L; without ids the default layers 2, L // 2, L - 3 need L >= 3). With `params`, also d2t / t2d
-  present and consistent, and an own embedding of the right shape.
+  present and consistent, and an own embedding of the right shape. A T5 target's head (cfg.cross_attention)
+  needs a T5 target whose encoder output is encoder_hidden_size wide.
   """
   hidden, vocab, num_layers = _target_sizes(target_config)
   problems = []
+  if cfg.cross_attention:
+    if not _is_encoder_decoder(target_config):
+      problems.append(f"it is a T5 (encoder-decoder) target's head ({cfg.architecture}: it cross-attends to the "
+                      f"target's encoder output), the target is decoder-only ({type(target_config).__name__})")
+    elif cfg.encoder_hidden_size != target_config.d_model:
+      problems.append(f"it cross-attends to encoder outputs {cfg.encoder_hidden_size} wide (encoder_hidden_size), "
+                      f"the target's encoder output is {target_config.d_model} wide (d_model)")
   if cfg.target_hidden_size != hidden:
     problems.append(f"its features are {cfg.target_hidden_size} wide (target_hidden_size), the target's hidden size "
                     f"is {hidden}")

@@ -192,10 +192,16 @@ def init_cache(params: dict, cfg: T5Config, input_ids: jax.Array, max_decode_len
 
   dropout: the encoder's (training only; see `encode`)."""
   hidden, mask = encode(params, cfg, input_ids, dropout=dropout)
+  return cache_from_encoded(params, cfg, hidden, mask, max_decode_len)
+
+
+def cache_from_encoded(params: dict, cfg: T5Config, hidden: jax.Array, mask: jax.Array,
+                       max_decode_len: int) -> T5Cache:
+  """`init_cache` from the encoder's output (hidden [B, S, D], mask [B, S] from `encode`), already computed."""
   dec_layers = params["decoder"]["layers"]
   cross_k = jnp.stack([layers.project_kv(hidden, lp["cross_attention"]["k"]) for lp in dec_layers])
   cross_v = jnp.stack([layers.project_kv(hidden, lp["cross_attention"]["v"]) for lp in dec_layers])
-  batch = input_ids.shape[0]
+  batch = hidden.shape[0]
   shape = (batch, cfg.num_heads, max_decode_len, cfg.d_kv)
   dtype = params["shared"]["embedding"].dtype
   def empty():  # Distinct arrays for K and V: a donated cache must not hold one buffer twice.
@@ -376,6 +382,19 @@ class T5Decoder:
     cache, first = self.prefill(params, input_ids, input_lengths, cache_len)
     dtype = params["shared"]["embedding"].dtype
     return cache, first, jnp.zeros((input_ids.shape[0], 0, len(layers) * self.config.d_model), dtype)
+
+  def prefill_encoder_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
+                               layers: tuple[int, ...]):
+    """`prefill_features` that also returns the encoder's output, for a drafter that reads it (a T5 target's
+    feature head): (cache, first, features [B, 0, F], (encoded [B, S, D], mask [B, S] bool)). The encoder runs
+    once: the cache's cross-attention keys and values are made from the same output."""
+    layers = check_feature_layers(layers, self.config.num_decoder_layers)
+    del input_lengths  # The encoder masks pad ids (as `prefill`).
+    encoded, mask = encode(params, self.config, input_ids)
+    cache = cache_from_encoded(params, self.config, encoded, mask, cache_len)
+    first = jnp.full((input_ids.shape[0],), self.config.decoder_start_token_id, jnp.int32)
+    features = jnp.zeros((input_ids.shape[0], 0, len(layers) * self.config.d_model), encoded.dtype)
+    return cache, first, features, (encoded, mask)
 
   def step_features(self, params: dict, cache: T5Cache, tokens: jax.Array,
                     layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
