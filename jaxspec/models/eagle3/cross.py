@@ -28,7 +28,6 @@ key-value heads, Hd head_dim.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.models.decoder_only import layers
