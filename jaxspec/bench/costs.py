@@ -22,9 +22,9 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxspec.decoding import engine
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.model import FeatureHead, Model
-from jaxspec.models import eagle3
 from jaxspec.models.contract import Decoder
 from jaxspec.models.hf_table import get_path
 from jaxspec.bench.timing import median_time
@@ -112,30 +112,51 @@ def encoder_time(model: Model, batch: int, prompt_len: int, cache_len: int = 72,
 
 def _head_parts(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
   """The drafter and its params as `jaxspec.generate` builds them (CheckpointError when the head does not fit)."""
-  layers = eagle3.check_fits(head.config, target.config, head.params)
-  embed = eagle3.embedding_table(head.params, get_path(target.params, target.family.embedding_path))
-  return (HeadDrafter(eagle3.Eagle3Head(head.config), layers, target.config.vocab_size),
-          {"head": head.params, "embed": embed})
+  return engine.head_drafter(target, head)
+
+
+def _dtype(target: Model):
+  return get_path(target.params, target.family.embedding_path).dtype
 
 
 def _features(target: Model, drafter: HeadDrafter, batch: int, positions: int) -> jax.Array:
   """[batch, positions, F] features of the width the head fuses (their values do not change a call's time)."""
   width = len(drafter.feature_layers) * drafter.head.config.target_hidden_size
-  return jnp.full((batch, positions, width), 0.1, get_path(target.params, target.family.embedding_path).dtype)
+  return jnp.full((batch, positions, width), 0.1, _dtype(target))
+
+
+def _encoder(target: Model, drafter: HeadDrafter, batch: int, prompt_len: int):
+  """(encoded [batch, prompt_len, D], mask) for a drafter that reads the target's encoder output, else None."""
+  if not getattr(drafter, "reads_encoder", False):
+    return None
+  width = drafter.head.config.encoder_hidden_size
+  return (jnp.full((batch, prompt_len, width), 0.1, _dtype(target)), jnp.ones((batch, prompt_len), bool))
 
 
 @functools.partial(jax.jit, static_argnums=(0, 5))
-def _head_init(drafter: HeadDrafter, params, ids, lengths, features, cache_len: int):
-  return drafter.init(params, ids, lengths, cache_len, features)
+def _head_init(drafter: HeadDrafter, params, ids, lengths, features, cache_len: int, encoder=None):
+  if encoder is None:
+    return drafter.init(params, ids, lengths, cache_len, features)
+  return drafter.init(params, ids, lengths, cache_len, features, encoder=encoder)
+
+
+def _head_prompt(target: Model, drafter: HeadDrafter, batch: int, prompt_len: int):
+  """(ids, lengths, features, encoder) of a prompt of prompt_len tokens as the loop's prefill gives them to the
+  head: a T5 target's decoder starts empty (features of 0 positions) and its head gets the encoder's output."""
+  ids = jnp.full((batch, prompt_len), 5, jnp.int32)
+  lengths = jnp.full((batch,), prompt_len, jnp.int32)
+  decoder = target.decoder()
+  _, _, shaped = jax.eval_shape(lambda: decoder.prefill_features(target.params, ids, lengths, _room(prompt_len, 1),
+                                                                 drafter.feature_layers))
+  features = _features(target, drafter, batch, shaped.shape[1])
+  return ids, lengths, features, _encoder(target, drafter, batch, prompt_len)
 
 
 def _filled_head(target: Model, drafter: HeadDrafter, params: dict, batch: int, tokens_per_call: int,
                  prompt_len: int, context: int):
   """The head's (cache, hidden [B, H]) after a prompt of prompt_len positions and `context` of the loop's."""
-  ids = jnp.full((batch, prompt_len), 5, jnp.int32)
-  lengths = jnp.full((batch,), prompt_len, jnp.int32)
-  state = _head_init(drafter, params, ids, lengths, _features(target, drafter, batch, prompt_len),
-                     _room(context, tokens_per_call))
+  ids, lengths, features, encoder = _head_prompt(target, drafter, batch, prompt_len)
+  state = _head_init(drafter, params, ids, lengths, features, _room(context, tokens_per_call), encoder)
   return state.cache.rollback(jnp.full((batch,), context, jnp.int32)), state.hidden
 
 
@@ -202,14 +223,9 @@ def head_prefill_time(target: Model, head: FeatureHead, batch: int, prompt_len: 
   """Seconds per call of the head's once-per-call work (median): its prefill over the prompt's features (a T5
   target's decoder starts empty, and the head's cache with it: only the allocation)."""
   drafter, params = _head_parts(target, head)
-  ids = jnp.full((batch, prompt_len), 5, jnp.int32)
-  lengths = jnp.full((batch,), prompt_len, jnp.int32)
-  decoder = target.decoder()
-  _, _, shaped = jax.eval_shape(lambda: decoder.prefill_features(target.params, ids, lengths, cache_len,
-                                                                 drafter.feature_layers))
-  features = _features(target, drafter, batch, shaped.shape[1])
-  return median_time(lambda: jax.block_until_ready(_head_init(drafter, params, ids, lengths, features, cache_len)),
-                     repeats)
+  ids, lengths, features, encoder = _head_prompt(target, drafter, batch, prompt_len)
+  return median_time(lambda: jax.block_until_ready(_head_init(drafter, params, ids, lengths, features, cache_len,
+                                                              encoder)), repeats)
 
 
 def draft_step_time(target: Model, draft: Model | FeatureHead, batch: int, repeats: int = 5) -> float:

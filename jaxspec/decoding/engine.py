@@ -58,12 +58,23 @@ def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, M
   if isinstance(draft, Model):
     return ModelDrafter(arguments.draft_decoder(target, draft)), draft, None
   if isinstance(draft, FeatureHead):
-    layers = eagle3.check_fits(draft.config, target.config, draft.params)  # one CheckpointError if it does not fit
-    embedding = get_path(target.params, target.family.embedding_path)
-    params = {"head": draft.params, "embed": eagle3.embedding_table(draft.params, embedding)}
-    kind = CrossHeadDrafter if draft.config.cross_attention else HeadDrafter  # a T5 target's head: cross-attends
-    return kind(eagle3.Eagle3Head(draft.config), layers, target.config.vocab_size), None, params
+    drafter, params = head_drafter(target, draft)
+    return drafter, None, params
   return draft, None, None  # NGramDraft is its own drafter.
+
+
+def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
+  """The loop's drafter for a feature head on `target` and its params {"head", "embed"}: a `CrossHeadDrafter`
+  for a T5 target's head (it cross-attends to the encoder), else a `HeadDrafter`.
+
+  Raises:
+    CheckpointError: the head does not fit the target (hidden size, vocabulary, layer ids).
+  """
+  layers = eagle3.check_fits(head.config, target.config, head.params)
+  embedding = get_path(target.params, target.family.embedding_path)
+  params = {"head": head.params, "embed": eagle3.embedding_table(head.params, embedding)}
+  kind = CrossHeadDrafter if head.config.cross_attention else HeadDrafter
+  return kind(eagle3.Eagle3Head(head.config), layers, target.config.vocab_size), params
 
 
 def _check_int(name: str, value, upper: int) -> None:

@@ -144,6 +144,17 @@ def test_trees_from_the_head_equal_plain_and_its_chain():
   assert int(chain.stats.accepted.sum()) > 0
 
 
+def test_the_tuner_measures_a_t5_head():
+  """`jaxspec.tune` (launch/tune.py) times a T5 target's head: its cost probes give the head its encoder output
+  (they once built a drafter without cross-attention and failed), and its rows decode exactly."""
+  target, head = _pair()
+  result = jaxspec.tune(target, {"head": head}, PROMPTS[:2], gammas=(2,), schedules=("constant",), repeats=1,
+                        max_new_tokens=6, itl=False, min_speedup=0.0, verbose=False)
+  (row,) = result.rows
+  assert row["draft"] == "head" and row["identical_to_plain"] is True
+  assert row["c"] > 0 and row["r"] > 0
+
+
 def test_the_encoder_matters_to_the_head():
   """The head's drafts read the source: the same decoder state with another encoder output gives other logits
   (a head that ignored its cross-attention would pass the exactness tests too)."""
