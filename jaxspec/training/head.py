@@ -164,7 +164,8 @@ def check_run(workdir: str, config: HeadTrainConfig, num_prompts: int | None = N
     field = str(e).split("=", 1)[0]
     raise ConfigError(f"{name(field)}{str(e)[len(field):]}" if field.isidentifier() else str(e)) from None
   if num_prompts is not None and config.batch_size > num_prompts:
-    raise ConfigError(f"{name('batch_size')}={config.batch_size} exceeds the {num_prompts} training prompts.")
+    raise ConfigError(f"{name('batch_size')}={config.batch_size} exceeds the {num_prompts} training rows (one per "
+                      f"prompt).")
 
 
 @contextlib.contextmanager
@@ -346,8 +347,8 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
                       f"{type(target.config).__name__}.")
   vocab = target.config.vocab_size
   c.check(vocab)
-  check_run(workdir, c, len(prompts))
   prompts = head_data.check_prompts(prompts, vocab)
+  check_run(workdir, c, len(prompts))
   heldout = head_data.check_prompts(heldout_prompts, vocab, "heldout_prompts") if len(heldout_prompts) else []
   if mesh is not None:
     data_size = dict(mesh.shape).get("data", 1)

@@ -34,7 +34,7 @@ def test_run_directory_and_settings_are_checked_first(tmp_path):
       (str(a_file / "run"), tiny.config(), ConfigError, "notes.txt is a file"),
       (str(user_step), tiny.config(), ConfigError, "checkpoints/7 is not a checkpoint this training wrote"),
       (str(user_head), tiny.config(), CheckpointError, "draft.md"),
-      (str(tmp_path / "new"), tiny.config(batch_size=9), ConfigError, "batch_size=9 exceeds the 8 training prompts"),
+      (str(tmp_path / "new"), tiny.config(batch_size=9), ConfigError, "batch_size=9 exceeds the 8 training rows"),
       (str(tmp_path / "new"), tiny.config(eval_gamma=300), ConfigError, "eval_gamma=300"),
       (str(tmp_path / "new"), tiny.config(seed=2**31), ConfigError, "seed=2147483648"),
   ]
@@ -58,7 +58,7 @@ def test_launch_script_checks_out_and_batch_before_the_target(tmp_path):
       base + [f"--out={tmp_path / 'run'}", "--seed=2147483648"]], timeout=120)
   assert_one_line_error(empty, "--out")
   assert_one_line_error(is_file, "--out=", "notes.txt is a file")
-  assert_one_line_error(batch, "--batch_size=3 exceeds the 2 training prompts")
+  assert_one_line_error(batch, "--batch_size=3 exceeds the 2 training rows")
   assert_one_line_error(seed, "--seed")
   for res in (empty, is_file, batch, seed):
     assert "/nonexistent" not in res.stderr  # stopped before the target
