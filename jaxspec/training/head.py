@@ -192,9 +192,16 @@ class HeadTrainResult:
 
 def head_config(target_config: DecoderOnlyConfig, draft_vocab_size: int) -> eagle3.Eagle3Config:
   """A head of the target's shapes (as SpecForge builds one from the target's config): its hidden size,
-  attention heads, MLP width, RoPE and norm epsilon, and the default feature layers (2, L // 2, L - 3)."""
+  attention heads, MLP width, RoPE and norm epsilon, and the default feature layers (2, L // 2, L - 3) where they
+  are distinct; where that default repeats a layer (L = 4 to 6) the features entering layer 1, layer (L + 1) // 2
+  and the final pre-norm output instead (aux ids 0, (L + 1) // 2 - 1, L - 1, written to config.json), as
+  `t5_head_config` does."""
   c = target_config
-  return eagle3.Eagle3Config(
+  layers = c.num_layers
+  aux = None
+  if len({2, layers // 2, layers - 3}) < 3 and layers >= 3:
+    aux = (0, (layers + 1) // 2 - 1, layers - 1)
+  return eagle3.Eagle3Config(aux_layer_ids=aux,
       vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, hidden_size=c.hidden_size,
       target_hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
       num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, activation=c.activation, rms_norm_eps=c.rms_norm_eps,

@@ -62,3 +62,17 @@ def test_launch_script_checks_out_and_batch_before_the_target(tmp_path):
   assert_one_line_error(seed, "--seed")
   for res in (empty, is_file, batch, seed):
     assert "/nonexistent" not in res.stderr  # stopped before the target
+
+
+def test_a_few_layer_target_gets_distinct_feature_layers():
+  """Low: EAGLE-3's default (2, L // 2, L - 3) repeats a layer for L in 4..6 (L = 4: indices 2, 2, 1); a head
+  trained by jaxspec then fuses low, middle and top features instead, recorded as aux ids; from L = 7 on, and at
+  L = 3, the default stays (the reference's convention, no aux ids written)."""
+  from jaxspec.models.decoder_only.llama import LlamaConfig
+  for layers, want in ((3, (2, 1, 0)), (4, (1, 2, 4)), (5, (1, 3, 5)), (6, (1, 3, 6)), (7, (2, 3, 4)),
+                       (32, (2, 16, 29))):
+    head_cfg = head.head_config(LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=layers,
+                                            num_heads=4, num_kv_heads=2, head_dim=8), 12)
+    got = head_cfg.feature_layers(layers)
+    assert got == want and len(set(got)) == 3, (layers, got)
+    assert (head_cfg.aux_layer_ids is None) == (layers in (3, 7, 32))
