@@ -99,7 +99,8 @@ def _load_head(directory: str, name: str, dtype, mesh, check_finite: bool = True
     raise CheckpointError(f"{directory}: an EAGLE-3 head is loaded on one device (mesh=None); generate replicates "
                           f"it beside a target placed on a mesh.")
   cfg, params = eagle3.load(directory, dtype, check_finite=check_finite)
-  return FeatureHead(config=cfg, params=params, name=name)
+  target = _read_json(os.path.join(directory, "config.json")).get(eagle3.weights.TARGET_KEY)
+  return FeatureHead(config=cfg, params=params, name=name, target=target if isinstance(target, dict) else None)
 
 
 def read_config(directory: str) -> tuple[registry.Family, object]:
@@ -244,7 +245,7 @@ def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> Non
     if dtype is not None:
       dtype = _check_dtype(dtype)
       params = {k: v if k in ("d2t", "t2d") else jax.tree.map(lambda x: x.astype(dtype), v) for k, v in params.items()}
-    eagle3.save(directory, model.config, params)
+    eagle3.save(directory, model.config, params, target=model.target)
     return
   if not isinstance(model, Model):
     raise CheckpointError(f"save expects a jaxspec.Model (from jaxspec.load, or jaxspec.Model(config, params, "

@@ -389,7 +389,8 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   maps = {"d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
   target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state, _embedding(target),
                                                                          maps), mesh)
-  as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name)
+  signature = eagle3.target_signature(target)  # recorded in the head's config.json: another target warns
+  as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name, target=signature)
   meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(),
           "settings": {**{k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"},
                        "batch_size": c.batch_size}}

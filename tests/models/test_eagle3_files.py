@@ -113,3 +113,37 @@ def test_non_finite_integer_and_float_map_tensors_are_refused(head_dir, tmp_path
       eagle3.load(_copy_with_tensors(head_dir, str(tmp_path / case), edit))
   cfg, params = eagle3.load(str(tmp_path / "nan"), check_finite=False)
   assert np.isnan(np.asarray(params["fc"])).any()
+
+
+def test_a_head_records_its_target_and_warns_on_another(tmp_path):
+  """Low: a head trained by jaxspec records what its target is (shapes and a probe of its embedding) in
+  config.json; drafting for a same-shaped other target warns (output stays exact, acceptance would be poor); the
+  same target in another dtype does not warn, and a head without a record (SpecForge's) is taken as it is."""
+  import warnings
+  import jax.numpy as jnp
+  import jaxspec
+  from jaxspec.decoding import engine
+  from jaxspec.models import decoder_only
+  from jaxspec.models.decoder_only.llama import LlamaConfig
+  from script_helpers import random_head, random_params
+  cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, num_layers=3, num_heads=2,
+                    num_kv_heads=1, head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
+  mine, other = (jaxspec.Model(cfg, random_params(decoder_only.param_shapes(cfg), seed), name=f"llama-{seed}")
+                 for seed in (0, 1))
+  head = random_head(eagle3.Eagle3Config(vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, hidden_size=HIDDEN,
+                                         target_hidden_size=HIDDEN, intermediate_size=32, num_heads=2, num_kv_heads=1,
+                                         head_dim=8))
+  head = jaxspec.FeatureHead(head.config, head.params, name="mine", target=eagle3.target_signature(mine))
+  jaxspec.save(head, str(tmp_path / "head"))
+  with open(tmp_path / "head" / "config.json") as f:
+    assert json.load(f)["jaxspec_target"]["name"] == "llama-0"
+  loaded = jaxspec.load(str(tmp_path / "head"))
+  assert loaded.target == head.target
+  with pytest.warns(UserWarning, match=r"was trained on another target \(llama-0\), not llama-1"):
+    engine.head_drafter(other, loaded)
+  bf16 = jaxspec.Model(cfg, jax.tree.map(lambda x: x.astype(jnp.bfloat16), mine.params), name="llama-0 bf16")
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    engine.head_drafter(mine, loaded)
+    engine.head_drafter(bf16, loaded)
+    engine.head_drafter(other, jaxspec.FeatureHead(head.config, head.params))  # no record: nothing to compare

@@ -210,15 +210,58 @@ def to_state_dict(cfg: Eagle3Config, params: dict) -> dict[str, np.ndarray]:
   return out
 
 
-def save(directory: str, cfg: Eagle3Config, params: dict) -> None:
+TARGET_KEY = "jaxspec_target"  # config.json's record of the target a head was trained on (`target_signature`)
+_PROBE = (4, 16)  # embedding rows x leading values kept in a target's signature
+
+
+def target_signature(target: Any) -> dict:
+  """What identifies the target a head is trained on, small enough for config.json: its name, sizes and a probe
+  of its token embedding (the first 16 values of rows 0-3, float32). Equal for the same weights in another dtype
+  (`same_target` compares with a tolerance); different for a same-shaped model with other weights."""
+  from jaxspec.models.hf_table import get_path  # pylint: disable=import-outside-toplevel
+  hidden, vocab, layers = _target_sizes(target.config)
+  rows, width = _PROBE
+  probe = np.asarray(get_path(target.params, target.family.embedding_path)[:rows, :width], np.float32)
+  return {"name": target.name, "hidden_size": hidden, "vocab_size": vocab, "num_layers": layers,
+          "embedding_probe": np.round(probe, 6).tolist()}
+
+
+def same_target(signature: dict, target: Any) -> bool:
+  """Whether `target` is the one `signature` records: the same sizes and embedding probe (to bfloat16 rounding)."""
+  mine = target_signature(target)
+  if any(signature.get(k) != mine[k] for k in ("hidden_size", "vocab_size", "num_layers")):
+    return False
+  try:
+    theirs = np.asarray(signature.get("embedding_probe"), np.float32)
+  except (TypeError, ValueError):
+    return False
+  ours = np.asarray(mine["embedding_probe"], np.float32)
+  return theirs.shape == ours.shape and bool(np.allclose(theirs, ours, rtol=1e-2, atol=1e-3))
+
+
+def warn_if_other_target(head: Any, target: Any) -> None:
+  """A UserWarning when `head` records a target (`FeatureHead.target`, written by jaxspec's training) and `target`
+  is not it: a head drafts from its own target's hidden states, so another target's (even of the same shapes)
+  gives drafts it rarely accepts (output stays exact). A head without a record (e.g. SpecForge's) passes."""
+  signature = getattr(head, "target", None)
+  if not isinstance(signature, dict) or same_target(signature, target):
+    return
+  import warnings  # pylint: disable=import-outside-toplevel
+  warnings.warn(f"head {head.name!r} was trained on another target ({signature.get('name')}), not "
+                f"{target.name}: its config.json's {TARGET_KEY} records other sizes or embedding. It still drafts "
+                f"exactly, but its drafts will rarely be accepted.", UserWarning, stacklevel=3)
+
+
+def save(directory: str, cfg: Eagle3Config, params: dict, target: dict | None = None) -> None:
   """Writes config.json and model.safetensors in the reference's format, atomically (the directory is replaced
-  whole, or left as it was)."""
+  whole, or left as it was). target: the `target_signature` of the target it was trained on (config.json's
+  jaxspec_target; readers of the reference ignore it)."""
   check_vocab_map(params["d2t"], params["t2d"], cfg.vocab_size, cfg.draft_vocab_size)
   check_replaceable(directory, ("config.json",))
   tensors = to_state_dict(cfg, params)
   with staging_dir(directory) as staging:
     with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(cfg.to_hf_dict(), f, indent=2)
+      json.dump({**cfg.to_hf_dict(), **({TARGET_KEY: target} if target else {})}, f, indent=2)
     save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
 
 
