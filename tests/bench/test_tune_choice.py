@@ -92,3 +92,13 @@ def test_gamma_auto_calibrates_over_repeated_rounds_and_says_plain_for_a_rested_
   assert choice.speculation is None
   assert "chosen: plain decoding: no variant drafted anything; ngram constant gamma 2 drafted nothing" in (
       capsys.readouterr().out)
+
+
+def test_the_table_shows_the_spread_and_names_a_rested_row_plain():
+  from jaxspec.bench import report
+  extra = dict(tau=0.5, acceptance_per_position=[0.5, 0.4], c_alternating=0.1, draft_step_ms=0.1,
+               spec_tokens_per_s=500.0, spec_latency_s={"p50": 0.1, "p90": 0.2, "p99": 0.3})
+  rows = [dict(_row(1.20, spread=0.04), **extra), dict(_row(1.46, "b", drafted=0.0, fallback_share=1.0), **extra)]
+  table = "\n".join(report.tune_table(rows))
+  assert "1.20x +- 0.04" in table
+  assert "1.46x (drafted nothing: plain)" in table
