@@ -69,6 +69,9 @@ class FeatureHead:
   config: "Eagle3Config"
   params: dict
   name: str | None = None
+  # The target it was trained on (`eagle3.target_signature`, config.json's jaxspec_target; None: not recorded, as
+  # in SpecForge's heads): drafting for another target warns.
+  target: dict | None = None
 
   @property
   def num_params(self) -> int:

@@ -1,6 +1,6 @@
 r"""Benchmarks plain vs speculative decoding the way the paper reports it, next to transformers.
 
-    python launch/benchmark.py                                   # embedded pair, full sweep, writes docs/bench/
+    python launch/benchmark.py                                   # embedded pair, full sweep, writes runs/benchmark/
     python launch/benchmark.py --gammas=1,2,3 --temperatures=0 --batch_sizes=1 --sentences=8 --repeats=1
     python launch/benchmark.py --target=/ckpt/t5-11b --draft=/ckpt/t5-small \
         --input=newstest2014.en --prefix="translate English to German: " --gammas=7 --peer=false
@@ -29,7 +29,7 @@ import jax
 from absl import flags
 
 import jaxspec
-from jaxspec.cli import flags as cli_flags
+from jaxspec.cli import flags as cli_flags, resume
 from jaxspec.bench import inputs, peer, report, sweep, tune
 from jaxspec.data.ende import split_path
 
@@ -55,7 +55,9 @@ _SCHEDULES = flags.DEFINE_list("schedules", ["constant"], "Schedules: constant (
 _PEER = flags.DEFINE_boolean("peer", True, "Also run transformers' assisted generation on the same weights.")
 _PAPER = cli_flags.define_config_file("paper", None, "A row of configs/paper_t5.py: sets the target, draft, input, "
                                       "prefix, gamma, temperature and batch size of the paper's setup.")
-_OUT = flags.DEFINE_string("output_dir", "docs/bench", "Where results.json, results.md and speedup.png go.")
+_OUT = flags.DEFINE_string("output_dir", "runs/benchmark", "Where results.json, results.md and speedup.png go "
+                           "(checked before anything loads; the committed results in docs/bench are written only when "
+                           "named).")
 FLAGS = flags.FLAGS
 
 
@@ -86,6 +88,7 @@ def _machine() -> str:
 
 def main(argv):
   del argv
+  resume.check_output_dir(_OUT.value)  # Before loading and timing: not a lost run at the end.
   mesh = cli_flags.mesh()
   if _PAPER.value is not None:
     _apply_paper_row()

@@ -26,7 +26,8 @@ from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.cli.inputs import STDIN, InputError, read_texts
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
-cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512, auto_gamma=True)
+cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512, auto_gamma=True,
+                          advertise_auto=False)  # 'auto' parses only to be refused in one line (translate.py's)
 flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma=auto is translate.py's (it "
                          "calibrates on the inputs); generate.py takes an integer >= 1")
 flags.register_validator("tree", lambda v: v != cli_flags.AUTO, message="--tree=auto is translate.py's (it "

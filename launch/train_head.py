@@ -24,8 +24,9 @@ from absl import flags
 import jaxspec
 from jaxspec.cli import flags as cli_flags
 from jaxspec.cli.inputs import encode_texts, read_lines
+from jaxspec.cli.batching import MAX_SEED
 from jaxspec.errors import InputError, OutputError
-from jaxspec.training.head import HeadTrainConfig, train_head
+from jaxspec.training.head import HeadTrainConfig, check_run, train_head
 
 cli_flags.define_models(target="", draft=None)
 cli_flags.define_mesh()
@@ -50,12 +51,14 @@ _HELDOUT = flags.DEFINE_integer("heldout", 16, "Prompts kept from the end of --p
 _HELDOUT_FILE = flags.DEFINE_string("heldout_prompts", "", "A file of held-out prompts instead of --heldout.")
 _EVAL_EVERY = flags.DEFINE_integer("eval_every", 100, "Held-out acceptance every this many steps (0: at the start "
                                    "and the end only).", lower_bound=0)
-_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration in the evaluations.", lower_bound=1)
+_GAMMA = flags.DEFINE_integer("gamma", 3, "Draft tokens per iteration in the evaluations.", lower_bound=1,
+                              upper_bound=256)
 _CHECKPOINT_EVERY = flags.DEFINE_integer("checkpoint_every", 100, "Steps between checkpoints (0: at the end).",
                                          lower_bound=0)
 _GEN_BATCH = flags.DEFINE_integer("generate_batch_size", 8, "Rows per generate call (regeneration, evaluation).",
                                   lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Initialisation, batch order and regeneration samples.", lower_bound=0)
+_SEED = flags.DEFINE_integer("seed", 0, "Initialisation, batch order and regeneration samples.", lower_bound=0,
+                             upper_bound=MAX_SEED)
 _RESUME = flags.DEFINE_boolean("resume", True, "Continue from the latest checkpoint in --out (--noresume: refuse "
                                "a directory that holds one).")
 _PROGRESS = flags.DEFINE_boolean("progress", True, "A progress bar on stderr.")
@@ -80,11 +83,26 @@ def _encode(texts: list[str], target, what: str) -> list[list[int]]:
                      "ids.") from None
 
 
+def _config() -> HeadTrainConfig:
+  return HeadTrainConfig(
+      steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value, warmup_steps=_WARMUP.value,
+      draft_vocab_size=_VOCAB.value, ttt_steps=_TTT.value, max_new_tokens=_MAX_NEW.value,
+      max_input_length=_MAX_IN.value, temperature=_TEMPERATURE.value, generate_batch_size=_GEN_BATCH.value,
+      eval_every=_EVAL_EVERY.value, eval_gamma=_GAMMA.value, checkpoint_every=_CHECKPOINT_EVERY.value,
+      seed=_SEED.value, progress=_PROGRESS.value)
+
+
 def main(argv):
   del argv
   mesh = cli_flags.mesh()
   texts = _texts(_PROMPTS.value, "--prompts")  # bad inputs fail before the target loads
   held_texts = _texts(_HELDOUT_FILE.value, "--heldout_prompts") if _HELDOUT_FILE.value else None
+  if held_texts is None and _HELDOUT.value >= len(texts):
+    raise InputError(f"--heldout={_HELDOUT.value} leaves no training prompt of the {len(texts)} in "
+                     f"{_PROMPTS.value}.")
+  config = _config()
+  # --out, its checkpoints and head, and the settings that need no target, before the target loads.
+  check_run(_OUT.value, config, len(texts) - (0 if held_texts is not None else _HELDOUT.value), flags=True)
   if not _RESUME.value and os.path.isdir(os.path.join(_OUT.value, "checkpoints")):
     raise OutputError(f"--out={_OUT.value} holds a run's checkpoints and --noresume was given: choose another "
                       "directory or remove it.")
@@ -95,17 +113,8 @@ def main(argv):
   if held_texts is not None:
     heldout = _encode(held_texts, target, "--heldout_prompts")
   else:
-    if _HELDOUT.value >= len(prompts):
-      raise InputError(f"--heldout={_HELDOUT.value} leaves no training prompt of the {len(prompts)} in "
-                       f"{_PROMPTS.value}.")
     cut = len(prompts) - _HELDOUT.value
     prompts, heldout = prompts[:cut], prompts[cut:]
-  config = HeadTrainConfig(
-      steps=_STEPS.value, batch_size=_BATCH.value, learning_rate=_LR.value, warmup_steps=_WARMUP.value,
-      draft_vocab_size=_VOCAB.value, ttt_steps=_TTT.value, max_new_tokens=_MAX_NEW.value,
-      max_input_length=_MAX_IN.value, temperature=_TEMPERATURE.value, generate_batch_size=_GEN_BATCH.value,
-      eval_every=_EVAL_EVERY.value, eval_gamma=_GAMMA.value, checkpoint_every=_CHECKPOINT_EVERY.value,
-      seed=_SEED.value, progress=_PROGRESS.value)
   train_head(target, prompts, _OUT.value, config, heldout_prompts=heldout, mesh=mesh,
              name=os.path.basename(os.path.normpath(_OUT.value)) + "/head")
 

@@ -28,8 +28,10 @@ import jaxspec
 from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import quality
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
-from jaxspec.data.ende import DOMAINS, by_domain, distillation_sources, evenly_spaced, read_splits, write_pairs
+from jaxspec.data.ende import (DOMAINS, by_domain, distillation_sources, evenly_spaced, read_pairs, read_splits,
+                               split_path, write_pairs)
 from jaxspec.cli.outputs import atomic_write_json
+from jaxspec.errors import ConfigError, InputError
 from jaxspec.training.loop import distill, train_and_evaluate
 
 CONFIGS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs"))
@@ -92,8 +94,37 @@ def pack(model_dir: str, name: str, out: str) -> dict:
     return {"files": [os.path.basename(p) for p in files], "exported": json.load(f)}
 
 
+EXPORT_S = 25  # What the stages after distillation need beyond the draft's budget (its export, packing).
+
+
+def check_inputs(corpus: str, tc, dc, deadline_s: float, distill_s: float) -> None:
+  """What the run reads and how its clock is shared, checked before any model is built: every split it reads
+  (train, the target's dev split, dev, test and test_doc) is in --corpus, is UTF-8 with an 'en<TAB>de' header, and
+  train and the dev splits hold usable pairs (both sides non-empty); --distill_s > 0, and --deadline_s leaves time
+  to distil after the draft's budget. InputError / ConfigError naming the flag, file and line."""
+  if not corpus or not os.path.isdir(corpus):
+    raise InputError(f"--corpus={corpus}: not a directory (launch/build_corpus.py --output_dir=DIR builds one).")
+  splits = ["train"] + [s for s in dict.fromkeys(x.strip() for x in f"{tc.dev},dev,test,test_doc".split(","))
+                        if s]
+  for split in splits:
+    path = split_path(split, corpus, flag="--corpus")
+    if split == "train":
+      if not read_pairs(path, limit=1):  # reads every row: a bad byte anywhere is found now, not after training
+        raise InputError(f"--corpus={corpus}: {path} holds no usable pair (every row has an empty 'en' or 'de').")
+    elif not read_pairs(path) and split in ("dev", tc.dev):
+      raise InputError(f"--corpus={corpus}: {path} holds no usable pair (every row has an empty 'en' or 'de').")
+  if distill_s <= 0:
+    raise ConfigError(f"--distill_s={distill_s:g}: expected seconds > 0 (the draft learns from the distillation).")
+  window = deadline_s - dc.time_budget_s - EXPORT_S
+  if window <= 1:
+    raise ConfigError(f"--deadline_s={deadline_s:g} leaves no time to train the target and distil: the draft's "
+                      f"budget (--draft_config.time_budget_s={dc.time_budget_s:g}) and {EXPORT_S} s of exports come "
+                      f"after both. Raise --deadline_s or lower the draft's budget.")
+
+
 def main(argv):
   del argv
+  check_inputs(_CORPUS.value, _TARGET.value, _DRAFT.value, _DEADLINE.value, _DISTILL_S.value)
   t0, work, out, summary = time.time(), _WORK.value, _OUT.value or os.path.join(_WORK.value, "out"), {}
   deadline, corpus = t0 + _DEADLINE.value, _CORPUS.value
   os.makedirs(out, exist_ok=True)
@@ -115,10 +146,13 @@ def main(argv):
   target, kw = jaxspec.load(target_dir, dtype=dtype), dict(batch_size=_BATCH.value, max_len=tc.max_len)
   dev = distill(target, evenly_spaced(read_splits(tc.dev, corpus), _DEV_PAIRS.value), **kw)
   sources = distillation_sources(read_splits("train", corpus), _DISTILL_PAIRS.value)
-  until, train = min(time.time() + _DISTILL_S.value, deadline - dc.time_budget_s - 25), []
+  until, train = min(time.time() + _DISTILL_S.value, deadline - dc.time_budget_s - EXPORT_S), []
   for domain in DOMAINS:
     if time.time() < until:
       train += distill(target, [p for p in sources if p.domain == domain], deadline=until, **kw)
+  if not train:  # the draft would train on nothing (a raw error in its tokenizer)
+    raise ConfigError(f"no training source was distilled before {time.time() - t0:.0f} s (the target's training "
+                      f"took the time): raise --deadline_s or --distill_s, or lower --draft_config.time_budget_s.")
   paths = {s: os.path.join(work, "distill", f"{s}.tsv.gz") for s in ("train", "dev")}
   os.makedirs(os.path.dirname(paths["train"]), exist_ok=True)
   write_pairs(paths["train"], train)

@@ -1,6 +1,6 @@
 r"""Chains against token trees on one pair, side by side (issue 22; jaxspec.bench.trees).
 
-    python launch/tree_benchmark.py                      # embedded EN-DE pair, dev sentences, writes docs/bench/
+    python launch/tree_benchmark.py                      # embedded EN-DE pair, dev sentences, writes runs/trees/
     python launch/tree_benchmark.py --gamma=4 --trees=2,6:4,12 --temperatures=0,1 --batch_sizes=1,4 --sentences=8
     OMP_WAIT_POLICY=PASSIVE python launch/tree_benchmark.py --target=/models/qwen2.5-coder-1.5b-instruct \
         --draft=/models/qwen2.5-coder-0.5b-instruct --input=docs/bench/qwen_prompts.jsonl --sentences=4 \
@@ -27,7 +27,7 @@ from absl import flags
 
 import jaxspec
 from jaxspec.bench import inputs, peer, trees
-from jaxspec.cli import flags as cli_flags
+from jaxspec.cli import flags as cli_flags, resume
 from jaxspec.data.ende import split_path
 
 cli_flags.define_models()
@@ -47,7 +47,8 @@ _PROBE_REPEATS = flags.DEFINE_integer("probe_repeats", 5, "Timed blocks per r(N)
 _PROBE_CALLS = flags.DEFINE_integer("probe_calls", 8, "Calls per timed block of an r(N) probe.", lower_bound=1)
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 48, "Tokens generated per input at most.", lower_bound=1)
 _PEER = flags.DEFINE_boolean("peer", True, "Also transformers' assisted generation (batch 1, temperature 0).")
-_OUT = flags.DEFINE_string("output_dir", "docs/bench", "Where <output_name>.json and <output_name>.md go.")
+_OUT = flags.DEFINE_string("output_dir", "runs/trees", "Where <output_name>.json and <output_name>.md go (checked "
+                           "before anything loads; the committed results in docs/bench are written only when named).")
 _NAME = flags.DEFINE_string("output_name", "trees", "Base name of the files written (trees.json, trees.md).")
 flags.register_validator("output_name", lambda v: bool(v) and os.sep not in v,
                          message="--output_name must be a file name without a directory.")
@@ -77,6 +78,12 @@ def _rss_gib() -> float | None:
 
 def main(argv):
   del argv
+  resume.check_output_dir(_OUT.value)  # Before loading and timing: not a lost run at the end.
+  for shape in cli_flags.parse_trees(_TREES.value):  # a shape --gamma does not suit: one line, before loading
+    try:
+      shape.check_depth(_GAMMA.value)
+    except ValueError as e:
+      raise type(e)(f"--trees={_TREES.value} with --gamma={_GAMMA.value}: {e}") from None
   start = time.perf_counter()
   stages = {}
   target, draft = jaxspec.load(FLAGS.target), jaxspec.load(FLAGS.draft)

@@ -47,7 +47,8 @@ _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 64, "Tokens generated per inpu
 _ITL = flags.DEFINE_boolean("itl", True, "One more streaming pass per variant for inter-token latencies.")
 _MIN = flags.DEFINE_float("min_speedup", tune.MIN_SPEEDUP, "Speedup a variant needs over plain "
                           "decoding to be chosen.")
-_OUT = flags.DEFINE_string("output_dir", "docs/bench/tune", "Where tune.json, tune.md and the plots go.")
+_OUT = flags.DEFINE_string("output_dir", "runs/tune", "Where tune.json, tune.md and the plots go (the committed "
+                           "results in docs/bench are written only when named).")
 flags.register_validator("schedules", lambda v: bool(v) and set(v) <= set(tune.SCHEDULES),
                          message=f"--schedules must be some of {tune.SCHEDULES}")
 FLAGS = flags.FLAGS

@@ -115,6 +115,15 @@ def _cells(stats: dict | None, fmt: str, keys=("p50", "p90", "p99")) -> str:
   return " / ".join(format(stats[k], fmt) for k in keys) if stats else "-"
 
 
+def _speedup_cell(r: dict) -> str:
+  """'1.20x +- 0.04' (the spread of the per-round speedups, with more than one round); a row that drafted nothing
+  decoded plainly, whatever its timing: '1.46x (drafted nothing: plain)'."""
+  if not r.get("mean_draft_length", 1.0) > 0:
+    return f"{r['speedup']:.2f}x (drafted nothing: plain)"
+  spread = f" +- {r['speedup_spread']:.2f}" if r.get("rounds", 0) > 1 else ""
+  return f"{r['speedup']:.2f}x{spread}"
+
+
 def tune_table(rows: list[dict]) -> list[str]:
   """The tuner's rows in the benchmark's form, with the draft, schedule, latency and quality columns."""
   table = []
@@ -126,7 +135,7 @@ def tune_table(rows: list[dict]) -> list[str]:
                   " ".join("-" if x != x else f"{x:.2f}" for x in r["acceptance_per_position"]),
                   f"{max(r['c'], r['c_alternating']):.3f}", f"{r['r']:.2f}", f"{r['draft_step_ms']:.3f}",
                   f"{r['plain_ms_per_token']:.2f}", f"{r['spec_ms_per_token']:.2f}", f"{r['spec_tokens_per_s']:.0f}",
-                  f"{r['speedup']:.2f}x", f"{r['expected_speedup_with_r']:.2f}", _cells(r["spec_latency_s"], ".3f"),
+                  _speedup_cell(r), f"{r['expected_speedup_with_r']:.2f}", _cells(r["spec_latency_s"], ".3f"),
                   _cells(r.get("spec_itl_ms"), ".1f"), f"{q['bleu']:.2f} / {q['chrf']:.1f}" if q else "-"])
   return markdown_table(TUNE_HEADER, table)
 

@@ -159,6 +159,10 @@ def _row(temp, batch, v: Variant, fields: dict, plain: timing.Passes, spec: timi
   fixed_spec = [(encoder_s[n]["target"] + encoder_s[n].get(v.draft, 0.0)) / t1 for n in buckets]
   plain_ms, spec_ms = 1e3 * plain.median_s / plain_tokens, 1e3 * spec.median_s / tokens
   speedup = plain_ms / spec_ms
+  # Each round times plain and this variant in the same minutes: the spread of the per-round speedups around the
+  # median's (0 with one round: nothing measured it) says how far the machine's noise moves the number.
+  per_round = [(p / plain_tokens) / (q / tokens) for p, q in zip(plain.totals_s, spec.totals_s) if q > 0]
+  spread = max((abs(x - speedup) for x in per_round), default=0.0)
   exp_r = jaxspec.expected_speedup(a, g, c, r)
   exp_alt = jaxspec.expected_speedup(a, g, c_alt, r)
   exp_work = jaxspec.expected_speedup_for_workload([o.lengths.tolist() for o in spec.outputs], a, g, c_alt, r,
@@ -178,6 +182,7 @@ def _row(temp, batch, v: Variant, fields: dict, plain: timing.Passes, spec: timi
           "fallback_share": float(stats.fallback_iterations.sum() / max(stats.iterations.sum(), 1)),
           "c": c, "r": r, "target_step_ms": 1e3 * t1, "draft_step_ms": 1e3 * cg["draft_step_s"],
           "plain_ms_per_token": plain_ms, "spec_ms_per_token": spec_ms, "speedup": speedup,
+          "speedup_spread": spread, "rounds": len(per_round),
           "plain_tokens_per_s": 1e3 / plain_ms, "spec_tokens_per_s": 1e3 / spec_ms,
           "expected_speedup": jaxspec.expected_speedup(a, g, c),
           "expected_speedup_with_r": exp_r, "measured_over_expected": speedup / exp_r,

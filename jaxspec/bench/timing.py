@@ -72,6 +72,7 @@ class Passes:
   latencies_s: list[float]  # Per-batch latencies of that median pass.
   outputs: list[Any]  # fn(batch) of the warm-up pass, per batch.
   compile_s: float = 0.0  # Of warmup_s, JAX's lowering and compilation (`compile_time`).
+  totals_s: list[float] = dataclasses.field(default_factory=list)  # Every timed round's total, in round order.
 
 
 def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Sequence[Any], repeats: int,
@@ -80,7 +81,8 @@ def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Seque
   """Times several contenders side by side over the same batches.
 
   One warm-up pass each (compilation included, timed apart; JAX's compilation in it also alone, as compile_s),
-  then `repeats` rounds in each of which every contender runs one pass over all batches, in turn. `probe`, if
+  then `repeats` rounds in each of which every contender runs one pass over all batches, in turn; round i starts
+  at the i-th contender (the order rotates), so none always runs right after the same other one. `probe`, if
   given, runs once before the warm-ups (to compile it) and once per round (isolated cost measurements taken in the
   same minutes as the passes). `on_round` is called after the warm-up and after each round: repeats + 1 times
   (progress).
@@ -96,10 +98,12 @@ def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Seque
     first[name], compiled[name] = time.perf_counter() - start, c.seconds
   if on_round is not None:
     on_round()
-  for _ in range(repeats):
+  names = list(fns)
+  for i in range(repeats):
     if probe is not None:
       probes.append(probe())
-    for name, fn in fns.items():
+    for name in names[i % len(names):] + names[:i % len(names)]:
+      fn = fns[name]
       lat = []
       for b in batches:
         start = time.perf_counter()
@@ -110,9 +114,10 @@ def interleaved_passes(fns: dict[Hashable, Callable[[Any], Any]], batches: Seque
       on_round()
   result = {}
   for name, runs in passes.items():
-    runs.sort(key=lambda p: p[0])
+    totals = [p[0] for p in runs]
+    runs = sorted(runs, key=lambda p: p[0])
     total, lat = runs[len(runs) // 2]
-    result[name] = Passes(first[name], total, lat, outs[name], compiled[name])
+    result[name] = Passes(first[name], total, lat, outs[name], compiled[name], totals)
   return result, probes
 
 

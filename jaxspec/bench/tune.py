@@ -39,7 +39,7 @@ from jaxspec.errors import CheckpointError, SettingsError
 from jaxspec.models import eagle3
 
 SCHEDULES = ("constant", "adaptive", "heuristic")
-MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured at least this much faster
+MIN_SPEEDUP = 1.02  # a variant is chosen over plain decoding only when measured this much faster beyond its spread
 # A row rests (fallback) when drafting is expected to be this much slower than plain decoding or worse: not at
 # the break-even point (1.0), because the running estimate is noisy (~10 positions) and resting on a dip of a
 # good draft costs its speedup, while a useless draft's estimate falls far below any threshold.
@@ -156,28 +156,72 @@ def _scorer(references: Sequence[str]):
   return score
 
 
+def _label(row: dict) -> str:
+  return f"{row['draft']} {row['schedule']} gamma {row['gamma']}"
+
+
+def _drafted_nothing(row: dict) -> bool:
+  """A row that drafted no token (a drafter that never proposed, or a batch resting throughout): it decoded
+  plainly, whatever its timing says."""
+  return not row.get("mean_draft_length", 1.0) > 0
+
+
 def choose(rows: list[dict], drafts: dict, min_speedup: float = MIN_SPEEDUP) -> dict:
-  """{(temperature, batch): Choice}: the measured fastest row of each, or plain decoding when none is at least
-  min_speedup times faster than plain. drafts: the rows' drafts by name."""
+  """{(temperature, batch): Choice}: the measured fastest row of each, or plain decoding when none is faster than
+  plain by at least min_speedup plus its measured spread (`speedup_spread`: how far its per-round speedups lie
+  from the median; 0 with one round). A row that drafted nothing (rested throughout) decoded plainly: it is never
+  chosen, and the reason names it as plain decoding. drafts: the rows' drafts by name."""
   best = {}
   for key in sorted({(r["temperature"], r["batch"]) for r in rows}):
     group = sorted((r for r in rows if (r["temperature"], r["batch"]) == key), key=lambda r: -r["speedup"])
-    top = group[0]
-    runner = (f"; next: {group[1]['draft']} {group[1]['schedule']} gamma {group[1]['gamma']} "
-              f"{group[1]['speedup']:.2f}x" if len(group) > 1 else "")
-    facts = (f"{top['speedup']:.2f}x over plain decoding ({top['plain_ms_per_token']:.2f} -> "
+    rested = [r for r in group if _drafted_nothing(r)]
+    live = [r for r in group if not _drafted_nothing(r)]
+    notes = "".join(f"; {_label(r)} drafted nothing (rested throughout): it is plain decoding" for r in rested[:3])
+    if len(rested) > 3:
+      notes += f" (and {len(rested) - 3} more)"
+    if not live:
+      best[key] = Choice(key[0], key[1], None, why=f"no variant drafted anything{notes}")
+      continue
+    top = live[0]
+    runner = (f"; next: {_label(live[1])} {live[1]['speedup']:.2f}x" if len(live) > 1 else "")
+    spread, rounds = float(top.get("speedup_spread", 0.0)), top.get("rounds")
+    noise = (f" +- {spread:.2f} over {rounds} rounds" if rounds is not None and rounds > 1 else
+             " (1 round: no spread measured)" if rounds == 1 else "")
+    facts = (f"{top['speedup']:.2f}x{noise} over plain decoding ({top['plain_ms_per_token']:.2f} -> "
              f"{top['spec_ms_per_token']:.2f} ms/token; alpha {top['alpha']:.2f}, {top['tokens_per_iteration']:.2f} "
              f"tokens/iteration, {top['mean_draft_length']:.2f} drafted, c {top['c']:.3f}, r {top['r']:.2f}; "
              f"Theorem 3.8 with r predicts {top['expected_speedup_with_r']:.2f}x)")
-    if top["speedup"] >= min_speedup:
+    if top["speedup"] >= min_speedup + spread:
       variant = sweep.Variant.of_row(top)
       best[key] = Choice(key[0], key[1], variant.speculation(drafts, **top["speculation"]), top["draft"],
-                         top["speedup"], f"fastest of {len(group)}: {facts}{runner}")
+                         top["speedup"], f"fastest of {len(group)}: {facts}{runner}{notes}")
+    elif top["speedup"] >= min_speedup:
+      best[key] = Choice(key[0], key[1], None, why=f"no variant is faster than plain decoding by more than its "
+                                                   f"spread: the best, {_label(top)}, measured {facts}, within its "
+                                                   f"spread (it needs {min_speedup + spread:.2f}x){notes}")
     else:
       best[key] = Choice(key[0], key[1], None, why=f"no variant is {min_speedup:.2f}x faster than plain decoding; "
-                                                   f"the best, {top['draft']} {top['schedule']} gamma {top['gamma']}, "
-                                                   f"measured {facts}")
+                                                   f"the best, {_label(top)}, measured {facts}{notes}")
   return best
+
+
+def variants(drafts: dict, gammas: Sequence[int], schedules: Sequence[str],
+             trees: Sequence[jaxspec.Tree] = ()) -> list[sweep.Variant]:
+  """Every draft x gamma x schedule, then every draft x tree shape x gamma that suits the shape
+  (`Tree.fits`), each once (repeated gammas or shapes are timed once). SettingsError for a tree that is not a
+  `jaxspec.Tree`, or a shape that suits none of the gammas (never dropped silently)."""
+  for t in trees:
+    if not isinstance(t, jaxspec.Tree):
+      raise SettingsError(f"trees must be jaxspec.Tree(top_k, nodes) shapes, got {t!r} ({type(t).__name__}).")
+  gammas = list(dict.fromkeys(int(g) for g in gammas))
+  trees = list(dict.fromkeys(trees))
+  for t in trees:
+    if not any(t.fits(g) for g in gammas):
+      raise SettingsError(f"{t!r} suits none of gammas {gammas}: a tree's depth (gamma) must be at most its nodes "
+                          f"and propose at least nodes candidates (top_k + (gamma - 1) * top_k**2 >= nodes).")
+  out = [sweep.Variant(name, g, s) for name in drafts for s in dict.fromkeys(schedules) for g in gammas]
+  out += [sweep.Variant(name, g, "constant", t) for name in drafts for t in trees for g in gammas if t.fits(g)]
+  return out
 
 
 def _check(target, drafts, ids, references, gammas, batch_sizes, temperatures, schedules) -> None:
@@ -227,13 +271,17 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
     schedules: among "constant", "adaptive" (values from the measured costs, see the module docstring) and
       "heuristic".
     trees: token-tree shapes (`jaxspec.Tree`) tried with every draft (model, head, prompt lookup) at every gamma
-      deep enough for the shape (`Tree.check_depth`), schedule "constant"; () tries chains only.
+      that suits the shape (`Tree.fits`: deep enough, and no deeper than its nodes), schedule "constant"; () tries
+      chains only. A shape that suits none of the gammas is a SettingsError; repeated shapes are timed once.
     references: one reference text per input: rows get BLEU and chrF (sacrebleu) of their outputs and of plain
       decoding's.
     top_k, top_p: sampling filters of every pass (as jaxspec.generate's).
-    repeats: timed passes per variant (the median is reported), after one warm-up pass.
+    repeats: timed rounds (every variant and plain decoding once each, in a rotating order), after one warm-up
+      pass; the median is reported, and the spread of the per-round speedups (`speedup_spread`) decides with
+      min_speedup whether a variant beats plain decoding.
     itl: one more streaming pass per variant for inter-token latencies (inputs of the most common prompt bucket).
-    min_speedup: the measured speedup a variant needs to be chosen over plain decoding.
+    min_speedup: the measured speedup a variant needs, beyond its spread, to be chosen over plain decoding; a
+      variant that drafted nothing (rested throughout) is plain decoding and never chosen.
   Returns:
     TuneResult: rows (the table), best ({(temperature, batch): Choice}) and meta (machine, models, date).
   """
@@ -247,11 +295,9 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
   for name, value in (("repeats", repeats), ("max_new_tokens", max_new_tokens)):
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
       raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
-  variants = [sweep.Variant(name, int(g), s) for name in drafts for s in schedules for g in gammas]
-  variants += [sweep.Variant(name, int(g), "constant", t) for name in drafts for t in trees for g in gammas
-               if t.top_k > 1 and t.pool_size(int(g)) >= t.nodes]
+  pool = variants(drafts, gammas, schedules, trees)
   start, load = time.time(), os.getloadavg()
-  rows = sweep.measure(target, drafts, variants, ids, temperatures, batch_sizes, repeats, max_new_tokens,
+  rows = sweep.measure(target, drafts, pool, ids, temperatures, batch_sizes, repeats, max_new_tokens,
                        speculation=calibrated(drafts), top_k=top_k, top_p=top_p, itl=itl,
                        score=None if references is None else _scorer(references), verbose=verbose)
   meta = {"machine": f"{platform.machine()} {os.cpu_count()} cores", "jax": jax.__version__,

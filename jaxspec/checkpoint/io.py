@@ -94,12 +94,13 @@ def is_feature_head(directory: str) -> bool:
   return isinstance(raw, dict) and bool(set(EAGLE3_ARCHITECTURES) & set(raw.get("architectures") or []))
 
 
-def _load_head(directory: str, name: str, dtype, mesh) -> FeatureHead:
+def _load_head(directory: str, name: str, dtype, mesh, check_finite: bool = True) -> FeatureHead:
   if mesh is not None:
     raise CheckpointError(f"{directory}: an EAGLE-3 head is loaded on one device (mesh=None); generate replicates "
                           f"it beside a target placed on a mesh.")
-  cfg, params = eagle3.load(directory, dtype)
-  return FeatureHead(config=cfg, params=params, name=name)
+  cfg, params = eagle3.load(directory, dtype, check_finite=check_finite)
+  target = _read_json(os.path.join(directory, "config.json")).get(eagle3.weights.TARGET_KEY)
+  return FeatureHead(config=cfg, params=params, name=name, target=target if isinstance(target, dict) else None)
 
 
 def read_config(directory: str) -> tuple[registry.Family, object]:
@@ -183,7 +184,7 @@ def load(path_or_name: str, dtype=None, mesh=None, rules=None, *, revision: str 
     raise CheckpointError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
                           f"{type(mesh).__name__} {mesh!r}.")
   if is_feature_head(directory):
-    return _load_head(directory, name or path_or_name, dtype, mesh)
+    return _load_head(directory, name or path_or_name, dtype, mesh, check_finite)
   family, cfg = read_config(directory)
   if os.path.exists(os.path.join(directory, _MARKER)):
     params = _load_orbax_params(directory, family, cfg, dtype, mesh, rules)
@@ -244,7 +245,7 @@ def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> Non
     if dtype is not None:
       dtype = _check_dtype(dtype)
       params = {k: v if k in ("d2t", "t2d") else jax.tree.map(lambda x: x.astype(dtype), v) for k, v in params.items()}
-    eagle3.save(directory, model.config, params)
+    eagle3.save(directory, model.config, params, target=model.target)
     return
   if not isinstance(model, Model):
     raise CheckpointError(f"save expects a jaxspec.Model (from jaxspec.load, or jaxspec.Model(config, params, "

@@ -56,7 +56,11 @@ def define_models(target: str = "ende-target", draft: str | None = "ende-draft")
 
 
 class _GammaParser(flags.ArgumentParser):
-  """An integer >= 1, or 'auto' (the launch script measures the best choice: `jaxspec.cli.jobs.calibrate`)."""
+  """An integer >= 1, or 'auto' (the launch script measures the best choice: `jaxspec.cli.jobs.calibrate`).
+  advertise=False: 'auto' is parsed (so that a validator can say where it belongs) but not offered in the help."""
+
+  def __init__(self, advertise: bool = True):
+    self.advertise = advertise
 
   def parse(self, argument):
     if argument == AUTO or (isinstance(argument, int) and argument >= 1):
@@ -70,14 +74,14 @@ class _GammaParser(flags.ArgumentParser):
     return value
 
   def flag_type(self) -> str:
-    return f"integer >= 1 or '{AUTO}'"
+    return f"integer >= 1 or '{AUTO}'" if self.advertise else "integer >= 1"
 
 
 class _TreeParser(flags.ArgumentParser):
   """'' (chains), 'K,N' (a `jaxspec.Tree(top_k=K, nodes=N)`, checked as it is made), or with auto 'auto'."""
 
-  def __init__(self, auto: bool):
-    self.auto = auto
+  def __init__(self, auto: bool, advertise: bool = True):
+    self.auto, self.advertise = auto, advertise
 
   def parse(self, argument):
     import jaxspec  # pylint: disable=import-outside-toplevel
@@ -94,7 +98,7 @@ class _TreeParser(flags.ArgumentParser):
     return jaxspec.Tree(top_k=int(parts[0]), nodes=int(parts[1]))  # SettingsError (a ValueError) names the field
 
   def flag_type(self) -> str:
-    return "'K,N' (top_k,nodes)" + (f" or '{AUTO}'" if self.auto else "")
+    return "'K,N' (top_k,nodes)" + (f" or '{AUTO}'" if self.auto and self.advertise else "")
 
 
 def parse_trees(spec: str) -> list:
@@ -110,25 +114,43 @@ def parse_trees(spec: str) -> list:
 
 
 def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: int = 64,
-                    max_input_length: int = 128, gamma_flag: bool = True, auto_gamma: bool = False) -> None:
+                    max_input_length: int = 128, gamma_flag: bool = True, auto_gamma: bool = False,
+                    advertise_auto: bool = True) -> None:
   """--gamma (an integer >= 1; with auto_gamma also 'auto'), --tree ('' for chains, 'K,N'; with auto_gamma also
-  'auto'), --max_new_tokens, --max_input_length and --batch_size, each an integer >= 1."""
+  'auto'), --max_new_tokens, --max_input_length and --batch_size, each an integer >= 1. advertise_auto=False
+  parses 'auto' without offering it in the help (a script whose validator refuses it, pointing elsewhere). A
+  --tree deeper than --gamma's depth allows (`Tree.check_depth`) stops at parsing."""
+  offer = auto_gamma and advertise_auto
   if gamma_flag and auto_gamma:
-    flags.DEFINE(_GammaParser(), "gamma", gamma, f"Draft tokens per iteration, or '{AUTO}': measure drafts x gammas x "
-                 "schedules on the first inputs and use the fastest (plain decoding when none wins).")
+    flags.DEFINE(_GammaParser(advertise_auto), "gamma", gamma, "Draft tokens per iteration" + (
+        f", or '{AUTO}': measure drafts x gammas x schedules on the first inputs and use the fastest (plain "
+        "decoding when none wins)." if offer else "."))
   elif gamma_flag:
     flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
   if gamma_flag:
-    flags.DEFINE(_TreeParser(auto_gamma), "tree", None, "Token trees (a draft model, an EAGLE-3 head or ngram): "
-                 "'K,N' drafts a tree of depth --gamma, expanding the K best nodes per depth and keeping the N best "
-                 "(jaxspec.Tree(top_k=K, nodes=N)); '' drafts chains" + (
+    flags.DEFINE(_TreeParser(auto_gamma, advertise_auto), "tree", None, "Token trees (a draft model, an EAGLE-3 "
+                 "head or ngram): 'K,N' drafts a tree of depth --gamma (at most N), expanding the K best nodes per "
+                 "depth and keeping the N best (jaxspec.Tree(top_k=K, nodes=N)); '' drafts chains" + (
                      f"; '{AUTO}' times chains and a few tree shapes on the first inputs and uses the fastest."
-                     if auto_gamma else "."))
+                     if offer else "."))
+    flags.register_multi_flags_validator(["gamma", "tree"], _tree_fits_gamma)
   flags.DEFINE_integer("max_new_tokens", max_new_tokens, "Tokens generated per input at most.", lower_bound=1)
   flags.DEFINE_integer("max_input_length", max_input_length, "Longest input in tokens (EOS included).",
                        lower_bound=1)
   flags.DEFINE_integer("batch_size", batch_size, "Inputs per generate call (one compilation per prompt bucket).",
                        lower_bound=1)
+
+
+def _tree_fits_gamma(values: dict) -> bool:
+  """--tree K,N with an integer --gamma: the shape must suit that depth (`jaxspec.Tree.check_depth`)."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  tree, gamma = values["tree"], values["gamma"]
+  if isinstance(tree, jaxspec.Tree) and isinstance(gamma, int):
+    try:
+      tree.check_depth(gamma)
+    except ValueError as e:
+      raise flags.ValidationError(f"--tree={tree.top_k},{tree.nodes} with --gamma={gamma}: {e}") from None
+  return True
 
 
 def define_sampling() -> None:

@@ -112,11 +112,12 @@ def load_pair(target_name: str, draft_name: str | None, mesh=None):
 
 def calibrate(target: jaxspec.Model, drafts: dict, texts: list[str], *, gammas, batch_size: int = 1,
               sampling: jaxspec.Sampling | None = None, max_new_tokens: int = 64,
-              max_input_length: int = MAX_INPUT_LENGTH, prefix: str = "", inputs: int = 16, repeats: int = 1,
+              max_input_length: int = MAX_INPUT_LENGTH, prefix: str = "", inputs: int = 16, repeats: int = 3,
               schedules=("constant", "adaptive"), trees=()) -> tune.Choice:
   """The tuner (`jaxspec.tune`) on up to `inputs` of the texts (those of their most common prompt-length bucket:
-  one compilation per variant) at this job's batch size and sampling settings. Prints the table, the choice and
-  why; returns the choice (plain decoding when no variant is measured faster)."""
+  one compilation per variant) at this job's batch size and sampling settings, `repeats` interleaved rounds.
+  Prints the table, the choice and why; returns the choice (plain decoding when no variant is measured faster
+  than plain by more than its spread; a variant that drafted nothing is plain decoding)."""
   sampling = jaxspec.Sampling() if sampling is None else sampling
   temperature = sampling.temperature
   ids = [i for i in encode_texts(target.tokenizer, texts, prefix=prefix, max_input_length=max_input_length) if i]

@@ -28,6 +28,7 @@ with another draft, gamma or tree is refused unless `allow_new_settings` (--resu
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -276,10 +277,14 @@ def open_output(output: str, texts: Sequence[str], record: dict, *, input_spec: 
   if input_spec not in ("", STDIN) and os.path.exists(input_spec) and same_file(input_spec, output):
     raise OutputError(f"--output={output} is the --input file: outputs would overwrite the inputs; choose another "
                       "--output.")
+  had_lock = os.path.exists(lock_path(output))
   lock = lock_output(output)
   try:
     writer = _open_checked(output, texts, record, allow_new_settings)
   except BaseException:
+    if not had_lock:  # a refused output keeps nothing of this run beside it
+      with contextlib.suppress(OSError):
+        os.remove(lock_path(output))
     lock.close()
     raise
   writer.lock = lock  # held as long as the writer lives (the run)

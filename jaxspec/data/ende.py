@@ -34,10 +34,11 @@ def default_data_dir() -> str:
   return os.environ.get(DATA_ENV) or os.path.normpath(os.path.join(_REPO, "..", "shared", "data", "ende"))
 
 
-def split_path(split_or_path: str, data_dir: str = "") -> str:
+def split_path(split_or_path: str, data_dir: str = "", flag: str = "--data_dir (or --config.data_dir)") -> str:
   """A split name ('train', 'dev', 'test') as its file in data_dir (default: `default_data_dir()`), or a path.
 
-  Raises InputError naming the file and how to provide one when it does not exist.
+  Raises InputError naming the file and how to provide one when it does not exist (`flag`: the caller's flag that
+  names data_dir).
   """
   if split_or_path not in SPLITS:
     if not os.path.exists(split_or_path):
@@ -46,9 +47,9 @@ def split_path(split_or_path: str, data_dir: str = "") -> str:
   data_dir = data_dir or default_data_dir()
   path = os.path.join(data_dir, SPLITS[split_or_path])
   if not os.path.exists(path):
-    raise InputError(f"EN-DE {split_or_path} split not found: {path}. Pass --data_dir (or --config.data_dir) with a "
-                     f"directory holding {SPLITS[split_or_path]}, or set ${DATA_ENV}; "
-                     "launch/build_corpus.py --output_dir=DIR builds one.")
+    raise InputError(f"EN-DE {split_or_path} split not found: {path}. Pass {flag} with a directory holding "
+                     f"{SPLITS[split_or_path]}" + (f", or set ${DATA_ENV}" if flag.startswith("--data_dir") else "")
+                     + "; launch/build_corpus.py --output_dir=DIR builds one.")
   return path
 
 

@@ -71,6 +71,7 @@ def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
     CheckpointError: the head does not fit the target (hidden size, vocabulary, layer ids).
   """
   layers = eagle3.check_fits(head.config, target.config, head.params)
+  eagle3.warn_if_other_target(head, target)
   embedding = get_path(target.params, target.family.embedding_path)
   params = {"head": head.params, "embed": eagle3.embedding_table(head.params, embedding)}
   kind = CrossHeadDrafter if head.config.cross_attention else HeadDrafter

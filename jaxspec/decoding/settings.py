@@ -100,7 +100,8 @@ class Speculation:
   tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft
     proposes a token tree of depth gamma and the target verifies every node in one call (docs/trees.md): a draft
     model or a feature head grows EAGLE-2's dynamic tree (a head: EAGLE-3's trees), prompt lookup makes its
-    top_k earliest matches branches. Needs schedule "constant"; top_k=1 is the chain of `nodes` tokens.
+    top_k earliest matches branches. Needs schedule "constant" and gamma <= nodes; top_k=1 needs gamma == nodes
+    (the chain of gamma tokens).
 
   Equality is identity (a Speculation holds a model's weights); `describe()` names it for logs and reports.
   """

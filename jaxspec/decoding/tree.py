@@ -71,8 +71,18 @@ class Tree:
     """Candidates proposed over `depth` expansions (the root excluded): k + (depth - 1) k^2."""
     return self.top_k + (depth - 1) * self.top_k ** 2
 
+  def fits(self, depth: int) -> bool:
+    """Whether `depth` (gamma) suits this shape: 1 <= depth <= nodes (a tree of N nodes is at most N deep) and
+    depth expansions propose at least `nodes` candidates (top_k=1: exactly depth == nodes, the chain of gamma)."""
+    return 1 <= depth <= self.nodes and self.pool_size(depth) >= self.nodes
+
   def check_depth(self, depth: int) -> None:
-    """SettingsError unless `depth` (gamma) >= 1 expansions propose at least `nodes` candidates."""
+    """SettingsError unless `fits(depth)`: `depth` (gamma) >= 1 expansions propose at least `nodes` candidates,
+    and depth <= nodes."""
+    if depth > self.nodes >= 1:
+      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) with gamma {depth} is deeper than its "
+                          f"{self.nodes} nodes: a tree of {self.nodes} nodes is at most {self.nodes} deep. Use gamma "
+                          f"<= {self.nodes} or more nodes.")
     if depth < 1 or self.pool_size(depth) < self.nodes:
       raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) needs a depth (gamma) proposing at least "
                           f"{self.nodes} candidates; depth {depth} proposes {self.pool_size(max(depth, 1))}.")

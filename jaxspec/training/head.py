@@ -38,7 +38,9 @@ it through the head's own (trained) projections. Everything else is the same run
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -52,7 +54,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jaxspec
 from jaxspec import sharding
+from jaxspec.checkpoint.atomic import check_replaceable
 from jaxspec.cli.outputs import progress as progress_bar
+from jaxspec.decoding.settings import MAX_SEED
 from jaxspec.errors import ConfigError
 from jaxspec.model import FeatureHead
 from jaxspec.models import eagle3
@@ -102,6 +106,10 @@ class HeadTrainConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{name}={value!r}: expected an integer >= 0.")
+    if self.seed > MAX_SEED:
+      raise ConfigError(f"seed={self.seed} must be in [0, {MAX_SEED}].")
+    if self.eval_gamma > 256:
+      raise ConfigError(f"eval_gamma={self.eval_gamma} must be in [1, 256] (draft tokens per iteration).")
     if not 1 <= self.draft_vocab_size <= vocab_size:
       raise ConfigError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, {vocab_size}] (the target's "
                         f"vocabulary).")
@@ -112,6 +120,64 @@ class HeadTrainConfig:
         self.weight_decay < 0):
       raise ConfigError(f"ttt_decay={self.ttt_decay} must be in (0, 1], temperature={self.temperature} and "
                         f"weight_decay={self.weight_decay} >= 0.")
+
+
+_FLAG_NAMES = {"eval_gamma": "gamma"}  # HeadTrainConfig fields whose launch/train_head.py flag has another name
+
+
+def check_run(workdir: str, config: HeadTrainConfig, num_prompts: int | None = None, flags: bool = False) -> None:
+  """What a run can check before the target loads or regenerates anything: the settings that need no target
+  (`HeadTrainConfig.check` but the vocabulary), batch_size at most the training prompts, and WORKDIR: not empty,
+  not a file or under one, writable; every numeric folder under WORKDIR/checkpoints a checkpoint this training
+  wrote (Orbax would read a user's folder as the latest step); WORKDIR/head absent or a head jaxspec wrote (it is
+  replaced at the end). Makes nothing. ConfigError (CheckpointError for WORKDIR/head) naming the setting, or the
+  flag (--out, --batch_size, ...) with flags=True (launch/train_head.py).
+  """
+  def name(field: str) -> str:
+    return f"--{_FLAG_NAMES.get(field, field)}" if flags else field
+  what = "--out" if flags else "workdir"
+  if not isinstance(workdir, str) or not workdir.strip():
+    raise ConfigError(f"{what} is empty: name a run directory (data, checkpoints and the head go there).")
+  existing = os.path.abspath(workdir)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise ConfigError(f"{what}={workdir}: {existing} is a file, not a run directory.")
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise ConfigError(f"{what}={workdir}: cannot write into {existing}.")
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if os.path.exists(checkpoints) and not os.path.isdir(checkpoints):
+    raise ConfigError(f"{what}={workdir}: {checkpoints} is a file, not this training's checkpoint directory.")
+  if os.path.isdir(checkpoints):
+    for entry in sorted(os.listdir(checkpoints)):
+      path = os.path.join(checkpoints, entry)
+      if entry.isdigit() and not (os.path.isdir(os.path.join(path, "state")) and
+                                  os.path.isdir(os.path.join(path, "meta"))):
+        raise ConfigError(f"{what}={workdir}: {path} is not a checkpoint this training wrote (no state/ and meta/ "
+                          f"in it): move it out of {checkpoints}, or use another run directory.")
+  export_dir = os.path.join(workdir, "head")
+  if os.path.lexists(export_dir):
+    check_replaceable(export_dir, ("config.json",))  # CheckpointError naming what else is there
+  try:
+    config.check(vocab_size=2**31 - 1)
+  except ConfigError as e:
+    field = str(e).split("=", 1)[0]
+    raise ConfigError(f"{name(field)}{str(e)[len(field):]}" if field.isidentifier() else str(e)) from None
+  if num_prompts is not None and config.batch_size > num_prompts:
+    raise ConfigError(f"{name('batch_size')}={config.batch_size} exceeds the {num_prompts} training rows (one per "
+                      f"prompt).")
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+  """Orbax's INFO lines (one per directory, save and wait) off the log while checkpoints are written."""
+  logger = logging.getLogger("absl")
+  level = logger.level
+  logger.setLevel(max(level, logging.WARNING))
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
 
 
 @dataclasses.dataclass
@@ -126,9 +192,16 @@ class HeadTrainResult:
 
 def head_config(target_config: DecoderOnlyConfig, draft_vocab_size: int) -> eagle3.Eagle3Config:
   """A head of the target's shapes (as SpecForge builds one from the target's config): its hidden size,
-  attention heads, MLP width, RoPE and norm epsilon, and the default feature layers (2, L // 2, L - 3)."""
+  attention heads, MLP width, RoPE and norm epsilon, and the default feature layers (2, L // 2, L - 3) where they
+  are distinct; where that default repeats a layer (L = 4 to 6) the features entering layer 1, layer (L + 1) // 2
+  and the final pre-norm output instead (aux ids 0, (L + 1) // 2 - 1, L - 1, written to config.json), as
+  `t5_head_config` does."""
   c = target_config
-  return eagle3.Eagle3Config(
+  layers = c.num_layers
+  aux = None
+  if len({2, layers // 2, layers - 3}) < 3 and layers >= 3:
+    aux = (0, (layers + 1) // 2 - 1, layers - 1)
+  return eagle3.Eagle3Config(aux_layer_ids=aux,
       vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, hidden_size=c.hidden_size,
       target_hidden_size=c.hidden_size, intermediate_size=c.intermediate_size, num_heads=c.num_heads,
       num_kv_heads=c.num_kv_heads, head_dim=c.head_dim, activation=c.activation, rms_norm_eps=c.rms_norm_eps,
@@ -212,18 +285,37 @@ def _place(target, state: tuple, mesh: Mesh | None) -> tuple:
   return target, jax.tree.map(lambda x: sharding.place(x, replicated), state), lambda x: sharding.place(x, split)
 
 
+def _saved_meta(manager) -> dict | None:
+  """The latest checkpoint's meta (what it was made from), read alone (no arrays); None without checkpoints."""
+  if manager.latest_step() is None:
+    return None
+  return manager.restore(manager.latest_step(), args=ocp.args.Composite(meta=ocp.args.JsonRestore())).meta
+
+
+def _check_same(saved: dict | None, meta: dict, keys: Sequence[str], workdir: str) -> None:
+  """ConfigError when the checkpoints' meta differs from this run's in `keys` ("data", "head"), naming the head's
+  fields that changed: before anything is restored into arrays of another shape."""
+  if saved is None:
+    return
+  differ = [k for k in keys if saved.get(k) != meta[k]]
+  if differ:
+    old, new = saved.get("head") or {}, meta["head"]
+    fields = [f"{k} {old.get(k)} -> {new.get(k)}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+    raise ConfigError(f"{workdir}/checkpoints belong to a run with other {' and '.join(differ)}"
+                      + (f" ({', '.join(fields)})" if "head" in differ and fields else "")
+                      + ": use the run's settings, another directory, or remove it to start over.")
+
+
 def _restore(manager, params, opt_state, meta: dict, mesh: Mesh | None, workdir: str, log) -> tuple:
   """(params, opt_state, step) of the latest checkpoint, restored as `params` and `opt_state` are placed; the
-  arguments and step 0 when there is none. ConfigError for checkpoints of other data or another head shape."""
-  if manager.latest_step() is None:
+  arguments and step 0 when there is none. ConfigError for checkpoints of other data or another head shape (read
+  from the checkpoint's meta before its arrays)."""
+  saved = _saved_meta(manager)
+  if saved is None:
     return params, opt_state, 0
+  _check_same(saved, meta, ("data", "head"), workdir)
   restored = manager.restore(manager.latest_step(), args=ocp.args.Composite(
-      state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state}), meta=ocp.args.JsonRestore()))
-  saved = restored.meta
-  differ = [k for k in ("data", "head") if saved.get(k) != meta[k]]
-  if differ:
-    raise ConfigError(f"{workdir}/checkpoints belong to a run with other {' and '.join(differ)}: use another "
-                      "directory, or remove it to start over.")
+      state=ocp.args.StandardRestore({"params": params, "opt_state": opt_state})))
   changed = {k: (old, meta["settings"][k]) for k, old in (saved.get("settings") or {}).items()
              if meta["settings"].get(k) != old}
   if changed:
@@ -263,6 +355,7 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   vocab = target.config.vocab_size
   c.check(vocab)
   prompts = head_data.check_prompts(prompts, vocab)
+  check_run(workdir, c, len(prompts))
   heldout = head_data.check_prompts(heldout_prompts, vocab, "heldout_prompts") if len(heldout_prompts) else []
   if mesh is not None:
     data_size = dict(mesh.shape).get("data", 1)
@@ -278,6 +371,10 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
       (bar.write(line, file=sys.stdout) if bar is not None else print(line))
       sys.stdout.flush()
 
+  if os.path.isdir(os.path.join(workdir, "checkpoints")):  # another head shape: refused before regenerating
+    with _quiet_orbax(), contextlib.closing(
+        ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")))) as manager:
+      _check_same(_saved_meta(manager), {"head": cfg.to_hf_dict()}, ("head",), workdir)
   data = _data(target, prompts, workdir, c, log)
   if len(data) < c.batch_size:
     raise ConfigError(f"batch_size={c.batch_size} exceeds the {len(data)} training rows.")
@@ -292,15 +389,20 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   maps = {"d2t": jnp.asarray(d2t), "t2d": jnp.asarray(t2d)}
   target, (params, opt_state, embed, maps), place_rows = _place(target, (params, opt_state, _embedding(target),
                                                                          maps), mesh)
-  as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name)
+  signature = eagle3.target_signature(target)  # recorded in the head's config.json: another target warns
+  as_head = lambda p: FeatureHead(cfg, {**p, **maps}, name=name, target=signature)
   meta = {"data": data.fingerprint, "head": cfg.to_hf_dict(),
-          "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"}}
+          "settings": {**{k: getattr(settings, k) for k in settings.__dataclass_fields__ if k != "head"},
+                       "batch_size": c.batch_size}}
+  quiet = _quiet_orbax()
+  quiet.__enter__()
   manager = ocp.CheckpointManager(os.path.abspath(os.path.join(workdir, "checkpoints")),
                                   options=ocp.CheckpointManagerOptions(max_to_keep=c.keep_checkpoints))
   try:
     params, opt_state, step = _restore(manager, params, opt_state, meta, mesh, workdir, log)
   except BaseException:
     manager.close()
+    quiet.__exit__(None, None, None)
     raise
 
   decoder, width, pad = target.decoder(), data.width, target.config.pad_token_id
@@ -370,6 +472,7 @@ def train_head(target, prompts: Sequence[Sequence[int]], workdir: str, config: H
   finally:
     manager.wait_until_finished()
     manager.close()
+    quiet.__exit__(None, None, None)
     if bar is not None:
       bar.close()
   head = as_head(params)

@@ -170,6 +170,24 @@ def test_a_resumed_run_equals_the_uninterrupted_one(run, tmp_path):
     train_head(tiny.tiny_target(), HELD, str(tmp_path), config)
 
 
+def test_a_resume_with_another_head_shape_is_refused_before_restoring(run, tmp_path, caplog, capsys):
+  """Issue 33 M7: another --draft_vocab_size is refused from the checkpoint's meta, naming the field, before
+  regenerating or restoring (Orbax raised a shape error); a changed batch size is reported; Orbax's INFO lines
+  stay out of the log."""
+  import logging
+  _, workdir, _ = run
+  for name in ("data.json", "checkpoints"):
+    (shutil.copytree if name == "checkpoints" else shutil.copy)(os.path.join(workdir, name), tmp_path / name)
+  with pytest.raises(ConfigError, match=r"checkpoints belong to a run with other head .*draft_vocab_size 12 -> 10"):
+    train_head(tiny.tiny_target(), TRAIN, str(tmp_path), tiny.config(draft_vocab_size=10))
+  capsys.readouterr()
+  with caplog.at_level(logging.INFO):  # at step 80 already: restores, reports, exports
+    train_head(tiny.tiny_target(), TRAIN, str(tmp_path), tiny.config(batch_size=4, verbose=True))
+  assert "batch_size 8 -> 4" in capsys.readouterr().out
+  assert not [r for r in caplog.records if r.levelno < logging.WARNING and "orbax" in r.pathname], (
+      "Orbax's INFO lines flood the log")
+
+
 @pytest.mark.parametrize("change, error, needle", [
     (dict(config=dict(draft_vocab_size=17)), ConfigError, r"draft_vocab_size=17 must be in \[1, 16\]"),
     (dict(prompts=[]), InputError, "no prompts to train on"),

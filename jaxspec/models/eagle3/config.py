@@ -28,6 +28,32 @@ CROSS_ARCHITECTURE = "T5Eagle3Head"  # jaxspec's head for T5 targets (a cross-at
 ARCHITECTURES = (ARCHITECTURE, CROSS_ARCHITECTURE)
 
 
+_REQUIRED = object()
+
+
+def _is_int(x) -> bool:
+  return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _field(raw: dict, name: str, kind: type, default: Any = _REQUIRED) -> Any:
+  """config.json's `name` as `kind` (int, float, bool or str); `default` when absent or null (required when
+  no default); CheckpointError naming the field when it is missing or of another type."""
+  value = raw.get(name)
+  if value is None:
+    if default is _REQUIRED:
+      raise CheckpointError(f"EAGLE-3 head: config.json has no {name}.")
+    return default
+  ok = {int: _is_int(value) or (isinstance(value, float) and value.is_integer()),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        bool: isinstance(value, bool), str: isinstance(value, str)}[kind]
+  if not ok:
+    raise CheckpointError(f"EAGLE-3 head: config.json's {name} must be {_KINDS[kind]}, got {value!r}.")
+  return kind(value)
+
+
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
 @dataclasses.dataclass(frozen=True)
 class Eagle3Config:
   """Shapes and conventions of an EAGLE-3 head: one Llama decoder layer over [embedding, fused feature]."""
@@ -102,8 +128,14 @@ class Eagle3Config:
 
   @classmethod
   def from_hf_dict(cls, raw: dict[str, Any]) -> "Eagle3Config":
-    """From an EAGLE-3 head's `config.json`; CheckpointError for another architecture or what jaxspec lacks."""
+    """From an EAGLE-3 head's `config.json`; CheckpointError naming the field for another architecture, a field
+    that is missing or of the wrong type, or what jaxspec lacks."""
+    if not isinstance(raw, dict):
+      raise CheckpointError(f"EAGLE-3 head: config.json must hold a JSON object, got {type(raw).__name__}.")
     architectures = raw.get("architectures") or []
+    if not isinstance(architectures, list) or not all(isinstance(a, str) for a in architectures):
+      raise CheckpointError(f"EAGLE-3 head: config.json's architectures must be a list of names, got "
+                            f"{architectures!r}.")
     if not set(ARCHITECTURES) & set(architectures):
       raise CheckpointError(f"not an EAGLE-3 head: config.json has architectures {architectures}, expected "
                             f"[{ARCHITECTURE!r}] (or [{CROSS_ARCHITECTURE!r}], a T5 target's head).")
@@ -111,30 +143,45 @@ class Eagle3Config:
     if cross and not raw.get("encoder_hidden_size"):
       raise CheckpointError(f"EAGLE-3 head: architectures [{CROSS_ARCHITECTURE!r}] (a T5 target's head) needs "
                             f"encoder_hidden_size in config.json.")
-    layers = raw.get("num_hidden_layers", 1)
+    layers = _field(raw, "num_hidden_layers", int, 1)
     if layers != 1:
       raise CheckpointError(f"EAGLE-3 head with num_hidden_layers {layers}: the reference has one decoder layer.")
     if "draft_vocab_size" not in raw:
       raise CheckpointError("EAGLE-3 head: config.json has no draft_vocab_size.")
     if raw.get("mlp_bias") or raw.get("attention_bias"):
       raise CheckpointError("EAGLE-3 head: biases (attention_bias / mlp_bias) are not in the reference head.")
-    hidden, heads = int(raw["hidden_size"]), int(raw["num_attention_heads"])
-    max_pos = int(raw.get("max_position_embeddings", 2048))
+    hidden, heads = _field(raw, "hidden_size", int), _field(raw, "num_attention_heads", int)
+    if heads < 1:
+      raise CheckpointError(f"EAGLE-3 head: config.json's num_attention_heads must be an integer >= 1, got {heads}.")
+    max_pos = _field(raw, "max_position_embeddings", int, 2048)
     rope_params = raw.get("rope_parameters") or raw.get("rope_scaling")
     try:
-      rope = Rope.from_hf(rope_params, float(raw.get("rope_theta", 10000.0)), max_pos)
-    except (ValueError, KeyError) as e:
-      raise CheckpointError(f"EAGLE-3 head: unsupported RoPE {rope_params}: {e}") from e
-    aux = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    return cls(vocab_size=int(raw["vocab_size"]), draft_vocab_size=int(raw["draft_vocab_size"]), hidden_size=hidden,
-               target_hidden_size=int(raw.get("target_hidden_size") or hidden),
-               intermediate_size=int(raw["intermediate_size"]), num_heads=heads,
-               num_kv_heads=int(raw.get("num_key_value_heads") or heads),
-               head_dim=int(raw.get("head_dim") or hidden // heads), activation=raw.get("hidden_act", "silu"),
-               rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)), rope=rope, max_position_embeddings=max_pos,
-               fc_norm=bool(raw.get("fc_norm", False)), norm_output=bool(raw.get("norm_output", True)),
-               aux_layer_ids=None if aux is None else tuple(aux), pad_token_id=raw.get("pad_token_id"),
-               encoder_hidden_size=int(raw["encoder_hidden_size"]) if cross else None)
+      rope = Rope.from_hf(rope_params, _field(raw, "rope_theta", float, 10000.0), max_pos)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+      if isinstance(e, CheckpointError):
+        raise
+      raise CheckpointError(f"EAGLE-3 head: unsupported RoPE {rope_params} in config.json (rope_scaling / "
+                            f"rope_parameters): {e}") from e
+    eagle_config = raw.get("eagle_config") or {}
+    if not isinstance(eagle_config, dict):
+      raise CheckpointError(f"EAGLE-3 head: config.json's eagle_config must be a JSON object, got {eagle_config!r}.")
+    aux = eagle_config.get("eagle_aux_hidden_state_layer_ids")
+    if aux is not None and (not isinstance(aux, list) or not all(_is_int(j) for j in aux)):
+      raise CheckpointError(f"EAGLE-3 head: config.json's eagle_config.eagle_aux_hidden_state_layer_ids must be a "
+                            f"list of layer ids (integers), got {aux!r}.")
+    activation = _field(raw, "hidden_act", str, "silu")
+    pad = raw.get("pad_token_id")
+    if pad is not None and not _is_int(pad):
+      raise CheckpointError(f"EAGLE-3 head: config.json's pad_token_id must be an integer or null, got {pad!r}.")
+    return cls(vocab_size=_field(raw, "vocab_size", int), draft_vocab_size=_field(raw, "draft_vocab_size", int),
+               hidden_size=hidden, target_hidden_size=_field(raw, "target_hidden_size", int, None) or hidden,
+               intermediate_size=_field(raw, "intermediate_size", int), num_heads=heads,
+               num_kv_heads=_field(raw, "num_key_value_heads", int, None) or heads,
+               head_dim=_field(raw, "head_dim", int, None) or hidden // heads, activation=activation,
+               rms_norm_eps=_field(raw, "rms_norm_eps", float, 1e-6), rope=rope, max_position_embeddings=max_pos,
+               fc_norm=_field(raw, "fc_norm", bool, False), norm_output=_field(raw, "norm_output", bool, True),
+               aux_layer_ids=None if aux is None else tuple(aux), pad_token_id=pad,
+               encoder_hidden_size=_field(raw, "encoder_hidden_size", int) if cross else None)
 
   def to_hf_dict(self) -> dict[str, Any]:
     """The `config.json` that `from_hf_dict` and the reference (transformers' LlamaConfig) read back."""

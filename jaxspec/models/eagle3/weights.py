@@ -119,11 +119,13 @@ def check_vocab_map(d2t: np.ndarray, t2d: np.ndarray, vocab_size: int, draft_voc
                           f"ids (t2d must be True exactly at the ids d + d2t[d]).")
 
 
-def load(directory: str, dtype=jnp.float32) -> tuple[Eagle3Config, dict]:
+def load(directory: str, dtype=jnp.float32, check_finite: bool = True) -> tuple[Eagle3Config, dict]:
   """Reads an EAGLE-3 head directory into (config, params); floats in `dtype`, d2t int32, t2d bool.
 
-  Raises CheckpointError naming the file and tensor for a missing, misshapen or unexpected tensor, a missing or
-  inconsistent d2t / t2d, or a config that is not an EAGLE-3 head.
+  Raises CheckpointError naming the file and tensor (or config.json and the field) for a missing, misshapen,
+  truncated or unexpected tensor, a weight stored as integers or holding NaN or inf (unless check_finite=False),
+  a d2t that is not integer or a t2d that is not bool, a missing or inconsistent d2t / t2d, or a config that is
+  not an EAGLE-3 head or has a field missing or of the wrong type.
   """
   path = os.path.join(directory, "config.json")
   try:
@@ -131,7 +133,10 @@ def load(directory: str, dtype=jnp.float32) -> tuple[Eagle3Config, dict]:
       raw = json.load(f)
   except (OSError, ValueError) as e:
     raise CheckpointError(f"{path}: cannot read the head's config: {e}") from e
-  cfg = Eagle3Config.from_hf_dict(raw)
+  try:
+    cfg = Eagle3Config.from_hf_dict(raw)
+  except CheckpointError as e:
+    raise CheckpointError(f"{path}: {e}") from None
   source = TensorSource(directory)
   names = source.names()
   with_embedding = "embed_tokens.weight" in names
@@ -157,20 +162,36 @@ def load(directory: str, dtype=jnp.float32) -> tuple[Eagle3Config, dict]:
   fc_norm_rows = {}
   for name, (dest, to_params) in file_tensors.items():
     want = (cfg.target_hidden_size,) if dest[0] == "fc_norm" else _get(shapes, dest)
+    stored = source.dtype(name)
+    if not np.issubdtype(stored, np.floating) and stored.name != "bfloat16":
+      raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} is stored as {stored}, not a floating-point "
+                            f"type: not head weights (corrupt or wrong file).")
+    raw_value = np.asarray(source.get(name))  # CheckpointError for a truncated file, naming it
     try:
-      value = to_params(np.asarray(source.get(name)))
+      value = to_params(raw_value)
     except ValueError:  # A reshape of the wrong number of elements.
       value = None
     if value is None or value.shape != want:
       raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} has shape {source.shape(name)}, which does "
                             f"not give {want} for this config.")
+    if check_finite and not np.isfinite(value.astype(np.float32)).all():
+      raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} holds NaN or infinite values "
+                            f"(load(..., check_finite=False) skips this check).")
     if dest[0] == "fc_norm":
       fc_norm_rows[dest[1]] = value
       continue
     _put(params, dest, jnp.asarray(value, dtype))
   if cfg.fc_norm:
     params["fc_norm"] = jnp.asarray(np.stack([fc_norm_rows[i] for i in range(cfg.num_features)]), dtype)
+  for name, ok, kind in (("d2t", lambda t: np.issubdtype(t, np.integer), "an integer type"),
+                         ("t2d", lambda t: t == np.bool_ or np.issubdtype(t, np.integer), "bool")):
+    if not ok(source.dtype(name)):
+      raise CheckpointError(f"{source.file_of(name)}: tensor {name!r} is stored as {source.dtype(name)}, not {kind} "
+                            f"(the draft-to-target vocabulary map): corrupt or wrong file.")
   d2t, t2d = np.asarray(source.get("d2t")), np.asarray(source.get("t2d"))
+  if np.issubdtype(t2d.dtype, np.integer) and not np.isin(t2d, (0, 1)).all():
+    raise CheckpointError(f"{source.file_of('t2d')}: tensor 't2d' holds values other than 0 and 1: it must be a "
+                          f"bool mask.")
   check_vocab_map(d2t, t2d, cfg.vocab_size, cfg.draft_vocab_size, where=directory)
   params["d2t"], params["t2d"] = jnp.asarray(d2t, jnp.int32), jnp.asarray(t2d, jnp.bool_)
   return cfg, params
@@ -189,15 +210,58 @@ def to_state_dict(cfg: Eagle3Config, params: dict) -> dict[str, np.ndarray]:
   return out
 
 
-def save(directory: str, cfg: Eagle3Config, params: dict) -> None:
+TARGET_KEY = "jaxspec_target"  # config.json's record of the target a head was trained on (`target_signature`)
+_PROBE = (4, 16)  # embedding rows x leading values kept in a target's signature
+
+
+def target_signature(target: Any) -> dict:
+  """What identifies the target a head is trained on, small enough for config.json: its name, sizes and a probe
+  of its token embedding (the first 16 values of rows 0-3, float32). Equal for the same weights in another dtype
+  (`same_target` compares with a tolerance); different for a same-shaped model with other weights."""
+  from jaxspec.models.hf_table import get_path  # pylint: disable=import-outside-toplevel
+  hidden, vocab, layers = _target_sizes(target.config)
+  rows, width = _PROBE
+  probe = np.asarray(get_path(target.params, target.family.embedding_path)[:rows, :width], np.float32)
+  return {"name": target.name, "hidden_size": hidden, "vocab_size": vocab, "num_layers": layers,
+          "embedding_probe": np.round(probe, 6).tolist()}
+
+
+def same_target(signature: dict, target: Any) -> bool:
+  """Whether `target` is the one `signature` records: the same sizes and embedding probe (to bfloat16 rounding)."""
+  mine = target_signature(target)
+  if any(signature.get(k) != mine[k] for k in ("hidden_size", "vocab_size", "num_layers")):
+    return False
+  try:
+    theirs = np.asarray(signature.get("embedding_probe"), np.float32)
+  except (TypeError, ValueError):
+    return False
+  ours = np.asarray(mine["embedding_probe"], np.float32)
+  return theirs.shape == ours.shape and bool(np.allclose(theirs, ours, rtol=1e-2, atol=1e-3))
+
+
+def warn_if_other_target(head: Any, target: Any) -> None:
+  """A UserWarning when `head` records a target (`FeatureHead.target`, written by jaxspec's training) and `target`
+  is not it: a head drafts from its own target's hidden states, so another target's (even of the same shapes)
+  gives drafts it rarely accepts (output stays exact). A head without a record (e.g. SpecForge's) passes."""
+  signature = getattr(head, "target", None)
+  if not isinstance(signature, dict) or same_target(signature, target):
+    return
+  import warnings  # pylint: disable=import-outside-toplevel
+  warnings.warn(f"head {head.name!r} was trained on another target ({signature.get('name')}), not "
+                f"{target.name}: its config.json's {TARGET_KEY} records other sizes or embedding. It still drafts "
+                f"exactly, but its drafts will rarely be accepted.", UserWarning, stacklevel=3)
+
+
+def save(directory: str, cfg: Eagle3Config, params: dict, target: dict | None = None) -> None:
   """Writes config.json and model.safetensors in the reference's format, atomically (the directory is replaced
-  whole, or left as it was)."""
+  whole, or left as it was). target: the `target_signature` of the target it was trained on (config.json's
+  jaxspec_target; readers of the reference ignore it)."""
   check_vocab_map(params["d2t"], params["t2d"], cfg.vocab_size, cfg.draft_vocab_size)
   check_replaceable(directory, ("config.json",))
   tensors = to_state_dict(cfg, params)
   with staging_dir(directory) as staging:
     with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(cfg.to_hf_dict(), f, indent=2)
+      json.dump({**cfg.to_hf_dict(), **({TARGET_KEY: target} if target else {})}, f, indent=2)
     save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
 
 
