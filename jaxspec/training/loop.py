@@ -30,7 +30,7 @@ import jaxspec
 from jaxspec.training import steps
 from jaxspec.cli.batching import generate_all
 from jaxspec.checkpoint import embedded_names
-from jaxspec.data.ende import (DISTILLED, Pair, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
+from jaxspec.data.ende import (DISTILLED, Pair, bucket_of, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
                                read_splits, split_path)
 from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
 from jaxspec.models import t5
@@ -216,6 +216,8 @@ def train_and_evaluate(c, workdir: str, programs: steps.TrainPrograms | None = N
   tokenizer, teacher, src, tgt, dev_all, data_key = _setup(c, workdir, on_ready=on_ready)
   timings["tokenize_s"] = round(time.time() - ready["t"], 2)
   programs = ready["programs"]
+  used = {bucket_of(max(len(s), len(t)), buckets) for s, t in zip(src, tgt)}  # Buckets without pairs: no program.
+  programs.keep_only([s for s in programs.planned if s[1] in used])
   cfg, optimizer, settings = programs.settings.model, programs.optimizer, programs.settings
   dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
   dev_loss_pairs = evenly_spaced(dev_all, c.dev_loss_pairs)

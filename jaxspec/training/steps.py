@@ -215,12 +215,18 @@ class TrainPrograms:
     try:
       if self.after is not None:
         self.after._done.wait()  # Not `wait()`: that time is the other's callers' to count.
-      for shape in self.planned:
-        self._compile(*shape)
+      for shape in list(self.planned):
+        if shape in self.planned and shape not in self.programs:  # `keep_only` may have dropped it meanwhile.
+          self._compile(*shape)
     except Exception as e:  # Re-raised in the caller's thread by `wait` / `step`.
       self.error = e
     finally:
       self._done.set()
+
+  def keep_only(self, shapes) -> None:
+    """Drops the planned shapes not in `shapes` (those the data never uses) unless compiled already."""
+    keep = {tuple(int(v) for v in s) for s in shapes}
+    self.planned = [s for s in self.planned if s in keep or s in self.programs]
 
   def start(self) -> "TrainPrograms":
     """Starts compiling the planned shapes in a daemon thread; returns self."""
