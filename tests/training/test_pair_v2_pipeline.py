@@ -51,7 +51,7 @@ def _unpack(out, name, dest):
 def test_pipeline_end_to_end(corpus, tmp_path):
   out, work = tmp_path / "out", tmp_path / "work"
   args = ["launch/train_pair_v2.py", f"--corpus={corpus}", f"--out={out}", f"--workdir={work}",
-          "--distill_pairs=60", "--dev_pairs=16", "--batch_size=64", "--eval_per_domain=8",
+          "--distill_pairs=195", "--dev_pairs=16", "--batch_size=64", "--eval_per_domain=8",
           "--alpha_sentences=0", "--shard_bytes=60000", "--part_bytes=100000", "--deadline_s=100000"]
   for name, steps, budget in (("target", 4, 1000), ("draft", 10**6, 3)):  # The draft stops at its time budget.
     args += [f"--{name}_config.{k}" for k in COMMON + [f"train_steps={steps}", f"time_budget_s={budget}"]]
@@ -78,7 +78,7 @@ def test_pipeline_end_to_end(corpus, tmp_path):
   assert set(stages) == {"target", "pack_target", "distill", "test_eval", "draft", "pack_draft"}
   assert all(v > 0 for v in stages.values())
   assert summary["environment"]["backend"] == "cpu" and "xla_flags" in summary["environment"]
-  sources = distillation_sources(read_pairs(str(corpus / "train.tsv.gz")), 60)  # those of <= 32 tokens count
+  sources = distillation_sources(read_pairs(str(corpus / "train.tsv.gz")), 195)  # those of <= 32 tokens count
   kept = [p for p in sources if len(load_tokenizer(TOKENIZER_V2).encode(p.en)) <= 32]
   assert summary["distill"]["pairs"] == {d: sum(p.domain == d for p in kept) for d in DOMAINS}
   assert 0 < summary["distill"]["dev_pairs"] <= 16
