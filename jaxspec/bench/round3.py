@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import re
 import subprocess
@@ -29,7 +28,6 @@ import jaxspec
 from jaxspec.bench import oracle, presets, timing
 from jaxspec.decoding import engine
 from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.theory import expected_speedup
 from jaxspec.decoding.tree import Tree
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig
@@ -193,11 +191,6 @@ def llama_cases(tiny: bool) -> tuple[jaxspec.Model, list[Case]]:
       Case("llama8b:eagle3 tree at tau 6.1", drafter, params, gamma, accepted=6.1 - 1, tree=tree, paper=paper),
       Case("llama8b:eagle3 chain at tau 6.1", drafter, params, gamma, alpha=chain_alpha_for(6.1, gamma),
            paper=paper)]
-
-
-def theorem(alpha: float, gamma: int, c: float) -> float:
-  """Theorem 3.8's expected speedup (r = 1)."""
-  return expected_speedup(alpha, gamma, c)
 
 
 # --- Kernels per draft step (command buffers, fusion flags) -------------------------------------------------------
