@@ -9,7 +9,13 @@
 #   .venv/bin/pip download --no-deps ml_collections==1.1.0 -d runs/wheels     # the device lacks ml_collections
 # Then one `run` call: command "bash launch/train_pair_gpu.sh", carry ["runs/corpus", "runs/wheels"],
 # timeout_s 600. Extra arguments go to launch/train_pair_v2.py (e.g. --target_config.dropout_rate=0.2).
+# XLA_GPU_AUTOTUNE_LEVEL=N (0 = no autotuning: shorter compiles, maybe slower steps; XLA's default is 4) is passed
+# as --xla_gpu_autotune_level=N in XLA_FLAGS; summary.json records the flags ("environment") and each compile's
+# and the steps' seconds ("target"/"draft" -> "timings"): compare compile_s and steps_per_s between two runs.
 set -euo pipefail
+if [[ -n "${XLA_GPU_AUTOTUNE_LEVEL:-}" ]]; then
+  export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=${XLA_GPU_AUTOTUNE_LEVEL}"
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   runs/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TQDM_DISABLE=1

@@ -12,6 +12,13 @@ Stages, each bounded by the clock so that all of it ends by --deadline_s after t
 Packing: the model in bfloat16 as HF safetensors sharded below --shard_bytes, with config and tokenizer, tarred
 and cut into $OUT/<name>.tar.partNN files below --part_bytes (what the device returns: few files, each < 16 MB);
 `cat <name>.tar.part* | tar -x` restores the directory. $OUT/summary.json grows after every stage.
+
+Compilation (issue 32): each model compiles one train program per length bucket (configs/ende.py: two), ahead
+of time in a thread while its corpus is tokenized; the draft's start compiling when the target's are done, so
+they are ready when the target has trained. summary.json's "timings" (per model) give the seconds of setup,
+tokenizing, each compile and the wait for it, steps, evaluations, export, and steps/s and tokens/s; the
+pipeline adds distillation, test evaluation and packing seconds ("stages_s") and the XLA_FLAGS in force
+(launch/train_pair_gpu.sh passes XLA's GPU autotune level there: XLA_GPU_AUTOTUNE_LEVEL=0 bash ...).
 """
 
 import io
@@ -32,7 +39,9 @@ from jaxspec.data.ende import (DOMAINS, by_domain, distillation_sources, evenly_
                                split_path, write_pairs)
 from jaxspec.cli.outputs import atomic_write_json
 from jaxspec.errors import ConfigError, InputError
-from jaxspec.training.loop import distill, train_and_evaluate
+from jaxspec.tokenizer import load_tokenizer
+from jaxspec.training.loop import distill, prepare_programs, tokenizer_dir, train_and_evaluate
+from jaxspec.models import t5
 
 CONFIGS = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs"))
 _TARGET = cli_flags.define_config_file("target_config", os.path.join(CONFIGS, "ende.py:target_v2"), "Target.")
@@ -135,15 +144,37 @@ def main(argv):
     atomic_write_json(os.path.join(out, "summary.json"), summary, indent=2)
     print(f"[{time.time() - t0:.0f} s] {stage}: {json.dumps(values)}", flush=True)
 
+  stages = {}
+
+  def timed(name: str, fn, *args, **kwargs):
+    t = time.time()
+    result = fn(*args, **kwargs)
+    stages[name] = round(time.time() - t, 2)
+    note("stages_s", **stages)
+    return result
+
+  note("environment", backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
+       jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""))
   tc, dc = _TARGET.value, _DRAFT.value
   target_dir, draft_dir = (os.path.join(work, m, "export") for m in ("target", "draft"))
   reserve = _DISTILL_S.value + dc.time_budget_s + 40  # Distillation, the draft, exports and packing after it.
   tc.data_dir, tc.time_budget_s = corpus, max(min(tc.time_budget_s or float("inf"), left() - reserve), 1.0)
-  note("target", **train_and_evaluate(tc, os.path.join(work, "target")), budget_s=tc.time_budget_s)
-  note("target", **pack(target_dir, "ende-target", out))
+  # The target's programs compile while its corpus is tokenized; the draft's (shapes only: the target's config is
+  # its teacher's) right after them, while the target trains.
+  tokenizer = load_tokenizer(tokenizer_dir(tc.tokenizer))
+  target_programs = prepare_programs(tc, tokenizer.vocab_size).start()
+  draft_programs = None
+  if dc.distill_weight > 0:
+    draft_tokenizer = load_tokenizer(tokenizer_dir(dc.tokenizer))
+    teacher_cfg = t5.T5Config(vocab_size=tokenizer.vocab_size, **tc.model)
+    draft_programs = prepare_programs(dc, draft_tokenizer.vocab_size, teacher_cfg, after=target_programs).start()
+  note("target", **timed("target", train_and_evaluate, tc, os.path.join(work, "target"), programs=target_programs),
+       budget_s=tc.time_budget_s)
+  note("target", **timed("pack_target", pack, target_dir, "ende-target", out))
 
   dtype = jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
   target, kw = jaxspec.load(target_dir, dtype=dtype), dict(batch_size=_BATCH.value, max_len=tc.max_len)
+  t_distill = time.time()
   dev = distill(target, evenly_spaced(read_splits(tc.dev, corpus), _DEV_PAIRS.value), **kw)
   sources = distillation_sources(read_splits("train", corpus), _DISTILL_PAIRS.value)
   until, train = min(time.time() + _DISTILL_S.value, deadline - dc.time_budget_s - EXPORT_S), []
@@ -157,22 +188,24 @@ def main(argv):
   os.makedirs(os.path.dirname(paths["train"]), exist_ok=True)
   write_pairs(paths["train"], train)
   write_pairs(paths["dev"], dev)
+  stages["distill"] = round(time.time() - t_distill, 2)
   note("distill", pairs={d: len(ps) for d, ps in by_domain(train).items()}, dev_pairs=len(dev))
-  test = quality.evaluate_pair(target, None, read_splits("test,test_doc", corpus), decoders=("target",),
-                               limit_per_domain=_EVAL_PAIRS.value, batch_size=_BATCH.value,
-                               max_new_tokens=tc.max_len, max_input_length=tc.max_len, bar=False)
+  test = timed("test_eval", quality.evaluate_pair, target, None, read_splits("test,test_doc", corpus),
+               decoders=("target",), limit_per_domain=_EVAL_PAIRS.value, batch_size=_BATCH.value,
+               max_new_tokens=tc.max_len, max_input_length=tc.max_len, bar=False)
   note("target", test={k: v for k, v in test["target"].items() if k != "seconds"}, test_pairs=test["pairs_per_domain"])
 
   dc.data_dir, dc.train, dc.dev, dc.teacher = corpus, paths["train"], paths["dev"], target_dir
   dc.time_budget_s = max(min(dc.time_budget_s or float("inf"), left() - 20), 1.0)
-  note("draft", **train_and_evaluate(dc, os.path.join(work, "draft")), budget_s=dc.time_budget_s)
-  note("draft", **pack(draft_dir, "ende-draft", out))
+  note("draft", **timed("draft", train_and_evaluate, dc, os.path.join(work, "draft"), programs=draft_programs),
+       budget_s=dc.time_budget_s)
+  note("draft", **timed("pack_draft", pack, draft_dir, "ende-draft", out))
 
   if _ALPHA_PAIRS.value and left() > 60:  # Speculative decoding compiles its loop per prompt bucket.
     draft = jaxspec.load(draft_dir, dtype=dtype)
-    result = quality.evaluate_pair(target, draft, read_splits("dev", corpus), natural_only=True,
-                                   limit=_ALPHA_PAIRS.value, decoders=("target", "speculative"), gamma=3,
-                                   batch_size=64, max_new_tokens=tc.max_len, max_input_length=tc.max_len, bar=False)
+    result = timed("alpha", quality.evaluate_pair, target, draft, read_splits("dev", corpus), natural_only=True,
+                   limit=_ALPHA_PAIRS.value, decoders=("target", "speculative"), gamma=3, batch_size=64,
+                   max_new_tokens=tc.max_len, max_input_length=tc.max_len, bar=False)
     note("alpha_dev_natural", identical=result["speculative_identical_to_target"],
          **{k: result["speculative"][k] for k in ("alpha", "tokens_per_iteration", "acceptance_per_position")})
   note("done", total_s=round(time.time() - t0, 1))

@@ -23,13 +23,16 @@ loop's argmax reads in full, so XLA must compute the whole draft step.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.decoding import loop, placement, sampling
-from jaxspec.decoding.drafter import PlainDrafter
+from jaxspec.decoding import tree as tree_lib
+from jaxspec.decoding.drafter import PlainDrafter, Proposal
+from jaxspec.errors import SettingsError
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models.contract import Decoder
 
@@ -121,3 +124,170 @@ def greedy_tokens(target: Decoder, target_params, ids: jax.Array, lengths: jax.A
   """[B, n] int32: the target's greedy continuation (plain decoding, no EOS), the oracle's answer key."""
   state = decode(plain_settings(target, n), target_params, None, ids, lengths)
   return state.sequences[:, 1:1 + n]
+
+
+# --- An oracle for every drafter (issue 32 item 3) ---------------------------------------------------------------
+
+
+def drafter_params(inner_params, greedy: jax.Array, seeds: jax.Array, alpha: float = 0.0,
+                   accepted: float = 0.0) -> dict:
+  """The `OracleDrafter`'s parameter pytree (the loop's draft_params).
+
+  Args:
+    inner_params: the wrapped drafter's own (a draft model's weights, a head's {"head", "embed"}, None).
+    greedy: [B, N] int32 the target's greedy tokens (`greedy_tokens`), N >= max_new_tokens + gamma + 1.
+    seeds: [B] uint32, one per row.
+    alpha: chains: each drafted token is accepted i.i.d. with this probability (a hash of row seed and
+      position: `accept_mask`).
+    accepted: trees: the mean number of drafts accepted per iteration (tau - 1: EAGLE-3's 6.1 tokens per
+      iteration is accepted 5.1), in [0, gamma]; each iteration accepts floor(accepted) or one more (with
+      probability its fractional part, a hash of row seed and the iteration's first position).
+  Runtime values: changing alpha or accepted does not recompile.
+  """
+  if not 0.0 <= alpha <= 1.0:
+    raise ValueError(f"alpha must be in [0, 1], got {alpha!r}.")
+  if accepted < 0:
+    raise ValueError(f"accepted must be >= 0, got {accepted!r}.")
+  return {"inner": inner_params, "greedy": jnp.asarray(greedy, jnp.int32), "seeds": jnp.asarray(seeds, jnp.uint32),
+          "alpha": jnp.float32(alpha), "accepted": jnp.float32(accepted)}
+
+
+def tree_accepted(seeds, positions, accepted: float, depth: int, xp=np):
+  """Drafts a tree iteration accepts by design: floor(accepted) + (u < frac(accepted)), at most depth; seeds
+  and positions (the iteration's first drafted position) broadcast. xp: numpy (tests) or jax.numpy."""
+  base = xp.floor(xp.asarray(accepted, xp.float32))
+  with np.errstate(over="ignore"):  # uint32 arithmetic wraps, as in jax
+    extra = _uniform(xp.asarray(seeds, xp.uint32) ^ xp.uint32(0x5BD1E995), positions, xp) < (accepted - base)
+  return xp.minimum(base.astype(xp.int32) + extra.astype(xp.int32), depth)
+
+
+def _other(want: jax.Array, noise: jax.Array, vocab_size: int) -> jax.Array:
+  """A token != want (same shape) that depends on noise (the inner drafter's real output: keeps it live)."""
+  noise = jnp.abs(noise.astype(jnp.int32)) % max(vocab_size - 1, 1)
+  return ((want + 1 + noise) % vocab_size).astype(jnp.int32)
+
+
+def _spine(nodes: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
+  """The oracle's tree topology over N = nodes + 1 nodes: a chain (the spine) of min(depth, nodes) nodes under
+  the root, every further node a leaf hung under the spine's nodes in turn (depth <= `depth`). Returns
+  (parents [N], depths [N]) int32, parents before children."""
+  spine = min(depth, nodes)
+  parents, depths = [-1] + list(range(spine)), list(range(spine + 1))
+  for j in range(nodes - spine):
+    parent = j % spine  # depth <= spine <= depth
+    parents.append(parent)
+    depths.append(depths[parent] + 1)
+  return np.asarray(parents, np.int32), np.asarray(depths, np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class OracleDrafter:
+  """Any drafter (a draft model's `ModelDrafter`, a feature head's `HeadDrafter` / `CrossHeadDrafter`, prompt
+  lookup's `NGramDraft`; chains and trees) with its real proposal step and cost, and designed acceptance.
+
+  Each iteration runs `inner`'s own `propose` (or `propose_tree`) in full, then replaces its tokens:
+    - chains: draft j of a row (generated position t = lengths - 1 + j) becomes the target's greedy token there
+      when `accept_mask(seed, t, alpha)` holds, else another token: the loop accepts i.i.d. at rate alpha (as
+      `OracleDecoder`); every row proposes what it may (gamma, or its schedule's limit);
+    - trees: the tree keeps inner's node count (the verify call's cost) but takes a designed topology (`_spine`:
+      a chain of depth gamma under the root, the other nodes leaves under it; a random-weight drafter's own tree
+      would be too shallow to reach a designed depth), the spine's first `tree_accepted(...)` nodes the greedy
+      tokens, every other node another token: the loop accepts that many drafts per iteration.
+  The replacement tokens are computed from inner's tokens (and a tree's parents and ancestor counts), so XLA
+  cannot drop inner's work. Everything else (init, settle, idle, feature layers, the encoder) is inner's:
+  `settle` gets inner's own proposal back. Greedy output equals plain decoding, as the target verifies its own
+  greedy tokens. Temperature 0 only (sampling accepts by p and q, not by design): SettingsError otherwise.
+
+      drafter = OracleDrafter(ModelDrafter(small.decoder()), vocab_size=target.config.vocab_size)
+      params = drafter_params(small.params, greedy_tokens(...), seeds, alpha=0.75)
+  """
+
+  inner: Any
+  vocab_size: int
+
+  @property
+  def may_find_nothing(self) -> bool:
+    return self.inner.may_find_nothing
+
+  @property
+  def default_cost(self) -> float:
+    return self.inner.default_cost
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.inner.feature_layers
+
+  @property
+  def reads_encoder(self) -> bool:
+    return getattr(self.inner, "reads_encoder", False)
+
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, **encoder):
+    return self.inner.init(params["inner"], input_ids, input_lengths, cache_len, features=features, **encoder)
+
+  def idle(self, state, history, static):
+    p = self.inner.idle(state, history, static)
+    return Proposal(tokens=p.tokens, counts=p.counts, q=None, after=p)
+
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
+    return self.inner.settle(proposal.after, history, lengths, accepted, block, emit,
+                             params=None if params is None else params["inner"], features=features)
+
+  @staticmethod
+  def _greedy_only(static) -> None:
+    if not static.greedy:
+      raise SettingsError("the oracle drafter designs acceptance at temperature 0 only.")
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    self._greedy_only(static)
+    p = self.inner.propose(params["inner"], state, history, limit, static, knobs, confidence, keys,
+                           some_row_drafts)
+    gamma, greedy = static.gamma, params["greedy"]
+    positions = history.lengths[:, None] - 1 + jnp.arange(gamma)  # [B, G] generated positions of the drafts
+    want = jnp.take_along_axis(greedy, jnp.clip(positions, 0, greedy.shape[1] - 1), axis=1)
+    hit = accept_mask(params["seeds"][:, None], positions, params["alpha"])
+    tokens = jnp.where(hit, want, _other(want, p.tokens, self.vocab_size))
+    counts = None
+    if p.counts is not None:  # Every row proposes what it may, whatever inner found.
+      counts = jnp.where(history.done, 0, gamma if limit is None else limit).astype(jnp.int32)
+    return Proposal(tokens=tokens, counts=counts, q=None, after=p)
+
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    self._greedy_only(static)
+    p = self.inner.propose_tree(params["inner"], state, history, static, knobs, keys)
+    batch, n = p.tokens.shape
+    parents, depths = _spine(n - 1, static.gamma)
+    spine = min(static.gamma, n - 1)
+    parents = jnp.broadcast_to(jnp.asarray(parents), (batch, n))
+    depths = jnp.broadcast_to(jnp.asarray(depths), (batch, n))
+    greedy = params["greedy"]
+    first = history.lengths - 1  # [B] generated position of depth 1
+    positions = first[:, None] + depths - 1  # [B, N]
+    want = jnp.take_along_axis(greedy, jnp.clip(positions, 0, greedy.shape[1] - 1), axis=1)
+    k = tree_accepted(params["seeds"], first, params["accepted"], spine, jnp)  # [B]
+    on_spine = (jnp.arange(n) >= 1) & (jnp.arange(n) <= spine)
+    hit = on_spine[None] & (depths <= k[:, None])
+    noise = p.tokens + p.parents + p.ancestors.sum(axis=2, dtype=jnp.int32)  # inner's whole tree stays live
+    tokens = jnp.where(hit, want, _other(want, noise, self.vocab_size))
+    tokens = tokens.at[:, 0].set(p.tokens[:, 0])  # the root is the loop's own last token
+    return tree_lib.TreeProposal(tokens=tokens, parents=parents, depths=depths,
+                                 ancestors=tree_lib.ancestors_of(parents, spine), after=p, siblings=None)
+
+
+def drafter_settings(target: Decoder, drafter: OracleDrafter, gamma: int, max_new_tokens: int,
+                     tree: tree_lib.Tree | None = None) -> loop.LoopSettings:
+  """Greedy speculative decoding with an oracle drafter (chain, or a tree of this shape and depth gamma), no
+  EOS id: every row runs max_new_tokens."""
+  return dataclasses.replace(plain_settings(target, max_new_tokens), drafter=drafter, gamma=gamma, tree=tree)
+
+
+def measured_acceptance(stats, gamma: int) -> dict:
+  """What a run's DecodeStats (host arrays or device) measured: alpha (the rate over judged draft positions,
+  `DecodeStats` beta at temperature 0) with its binomial standard error, and tokens per iteration (accepted + 1
+  per target call, before max_new_tokens cuts)."""
+  beta_sum, beta_count = float(np.sum(stats.beta_sum)), int(np.sum(stats.beta_count))
+  alpha = beta_sum / max(beta_count, 1)
+  iterations, accepted = int(np.sum(stats.iterations)), int(np.sum(stats.accepted))
+  return {"alpha": alpha, "alpha_stderr": float(np.sqrt(max(alpha * (1 - alpha), 1e-12) / max(beta_count, 1))),
+          "judged_positions": beta_count, "iterations": iterations,
+          "accepted_per_iteration": accepted / max(iterations, 1),
+          "tokens_per_iteration": (accepted + iterations) / max(iterations, 1)}

@@ -136,11 +136,15 @@ def length_buckets(max_len: int, smallest: int = 8, spec: str = "") -> list[int]
   return out + [max_len]
 
 
-def _bucket(n: int, buckets: list[int]) -> int:
+def bucket_of(n: int, buckets: list[int]) -> int:
+  """The padded length of a pair whose longer side has n tokens: the first bucket >= n (else the last)."""
   for b in buckets:
     if n <= b:
       return b
   return buckets[-1]
+
+
+_bucket = bucket_of
 
 
 def bucketed_batches(sources: list[list[int]], targets: list[list[int]], tokens_per_batch: int, max_len: int,

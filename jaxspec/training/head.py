@@ -208,19 +208,25 @@ def head_config(target_config: DecoderOnlyConfig, draft_vocab_size: int) -> eagl
       rope=c.rope, max_position_embeddings=c.max_position_embeddings, pad_token_id=c.pad_token_id)
 
 
-def t5_head_config(target_config: T5Config, draft_vocab_size: int) -> eagle3.Eagle3Config:
+def t5_head_config(target_config: T5Config, draft_vocab_size: int, *, intermediate_size: int | None = None,
+                   num_heads: int | None = None, head_dim: int | None = None) -> eagle3.Eagle3Config:
   """A T5 target's head (docs/heads.md, "T5 targets"): hidden size d_model (it embeds with the target's shared
   table), the target's heads and d_kv, an MLP of width d_ff (gated SiLU, as every EAGLE-3 head), RoPE (theta 1e4)
   on its own positions, a cross-attention sublayer over the encoder output (encoder_hidden_size = d_model), and the
   decoder features entering layer 1, layer (L + 1) // 2 and the decoder's final pre-norm output (aux ids 0,
   (L + 1) // 2 - 1, L - 1: low, middle, top, distinct for L >= 3; EAGLE-3's default (2, L // 2, L - 3) repeats a
-  layer for the few-layer decoders of T5 drafts-and-targets here)."""
+  layer for the few-layer decoders of T5 drafts-and-targets here).
+
+  intermediate_size, num_heads, head_dim: a head sized for drafting instead of copied from the target (issue 32
+  item 4: t5-11b's d_ff 65536 and 128 heads of 128 make a head whose step costs c ~0.077 on an H200; a drafting
+  head needs far less width). None: the target's d_ff, num_heads, d_kv."""
   c = target_config
+  heads = num_heads or c.num_heads
   layers = c.num_decoder_layers
   return eagle3.Eagle3Config(
       vocab_size=c.vocab_size, draft_vocab_size=draft_vocab_size, hidden_size=c.d_model,
-      target_hidden_size=c.d_model, intermediate_size=c.d_ff, num_heads=c.num_heads, num_kv_heads=c.num_heads,
-      head_dim=c.d_kv, activation="silu", rms_norm_eps=c.layer_norm_epsilon, rope=Rope(theta=10000.0),
+      target_hidden_size=c.d_model, intermediate_size=intermediate_size or c.d_ff, num_heads=heads,
+      num_kv_heads=heads, head_dim=head_dim or c.d_kv, activation="silu", rms_norm_eps=c.layer_norm_epsilon, rope=Rope(theta=10000.0),
       max_position_embeddings=2048, aux_layer_ids=(0, max((layers + 1) // 2 - 1, 0), layers - 1),
       pad_token_id=c.pad_token_id, encoder_hidden_size=c.d_model)
 

@@ -30,7 +30,7 @@ import jaxspec
 from jaxspec.training import steps
 from jaxspec.cli.batching import generate_all
 from jaxspec.checkpoint import embedded_names
-from jaxspec.data.ende import (DISTILLED, Pair, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
+from jaxspec.data.ende import (DISTILLED, Pair, bucket_of, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
                                read_splits, split_path)
 from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
 from jaxspec.models import t5
@@ -110,8 +110,11 @@ def _export(model, workdir: str, meta: dict, log) -> None:
   log(f"exported to {path} ({meta})")
 
 
-def _setup(c, workdir: str):
-  """Tokenizer, teacher, data (natural pairs repeated) and dev pairs; ConfigError for what the config gets wrong."""
+def _setup(c, workdir: str, on_ready=None):
+  """Tokenizer, teacher, data (natural pairs repeated) and dev pairs; ConfigError for what the config gets wrong.
+
+  on_ready(tokenizer, teacher), if given, is called before the training data is tokenized (the train programs
+  start compiling there)."""
   if c.train is None:
     raise ConfigError("config.train is not set: this config trains on launch/distill_corpus.py's output; pass "
                       "--config.train=PATH.")
@@ -127,6 +130,8 @@ def _setup(c, workdir: str):
   teacher = jaxspec.load(c.teacher, dtype=jnp.float32) if c.teacher else None
   if teacher is not None and not teacher.tokenizer.same_as(tokenizer):
     raise ConfigError(f"the teacher's tokenizer ({c.teacher}) differs from config.tokenizer ({c.tokenizer}).")
+  if on_ready is not None:
+    on_ready(tokenizer, teacher)
   src, tgt = tokenized_pairs(train, tokenizer, os.path.join(workdir, "train_tokens.json"))
   if c.natural_repeat > 1:  # Natural sentences are few: seen natural_repeat times per epoch.
     natural = [i for i, p in enumerate(read_pairs(train)) if p.is_natural] * (c.natural_repeat - 1)
@@ -135,21 +140,89 @@ def _setup(c, workdir: str):
   return tokenizer, teacher, src, tgt, dev, data_key
 
 
-def train_and_evaluate(c, workdir: str) -> dict:
-  """Trains per config `c` (configs/ende.py) in `workdir`; returns the last evaluation's metrics."""
-  t_enter = time.time()
-  os.makedirs(workdir, exist_ok=True)
-  tokenizer, teacher, src, tgt, dev_all, data_key = _setup(c, workdir)
-  cfg = t5.T5Config(vocab_size=tokenizer.vocab_size, **c.model)
+def _buckets(c) -> list[int]:
   try:
-    buckets = length_buckets(c.max_len, spec=c.length_buckets)
+    return length_buckets(c.max_len, spec=c.length_buckets)
   except ValueError as e:
     raise ConfigError(f"config.length_buckets={c.length_buckets!r}: expected comma-separated integers.") from e
+
+
+def prepare_programs(c, vocab_size: int, teacher_config: t5.T5Config | None = None,
+                     after: steps.TrainPrograms | None = None) -> steps.TrainPrograms:
+  """The train programs of config `c` (one per length bucket), not started: `.start()` compiles them in a thread.
+
+  Only shapes are needed: the model's from c.model and vocab_size, the teacher's from teacher_config (a
+  distillation run: its parameters are cast to c.compute_dtype). `train_and_evaluate(c, ..., programs=...)` then
+  trains with them (launch/train_pair_v2.py compiles the draft's while the target trains)."""
+  cfg = t5.T5Config(vocab_size=vocab_size, **c.model)
+  optimizer = steps.make_optimizer(c.learning_rate, c.warmup_steps, None if c.time_budget_s > 0 else c.train_steps,
+                                   c.weight_decay)
+  settings = steps.StepConfig(model=cfg, teacher=teacher_config, distill_weight=c.distill_weight,
+                              dropout_rate=c.dropout_rate, label_smoothing=c.label_smoothing,
+                              compute_dtype=c.compute_dtype, seed=c.seed)
+  params = jax.eval_shape(lambda: t5.init_params(cfg, jax.random.key(0)))
+  teacher = None
+  if teacher_config is not None:
+    teacher = jax.eval_shape(lambda: steps.cast(t5.init_params(teacher_config, jax.random.key(0)), c.compute_dtype))
+  return steps.TrainPrograms(settings, optimizer, params, teacher, steps.batch_shapes(c.tokens_per_batch, _buckets(c)),
+                             after=after)
+
+
+def _compile_eval(cfg, params, tokenizer, dev_pairs, c, timings: dict):
+  """Compiles `steps.eval_step` for the dev batches' shape in a thread (a call on zeros fills jit's cache, which
+  `steps.dev_metrics` then hits); its seconds go to timings["eval_compile_s"]. Returns the thread."""
+  import threading
+  width = steps.dev_width(tokenizer, dev_pairs, c.max_len)
+
+  def run():
+    t = time.time()
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), params)
+    batch = jnp.zeros((steps.DEV_ROWS, width), jnp.int32)
+    jax.block_until_ready(steps.eval_step(cfg, zeros, batch, batch, c.compute_dtype))
+    timings["eval_compile_s"] = round(time.time() - t, 2)
+
+  thread = threading.Thread(target=run, name="eval-compile", daemon=True)
+  thread.start()
+  return thread
+
+
+def _same_shapes(a, b) -> bool:
+  flat = lambda t: (jax.tree.structure(t), [(x.shape, jnp.dtype(x.dtype)) for x in jax.tree.leaves(t)])
+  return flat(a) == flat(b)
+
+
+def train_and_evaluate(c, workdir: str, programs: steps.TrainPrograms | None = None) -> dict:
+  """Trains per config `c` (configs/ende.py) in `workdir`; returns the last evaluation's metrics, with
+  "timings": the seconds of each stage (setup, tokenize, each train program's compile and the wait for it,
+  steps, evaluations), steps/s and tokens/s (real tokens, both sides) over the steps' time, the number of
+  compiled train programs, and the share of the call's time spent in steps.
+
+  The train programs (one per length bucket: `prepare_programs`) start compiling in a thread before the corpus
+  is tokenized; `programs` (prepared and maybe compiled already) are used when their shapes match."""
+  t_enter = time.time()
+  os.makedirs(workdir, exist_ok=True)
+  buckets, timings, ready = _buckets(c), {}, {}
+
+  def on_ready(tokenizer, teacher):  # Before tokenizing: compile meanwhile.
+    timings["setup_s"] = round(time.time() - t_enter, 2)
+    ready["t"] = time.time()
+    ready["programs"] = programs
+    if programs is None or programs.settings.model != t5.T5Config(vocab_size=tokenizer.vocab_size, **c.model) or (
+        programs.settings.teacher != (teacher.config if teacher else None)):
+      ready["programs"] = prepare_programs(c, tokenizer.vocab_size, teacher.config if teacher else None)
+    if ready["programs"]._thread is None:
+      ready["programs"].start()
+
+  tokenizer, teacher, src, tgt, dev_all, data_key = _setup(c, workdir, on_ready=on_ready)
+  timings["tokenize_s"] = round(time.time() - ready["t"], 2)
+  programs = ready["programs"]
+  used = {bucket_of(max(len(s), len(t)), buckets) for s, t in zip(src, tgt)}  # Buckets without pairs: no program.
+  programs.keep_only([s for s in programs.planned if s[1] in used])
+  cfg, optimizer, settings = programs.settings.model, programs.optimizer, programs.settings
   dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
   dev_loss_pairs = evenly_spaced(dev_all, c.dev_loss_pairs)
+  eval_compile = _compile_eval(cfg, programs.params, tokenizer, dev_loss_pairs, c, timings)
   budgeted = c.time_budget_s > 0
-  optimizer = steps.make_optimizer(c.learning_rate, c.warmup_steps, None if budgeted else c.train_steps,
-                                      c.weight_decay)
   params = t5.init_params(cfg, jax.random.key(c.seed))
   if c.init_from:  # Continue from a saved model (e.g. an embedded one), with a fresh optimizer state.
     start = jaxspec.load(c.init_from, dtype=jnp.float32)
@@ -173,10 +246,11 @@ def train_and_evaluate(c, workdir: str) -> dict:
       print("the training data or tokenizer changed since that checkpoint: continuing with a new epoch", flush=True)
       epoch, batch_in_epoch = epoch + 1, 0
 
-  settings = steps.StepConfig(model=cfg, teacher=teacher.config if teacher else None,
-                                 distill_weight=c.distill_weight, dropout_rate=c.dropout_rate,
-                                 label_smoothing=c.label_smoothing, compute_dtype=c.compute_dtype, seed=c.seed)
   teacher_params = steps.cast(teacher.params, c.compute_dtype) if teacher else None
+  if not (_same_shapes(params, programs.params) and (teacher_params is None) == (programs.teacher is None)
+          and (teacher_params is None or _same_shapes(teacher_params, programs.teacher))):
+    print("the prepared train programs do not fit these parameters: compiling new ones", flush=True)
+    programs = prepare_programs(c, tokenizer.vocab_size, teacher.config if teacher else None).start()
   epoch_batches = lambda e: bucketed_batches(src, tgt, c.tokens_per_batch, c.max_len,
                                              np.random.RandomState(c.seed * 1000 + e), buckets=buckets)
   batches = epoch_batches(epoch)
@@ -192,6 +266,8 @@ def train_and_evaluate(c, workdir: str) -> dict:
   t_start, start_step, best, best_loss = time.time(), step, None, _best_dev_loss(workdir)
   deadline = t_enter + c.time_budget_s if budgeted else float("inf")
   last_eval, last_saved, stop = -1, step, False
+  eval_s = checkpoint_s = tokens_total = 0.0
+  wait_before, steps_done = programs.wait_s, step
   while not stop:
     stop = step >= c.train_steps or time.time() >= deadline
     if not stop:
@@ -202,10 +278,10 @@ def train_and_evaluate(c, workdir: str) -> dict:
         batches = epoch_batches(epoch)
         continue
       lr_scale = steps.budget_lr_scale((time.time() - t_start) / max(deadline - t_start, 1e-9)) if budgeted else 1.0
-      params, opt_state, m = steps.train_step(settings, optimizer, params, opt_state, inputs, labels,
-                                                 teacher_params, step, lr_scale)
+      params, opt_state, m = programs.step(params, opt_state, inputs, labels, teacher_params, step, lr_scale)
       step, batch_in_epoch = step + 1, batch_in_epoch + 1
       tokens_since += float((labels != 0).sum() + (inputs != 0).sum())
+      tokens_total += float((labels != 0).sum() + (inputs != 0).sum())
       losses.append(m)
       bar.update(1)
     if losses and (step % c.log_every == 0 or stop):
@@ -218,11 +294,17 @@ def train_and_evaluate(c, workdir: str) -> dict:
           f"{np.mean([x['grad_norm'] for x in m]):.2f} | ETA {eta / 60:.1f} min")
       t_last, tokens_since, losses = now, 0.0, []
     if c.checkpoint_every and step != last_saved and (step % c.checkpoint_every == 0 or stop):
+      jax.block_until_ready(params)  # The steps before count as steps, not as checkpointing.
+      t_checkpoint = time.time()
       last_saved = step
       manager.save(step, args=ocp.args.Composite(
           state=ocp.args.StandardSave({"params": params, "opt_state": opt_state}),
           meta=ocp.args.JsonSave({"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch, "data": data_key})))
+      checkpoint_s += time.time() - t_checkpoint
     if (step % c.eval_every == 0 or stop) and step != last_eval:
+      jax.block_until_ready(params)  # The steps before count as steps, not as evaluation.
+      t_eval = time.time()
+      eval_compile.join()
       last_eval = step
       model = jaxspec.Model(cfg, params, tokenizer)
       dev = steps.dev_metrics(cfg, params, tokenizer, dev_loss_pairs, c.max_len, c.compute_dtype)
@@ -240,13 +322,25 @@ def train_and_evaluate(c, workdir: str) -> dict:
           best = (jax.tree.map(jnp.copy, params), metrics)  # params are donated to the next step: a copy.
         else:
           _export(model, workdir, metrics, log)
+      eval_s += time.time() - t_eval
+  loop_s = time.time() - t_start
   bar.close()
   manager.wait_until_finished()
   if step < c.train_steps:
     print(f"stopped by the time budget ({c.time_budget_s:.0f} s) at step {step}, "
           f"{time.time() - t_enter:.0f} s after the start", flush=True)
+  t_export = time.time()
   if best is not None:
     _export(jaxspec.Model(cfg, best[0], tokenizer), workdir, best[1], print)
   elif not c.export_best:
     _export(jaxspec.Model(cfg, params, tokenizer), workdir, {"step": step}, print)
-  return metrics
+  wait_s = programs.wait_s - wait_before
+  steps_s = max(loop_s - eval_s - checkpoint_s - wait_s, 1e-9)
+  total = time.time() - t_enter
+  timings.update(compile_s=dict(programs.seconds), compile_wait_s=round(wait_s, 2), train_programs=programs.count,
+                 steps=step - steps_done, steps_s=round(steps_s, 4), eval_s=round(eval_s, 2),
+                 checkpoint_s=round(checkpoint_s, 2), export_s=round(time.time() - t_export, 2),
+                 steps_per_s=round((step - steps_done) / steps_s, 3), tokens_per_s=round(tokens_total / steps_s, 1),
+                 total_s=round(total, 2), step_share=round(steps_s / total, 3))
+  print(f"timings: {json.dumps(timings)}", flush=True)
+  return {**metrics, "timings": timings}

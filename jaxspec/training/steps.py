@@ -130,13 +130,22 @@ def eval_step(cfg: t5.T5Config, params, inputs, labels, compute_dtype: str = "fl
   return ce.sum(axis=1), mask.sum(axis=1), hits.sum(axis=1)
 
 
+DEV_ROWS = 128  # Rows per evaluation batch.
+
+
+def dev_width(tokenizer, dev_pairs, max_len: int) -> int:
+  """The padded length of `dev_metrics`' batches for these pairs: the bucket of the longest side (<= max_len)."""
+  src, tgt = tokenize(tokenizer, (p.en for p in dev_pairs)), tokenize(tokenizer, (p.de for p in dev_pairs))
+  return next(b for b in length_buckets(max_len) if b >= min(max_len, max(map(len, src + tgt))))
+
+
 def dev_metrics(cfg, params, tokenizer, dev_pairs, max_len: int, compute_dtype: str = "float32",
-                rows: int = 128) -> dict:
+                rows: int = DEV_ROWS) -> dict:
   """Dev loss (nats per token) and argmax accuracy, overall and per domain ("loss_natural", "acc_natural", ...).
 
-  All pairs are padded to one shape ([rows, longest bucket]), so evaluation compiles once."""
+  All pairs are padded to one shape ([rows, `dev_width`]), so evaluation compiles once."""
   src, tgt = tokenize(tokenizer, (p.en for p in dev_pairs)), tokenize(tokenizer, (p.de for p in dev_pairs))
-  width = next(b for b in length_buckets(max_len) if b >= min(max_len, max(map(len, src + tgt))))
+  width = dev_width(tokenizer, dev_pairs, max_len)
   sums, pad = [], cfg.pad_token_id
   for k in range(0, len(src), rows):
     inputs, labels = pad_rows(src[k:k + rows], width, pad, rows), pad_rows(tgt[k:k + rows], width, pad, rows)
@@ -148,3 +157,117 @@ def dev_metrics(cfg, params, tokenizer, dev_pairs, max_len: int, compute_dtype: 
     out["loss" + name] = float(ce[keep].sum() / max(count[keep].sum(), 1))
     out["acc" + name] = float(hits[keep].sum() / max(count[keep].sum(), 1))
   return out
+
+
+def _shapes(tree):
+  """ShapeDtypeStructs of a pytree of arrays (or of ShapeDtypeStructs)."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+class TrainPrograms:
+  """`train_step` compiled ahead of time (AOT: `.lower(...).compile()`) for each batch shape, in a background
+  thread, so that compilation overlaps what comes before training (tokenizing the corpus, another model's
+  training). One program per (rows, length) batch shape: with two length buckets, two programs.
+
+      programs = TrainPrograms(settings, optimizer, params, teacher_params, shapes=[(512, 32), (170, 96)])
+      programs.start()                       # returns at once; compiles in order in a thread
+      ...                                    # tokenize
+      params, opt_state, m = programs.step(params, opt_state, inputs, labels, teacher_params, step, lr_scale)
+
+  `step` waits for its shape's program (the wait is added to `wait_s`); a shape not planned is compiled on the
+  spot (and counted). `seconds` maps each program's name ("train_step[512x32]") to its compile seconds; a jitted
+  call would not reuse these programs (jit keeps its own cache), so every step goes through `step`.
+
+  Args:
+    params, teacher_params: the arrays or only their shapes (ShapeDtypeStructs; `jax.eval_shape` gives them);
+      teacher_params in the compute dtype, None without a teacher.
+    after: another TrainPrograms whose compilation must end first (one compile at a time on the host).
+  """
+
+  def __init__(self, settings: StepConfig, optimizer: optax.GradientTransformation, params, teacher_params=None,
+               shapes=(), after: "TrainPrograms | None" = None):
+    import threading
+    self.settings, self.optimizer, self.after = settings, optimizer, after
+    self.params = _shapes(params)
+    self.opt_state = jax.eval_shape(optimizer.init, self.params)
+    self.teacher = None if teacher_params is None else _shapes(teacher_params)
+    self.planned = [tuple(int(v) for v in s) for s in shapes]
+    self.programs, self.seconds, self.wait_s, self.error = {}, {}, 0.0, None
+    self._lock, self._done, self._thread = threading.Lock(), threading.Event(), None
+
+  @staticmethod
+  def name(rows: int, length: int) -> str:
+    return f"train_step[{rows}x{length}]"
+
+  def _compile(self, rows: int, length: int):
+    import time
+    batch = jax.ShapeDtypeStruct((rows, length), jnp.int32)
+    t = time.time()
+    program = train_step.lower(self.settings, self.optimizer, self.params, self.opt_state, batch, batch,
+                               self.teacher, jax.ShapeDtypeStruct((), jnp.int32),
+                               jax.ShapeDtypeStruct((), jnp.float32)).compile()
+    with self._lock:
+      self.programs[(rows, length)] = program
+      self.seconds[self.name(rows, length)] = round(time.time() - t, 2)
+    return program
+
+  def _run(self):
+    try:
+      if self.after is not None:
+        self.after._done.wait()  # Not `wait()`: that time is the other's callers' to count.
+      for shape in list(self.planned):
+        if shape in self.planned and shape not in self.programs:  # `keep_only` may have dropped it meanwhile.
+          self._compile(*shape)
+    except Exception as e:  # Re-raised in the caller's thread by `wait` / `step`.
+      self.error = e
+    finally:
+      self._done.set()
+
+  def keep_only(self, shapes) -> None:
+    """Drops the planned shapes not in `shapes` (those the data never uses) unless compiled already."""
+    keep = {tuple(int(v) for v in s) for s in shapes}
+    self.planned = [s for s in self.planned if s in keep or s in self.programs]
+
+  def start(self) -> "TrainPrograms":
+    """Starts compiling the planned shapes in a daemon thread; returns self."""
+    import threading
+    self._thread = threading.Thread(target=self._run, name="train-programs", daemon=True)
+    self._thread.start()
+    return self
+
+  def wait(self) -> None:
+    """Blocks until the planned programs are compiled (or the compilation failed: its error is raised)."""
+    import time
+    t = time.time()
+    if self._thread is None:
+      self.start()
+    self._done.wait()
+    self.wait_s += time.time() - t
+    if self.error is not None:
+      raise self.error
+
+  def step(self, params, opt_state, inputs, labels, teacher_params=None, step=0, lr_scale=1.0):
+    """`train_step` with this batch shape's compiled program: (params, opt_state, metrics)."""
+    shape = tuple(inputs.shape)
+    program = self.programs.get(shape)
+    if program is None:
+      if shape in self.planned:
+        self.wait()
+        program = self.programs[shape]
+      else:  # Not planned: compiled now, and counted.
+        import time
+        t = time.time()
+        program = self._compile(*shape)
+        self.wait_s += time.time() - t
+    return program(params, opt_state, inputs, labels, teacher_params, np.int32(step), np.float32(lr_scale))
+
+  @property
+  def count(self) -> int:
+    """Programs compiled so far."""
+    return len(self.programs)
+
+
+def batch_shapes(tokens_per_batch: int, buckets: list[int]) -> list[tuple[int, int]]:
+  """The (rows, length) shapes of `bucketed_batches` with these buckets: one per bucket, shortest first (the
+  short bucket holds most pairs, so a random batch order most likely needs its program first)."""
+  return [(max(1, tokens_per_batch // b), b) for b in sorted(buckets)]

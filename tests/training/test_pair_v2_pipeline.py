@@ -1,7 +1,8 @@
 """launch/train_pair_v2.py end to end with tiny shapes on a tiny corpus (the pipeline a lent GPU runs in one call).
 
 Target training, distillation, the draft with KL to the target, packing into archive parts, the evaluations; the
-parts must restore loadable models whose speculative greedy output equals the target's.
+parts must restore loadable models whose speculative greedy output equals the target's. Each model compiles one
+train program per length bucket (two here: 16 and 32), ahead of time, and summary.json times every stage.
 """
 
 import io
@@ -21,7 +22,7 @@ from script_helpers import run_script
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
 TOKENIZER_V2 = os.path.join(ROOT, "configs", "ende_tokenizer")
 TINY = {"d_model": 16, "d_kv": 8, "d_ff": 32, "num_layers": 1, "num_decoder_layers": 1, "num_heads": 2}
-COMMON = ["max_len=32", "length_buckets=16", "tokens_per_batch=256", "log_every=2", "eval_every=3",
+COMMON = ["max_len=32", "length_buckets=16", "tokens_per_batch=256", "log_every=2", "eval_every=2",
           "dev_loss_pairs=16", "warmup_steps=2", "compute_dtype=float32"]
 
 
@@ -50,17 +51,33 @@ def _unpack(out, name, dest):
 def test_pipeline_end_to_end(corpus, tmp_path):
   out, work = tmp_path / "out", tmp_path / "work"
   args = ["launch/train_pair_v2.py", f"--corpus={corpus}", f"--out={out}", f"--workdir={work}",
-          "--distill_pairs=195", "--dev_pairs=16", "--batch_size=32", "--eval_per_domain=8",
+          "--distill_pairs=195", "--dev_pairs=16", "--batch_size=64", "--eval_per_domain=8",
           "--alpha_sentences=0", "--shard_bytes=60000", "--part_bytes=100000", "--deadline_s=100000"]
-  for name, steps, budget in (("target", 6, 1000), ("draft", 10**6, 4)):  # The draft stops at its time budget.
+  for name, steps, budget in (("target", 4, 1000), ("draft", 10**6, 3)):  # The draft stops at its time budget.
     args += [f"--{name}_config.{k}" for k in COMMON + [f"train_steps={steps}", f"time_budget_s={budget}"]]
     args += [f"--{name}_config.model.{k}={v}" for k, v in TINY.items()]
   res = run_script(args)
   assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-  assert "stopped by the time budget (4 s)" in res.stdout  # the draft's; the target stopped at its 6 steps
+  assert "stopped by the time budget (3 s)" in res.stdout  # the draft's; the target stopped at its 4 steps
+  assert "do not fit" not in res.stdout  # the draft's programs, compiled while the target trained, were used
 
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["target"]["step"] == 6 and summary["target"]["exported"]["step"] in (3, 6)
+  print(json.dumps({k: summary[k] for k in ("stages_s", "environment")}), json.dumps(summary["target"]["timings"]),
+        json.dumps(summary["draft"]["timings"]))
+  assert summary["target"]["step"] == 4 and summary["target"]["exported"]["step"] in (2, 4)
+  for model in ("target", "draft"):  # one compiled train program per bucket, each timed; the stages' seconds
+    timings = summary[model]["timings"]
+    assert timings["train_programs"] == 2, json.dumps(timings)
+    assert sorted(timings["compile_s"]) == ["train_step[16x16]", "train_step[8x32]"]
+    assert all(v > 0 for v in timings["compile_s"].values()) and timings["eval_compile_s"] > 0
+    for key in ("setup_s", "tokenize_s", "compile_wait_s", "eval_s", "export_s"):
+      assert timings[key] >= 0, key
+    assert timings["steps_s"] > 0 and timings["steps_per_s"] > 0 and timings["tokens_per_s"] > 0, json.dumps(timings)
+    assert timings["steps"] == summary[model]["step"] and 0 < timings["step_share"] < 1
+  stages = {k: v for k, v in summary["stages_s"].items() if k != "ended_s"}
+  assert set(stages) == {"target", "pack_target", "distill", "test_eval", "draft", "pack_draft"}
+  assert all(v > 0 for v in stages.values())
+  assert summary["environment"]["backend"] == "cpu" and "xla_flags" in summary["environment"]
   sources = distillation_sources(read_pairs(str(corpus / "train.tsv.gz")), 195)  # those of <= 32 tokens count
   kept = [p for p in sources if len(load_tokenizer(TOKENIZER_V2).encode(p.en)) <= 32]
   assert summary["distill"]["pairs"] == {d: sum(p.domain == d for p in kept) for d in DOMAINS}

@@ -1,0 +1,319 @@
+"""Issue 32's GPU measurements in one prepared run (launch/gpu_round3.py; docs/accelerator.md): the oracle loop at
+the paper's and EAGLE-3's acceptance, the draft step's kernels with XLA's command buffers on and off, XLA's
+autotune level against the train step's compile and step time. A benchmark tool, not library API.
+
+Every measurement uses random weights of the real shapes (bfloat16 on an accelerator, float32 on the CPU) and
+`oracle.OracleDrafter`, so acceptance is designed and the costs are the real drafters': the draft model's, the
+feature head's (EAGLE-3 for a Llama-3.1-8B shape, a T5 head for t5-11b), their trees. `tiny=True` swaps in
+tiny shapes of the same families (the CPU test of the script).
+
+Shapes: B batch (1 here), S prompt length, N generated tokens.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxspec
+from jaxspec.bench import oracle, presets, timing
+from jaxspec.decoding import engine
+from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.tree import Tree
+from jaxspec.models import eagle3, t5
+from jaxspec.models.decoder_only.llama import LlamaConfig
+from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.training.head import head_config, t5_head_config
+
+EAGLE3_TAU = 6.13  # EAGLE-3 (Li et al. 2025), Llama-3.1-8B, MT-bench, temperature 0: tokens per target call
+EAGLE3_SPEEDUP = 4.40  # its speedup there
+LLAMA_8B = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32, num_heads=32,
+                num_kv_heads=8, head_dim=128, eos_ids=(128009,), pad_token_id=0, bos_token_id=128000)
+LLAMA_TINY = dict(vocab_size=256, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4, num_kv_heads=2,
+                  head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
+T5_TINY = {"target": dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=3, num_heads=4),
+           "draft": dict(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)}
+T5_VOCAB = 32128
+
+
+class CompileCounter:
+  """Counts XLA backend compilations (and their seconds) while active: `with counter.stage("name"): ...`."""
+
+  def __init__(self):
+    self.count, self.seconds, self.stages, self._on = 0, 0.0, {}, False
+    jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+  def _listen(self, name, seconds, **_):
+    if self._on and name == "/jax/core/compile/backend_compile_duration":
+      self.count, self.seconds = self.count + 1, self.seconds + seconds
+
+  def stage(self, name: str):
+    counter = self
+
+    class _Stage:
+      def __enter__(self):
+        counter._on, self.start = True, (counter.count, counter.seconds)
+        return self
+
+      def __exit__(self, *exc):
+        counter.stages[name] = {"programs": counter.count - self.start[0],
+                                "compile_s": round(counter.seconds - self.start[1], 2)}
+        return False
+
+    return _Stage()
+
+
+def _dtype():
+  return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
+
+
+def chain_alpha_for(tau: float, gamma: int) -> float:
+  """The alpha at which a chain of gamma drafts makes tau tokens per iteration: (1 - a^(g+1)) / (1 - a) = tau."""
+  lo, hi = 0.0, 1.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if (1 - mid ** (gamma + 1)) / (1 - mid) < tau else (lo, mid)
+  return (lo + hi) / 2
+
+
+def _time_decode(settings, target_params, draft_params, ids, lengths, repeats: int) -> float:
+  run = lambda: oracle.decode(settings, target_params, draft_params, ids, lengths)
+  return timing.median_time(run, repeats, warmup=1)
+
+
+@dataclasses.dataclass
+class Case:
+  """One oracle measurement: a drafter on a target, chain (alpha) or tree (accepted per iteration)."""
+
+  name: str
+  drafter: object  # the inner drafter (ModelDrafter, HeadDrafter, CrossHeadDrafter)
+  params: object  # its params
+  gamma: int
+  alpha: float = 0.0
+  accepted: float = 0.0
+  tree: Tree | None = None
+  paper: dict | None = None  # the published numbers beside it
+
+
+def run_cases(target: jaxspec.Model, cases: list[Case], *, prompt_len: int, max_new_tokens: int, repeats: int,
+              counter: CompileCounter, seed: int = 0) -> list[dict]:
+  """Plain greedy decoding and each case's oracle loop at batch 1 on one random prompt: ms per token, speedup,
+  the measured acceptance next to the design, the compiled programs per case."""
+  decoder, vocab = target.decoder(), target.config.vocab_size
+  ids = jnp.asarray(np.random.RandomState(seed).randint(3, min(vocab, 32000), size=(1, prompt_len)), jnp.int32)
+  lengths = jnp.full((1,), prompt_len, jnp.int32)
+  seeds = np.asarray([seed + 7], np.uint32)
+  plain_tokens = max_new_tokens + 16  # also the oracle's answer key: >= max_new_tokens + gamma + 1
+  with counter.stage(f"{target.name}:plain"):  # one program for the key and the plain timing
+    greedy = oracle.greedy_tokens(decoder, target.params, ids, lengths, plain_tokens)
+    plain = _time_decode(oracle.plain_settings(decoder, plain_tokens), target.params, None, ids, lengths,
+                         repeats) / plain_tokens * max_new_tokens  # seconds for max_new_tokens tokens
+  rows = [{"case": "plain", "target": target.name, "ms_per_token": plain / max_new_tokens * 1e3,
+           **counter.stages[f"{target.name}:plain"]}]
+  print(json.dumps(rows[-1]), flush=True)
+  for case in cases:
+    drafter = oracle.OracleDrafter(case.drafter, vocab)
+    settings = oracle.drafter_settings(decoder, drafter, case.gamma, max_new_tokens, case.tree)
+    params = oracle.drafter_params(case.params, greedy, seeds, alpha=case.alpha, accepted=case.accepted)
+    with counter.stage(case.name):
+      state = oracle.decode(settings, target.params, params, ids, lengths)
+      same = bool(np.array_equal(np.asarray(state.sequences)[:, 1:1 + max_new_tokens],  # host slices: no
+                                 np.asarray(greedy)[:, :max_new_tokens]))  # programs beside the loop's
+      seconds = _time_decode(settings, target.params, params, ids, lengths, repeats)
+    measured = oracle.measured_acceptance(jax.device_get(state.stats), case.gamma)
+    design = ({"alpha": case.alpha, "tokens_per_iteration": (1 - case.alpha ** (case.gamma + 1)) / (1 - case.alpha)
+               if case.alpha < 1 else case.gamma + 1} if case.tree is None else
+              {"tokens_per_iteration": 1 + min(case.accepted, case.gamma)})
+    row = {"case": case.name, "target": target.name, "gamma": case.gamma,
+           "tree": None if case.tree is None else dataclasses.asdict(case.tree), "design": design,
+           "measured": measured, "identical_to_plain": same, "ms_per_token": seconds / max_new_tokens * 1e3,
+           "speedup": plain / seconds, "paper": case.paper, **counter.stages[case.name]}
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+  return rows
+
+
+def _t5_head(target: jaxspec.Model, dtype, **sizes) -> jaxspec.FeatureHead:
+  cfg = t5_head_config(target.config, target.config.vocab_size, **sizes)
+  return jaxspec.FeatureHead(cfg, eagle3.init_params(cfg, jax.random.key(3), dtype), name="t5-head")
+
+
+def ende_cases(tiny: bool, max_new_tokens: int) -> tuple[jaxspec.Model, list[Case]]:
+  """The paper's EnDe small row (Table 2: t5-11b / t5-small, gamma 7, alpha 0.75, 3.4x): the draft model's
+  chain and tree, the T5 head with the target's width (copied) and one sized for drafting."""
+  dtype, row = _dtype(), presets.paper_row("ende_small_t0")
+  if tiny:
+    target = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **T5_TINY["target"]), 0, dtype, name="t5-tiny")
+    draft = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **T5_TINY["draft"]), 1, dtype, name="t5-tiny-d")
+    slim = dict(intermediate_size=32, num_heads=2, head_dim=8)
+  else:
+    target = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **T5_SHAPES["t5-11b"]), 0, dtype, name="t5-11b")
+    draft = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **T5_SHAPES["t5-small"]), 1, dtype,
+                                 name="t5-small")
+    slim = dict(intermediate_size=2816, num_heads=16, head_dim=64)
+  gamma, alpha = row.gamma, row.alpha
+  paper = {"alpha": row.alpha, "gamma": row.gamma, "c": row.c, "speedup": row.speedup, "expected": row.exp}
+  tau = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+  model_drafter = ModelDrafter(draft.decoder())
+  cases = [Case("ende_small:t5-small chain", model_drafter, draft.params, gamma, alpha=alpha, paper=paper),
+           Case("ende_small:t5-small tree(4,16) at the chain's tau", model_drafter, draft.params, gamma,
+                accepted=tau - 1, tree=Tree(top_k=4, nodes=16), paper=paper)]
+  for label, sizes in (("copied", {}), ("slim", slim)):
+    head = _t5_head(target, dtype, **sizes)
+    drafter, params = engine.head_drafter(target, head)
+    cases.append(Case(f"ende_small:t5 head ({label}: d_ff {head.config.intermediate_size}, "
+                      f"{head.config.num_heads} heads) chain", drafter, params, gamma, alpha=alpha, paper=paper))
+  return target, cases
+
+
+def llama_cases(tiny: bool) -> tuple[jaxspec.Model, list[Case]]:
+  """A Llama-3.1-8B-shaped target with an EAGLE-3 head (32k draft vocabulary) at EAGLE-3's accepted length:
+  its tree (top_k 8, 60 nodes, depth 7) and a chain at the alpha that gives the same tokens per iteration."""
+  dtype = _dtype()
+  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
+  target = jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape")
+  hcfg = head_config(cfg, 64 if tiny else 32000)
+  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+  drafter, params = engine.head_drafter(target, head)
+  gamma = 7
+  paper = {"tau": EAGLE3_TAU, "speedup": EAGLE3_SPEEDUP, "source": "EAGLE-3, Llama-3.1-8B, MT-bench, T=0"}
+  tree = Tree(top_k=4, nodes=12) if tiny else Tree(top_k=8, nodes=60)
+  return target, [
+      Case("llama8b:eagle3 tree at tau 6.1", drafter, params, gamma, accepted=6.1 - 1, tree=tree, paper=paper),
+      Case("llama8b:eagle3 chain at tau 6.1", drafter, params, gamma, alpha=chain_alpha_for(6.1, gamma),
+           paper=paper)]
+
+
+# --- Kernels per draft step (command buffers, fusion flags) -------------------------------------------------------
+
+KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "sort", "scatter", "gather",
+              "dynamic-update-slice", "dynamic-slice", "reduce", "transpose", "broadcast", "select", "concatenate")
+
+
+def kernel_count(hlo: str) -> dict:
+  """Instructions of the optimised HLO's entry computation that launch work on a GPU (fusions, custom calls,
+  unfused ops), and command-buffer regions (XLA wraps captured kernels in `command_buffer` calls)."""
+  entry = hlo[hlo.find("ENTRY"):]
+  entry = entry[:entry.find("\n}\n") if "\n}\n" in entry else len(entry)]
+  ops = re.findall(r"=\s*\S+\s+([a-z][\w-]*)\(", entry)
+  launches = [o for o in ops if o in KERNEL_OPS]
+  return {"entry_instructions": len(ops), "launching": len(launches),
+          "fusions": sum(o == "fusion" for o in ops), "custom_calls": sum(o == "custom-call" for o in ops),
+          "command_buffers": hlo.count("command_buffer"), "whiles": sum(o == "while" for o in ops)}
+
+
+def draft_step_probe(tiny: bool, repeats: int) -> dict:
+  """The t5-small decoder's 1-token step and the EAGLE-3 head's step (Llama-3.1-8B shape): kernels in the
+  compiled program and ms per step (median of `repeats` timed loops of 16 steps)."""
+  from jaxspec.bench import costs
+  dtype, out = _dtype(), {}
+  shape = T5_TINY["draft"] if tiny else T5_SHAPES["t5-small"]
+  small = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **shape), 1, dtype, name="t5-small")
+  decoder = small.decoder()
+  ids = jnp.asarray(np.random.RandomState(0).randint(3, 1000, size=(1, 16)), jnp.int32)
+  cache, _ = decoder.prefill(small.params, ids, jnp.full((1,), 16, jnp.int32), 64)
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  step = jax.jit(lambda p, c: decoder.step(p, c, tokens)[0])
+  out["t5_small_step"] = {**kernel_count(step.lower(small.params, cache).compile().as_text()),
+                          "ms": costs.decoder_step_time(small, 1, 1, repeats=repeats) * 1e3}
+  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
+  target = jaxspec.Model.random(cfg, 0, dtype, name="llama")
+  hcfg = head_config(cfg, 64 if tiny else 32000)
+  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+  out["eagle3_head_step"] = {"ms": costs.head_step_time(target, head, 1, repeats=repeats) * 1e3}
+  out["target_step_ms"] = costs.decoder_step_time(target, 1, 1, repeats=repeats) * 1e3
+  return out
+
+
+KERNEL_VARIANTS = {  # XLA_FLAGS added per variant (each in its own process: flags are read at backend start)
+    "default": "",
+    "no_command_buffers": "--xla_gpu_enable_command_buffer=",
+    "command_buffers_all": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,COLLECTIVES,"
+                           "CONDITIONAL,WHILE --xla_gpu_graph_min_graph_size=1",
+    "autotune_0": "--xla_gpu_autotune_level=0",
+}
+
+
+def _subprocess(args: list[str], extra_flags: str, timeout: float) -> dict:
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + extra_flags).strip()
+  t = time.time()
+  try:
+    res = subprocess.run([sys.executable, "-m", "jaxspec.bench.round3"] + args, env=env, capture_output=True,
+                         text=True, timeout=timeout)
+  except subprocess.TimeoutExpired:
+    return {"error": f"timed out after {timeout:.0f} s", "xla_flags": env["XLA_FLAGS"]}
+  lines = [l for l in res.stdout.splitlines() if l.startswith("{")]
+  if res.returncode != 0 or not lines:
+    return {"error": res.stderr[-1500:], "xla_flags": env["XLA_FLAGS"]}
+  return {**json.loads(lines[-1]), "xla_flags": env["XLA_FLAGS"], "process_s": round(time.time() - t, 1)}
+
+
+def kernel_variants(tiny: bool, repeats: int, timeout: float, variants=None) -> dict:
+  """`draft_step_probe` under each of KERNEL_VARIANTS' XLA flags (a process each)."""
+  args = ["probe"] + (["--tiny"] if tiny else []) + [f"--repeats={repeats}"]
+  return {name: _subprocess(args, KERNEL_VARIANTS[name], timeout) for name in (variants or KERNEL_VARIANTS)}
+
+
+# --- XLA's autotune level against the pair's train step ---------------------------------------------------------
+
+def train_step_probe(tiny: bool, steps: int) -> dict:
+  """configs/ende.py:target_v2's train programs (two buckets; tiny shapes with --tiny): compile seconds each,
+  then ms per step on random batches of each shape."""
+  sys.path.insert(0, os.path.join(os.path.dirname(jaxspec.__file__), "..", "configs"))
+  from jaxspec.training import loop as train_loop
+  import ende as ende_config  # configs/ende.py (needs ml_collections)
+  c = ende_config.get_config("target_v2")
+  if tiny:
+    c.model.update(d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2)
+    c.tokens_per_batch, c.max_len, c.length_buckets = 256, 32, "16"
+  if jax.default_backend() == "cpu":
+    c.compute_dtype = "float32"
+  programs = train_loop.prepare_programs(c, 8000)
+  programs.wait()
+  params = t5.init_params(programs.settings.model, jax.random.key(0))
+  opt_state = programs.optimizer.init(params)
+  rng, out = np.random.RandomState(0), {"compile_s": dict(programs.seconds)}
+  for rows, length in programs.planned:
+    batch = rng.randint(3, 8000, size=(rows, length)).astype(np.int32)
+    params, opt_state, m = programs.step(params, opt_state, batch, batch, None, 0, 1.0)
+    jax.block_until_ready(m)
+    t = time.perf_counter()
+    for i in range(steps):
+      params, opt_state, m = programs.step(params, opt_state, batch, batch, None, i + 1, 1.0)
+    jax.block_until_ready(m)
+    out[f"step_ms[{rows}x{length}]"] = (time.perf_counter() - t) / steps * 1e3
+  return out
+
+
+def autotune_levels(tiny: bool, steps: int, timeout: float, levels=(4, 0)) -> dict:
+  """`train_step_probe` with --xla_gpu_autotune_level=N for each level (4 is XLA's default), a process each."""
+  args = ["train_probe"] + (["--tiny"] if tiny else []) + [f"--steps={steps}"]
+  return {f"level_{n}": _subprocess(args, f"--xla_gpu_autotune_level={n}", timeout) for n in levels}
+
+
+def _main(argv: list[str]) -> None:
+  """Subprocess entry: `python -m jaxspec.bench.round3 probe|train_probe [--tiny] [--repeats=N] [--steps=N]`,
+  one JSON line on stdout."""
+  tiny = "--tiny" in argv
+  value = lambda k, d: int(next((a.split("=")[1] for a in argv if a.startswith(f"--{k}=")), d))
+  if argv[0] == "probe":
+    result = draft_step_probe(tiny, value("repeats", 5))
+  elif argv[0] == "train_probe":
+    result = train_step_probe(tiny, value("steps", 10))
+  else:
+    raise SystemExit(f"unknown probe {argv[0]!r}")
+  print(json.dumps({"backend": jax.default_backend(), **result}), flush=True)
+
+
+if __name__ == "__main__":
+  _main(sys.argv[1:])

@@ -1,0 +1,37 @@
+"""launch/gpu_round3.py with tiny shapes on the CPU (the script a lent GPU runs; issue 32 item 5): one oracle
+target (a tiny Llama with an EAGLE-3 head: tree and chain at 6.1 tokens per iteration), one kernel variant, one
+autotune level; round3.json and round3.md carry the machine, the command and every result."""
+
+import json
+
+from script_helpers import run_script
+
+
+def test_round3_tiny(tmp_path):
+  out = tmp_path / "r3"
+  res = run_script(["launch/gpu_round3.py", "--tiny", f"--out={out}", "--oracle_cases=llama", "--max_new_tokens=24",
+                    "--prompt_len=8", "--repeats=1", "--kernel_variants=no_command_buffers", "--autotune_levels=0",
+                    "--train_steps=1", "--budget_s=100000"], timeout=900)
+  assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+  r = json.loads((out / "round3.json").read_text())
+  assert not r["errors"] and not r["skipped"], (r["errors"], r["skipped"])
+  env = r["environment"]
+  assert env["backend"] == "cpu" and env["jax"] and "gpu_round3.py" in env["command"]
+  rows = {row["case"]: row for row in r["oracle"]["rows"]}
+  assert set(rows) == {"plain", "llama8b:eagle3 tree at tau 6.1", "llama8b:eagle3 chain at tau 6.1"}
+  for name, row in rows.items():
+    assert row["ms_per_token"] > 0 and row["programs"] >= 1
+    if name != "plain":
+      assert row["identical_to_plain"] and row["design"]["tokens_per_iteration"] > 6
+      assert abs(row["measured"]["tokens_per_iteration"] - 6.1) < 1.0, row  # 4-5 iterations of 24 tokens
+      assert row["programs"] <= 2, row  # the loop's prefill and run, nothing else (no recompiles)
+  kernels = r["kernels"]["no_command_buffers"]
+  assert "--xla_gpu_enable_command_buffer=" in kernels["xla_flags"], kernels
+  assert kernels["t5_small_step"]["fusions"] >= 1 and kernels["t5_small_step"]["ms"] > 0
+  assert kernels["eagle3_head_step"]["ms"] > 0 and kernels["target_step_ms"] > 0
+  tune = r["autotune"]["level_0"]
+  assert "--xla_gpu_autotune_level=0" in tune["xla_flags"]
+  assert sorted(tune["compile_s"]) == ["train_step[16x16]", "train_step[8x32]"]  # two buckets, two programs
+  assert tune["step_ms[16x16]"] > 0 and tune["step_ms[8x32]"] > 0
+  md = (out / "round3.md").read_text()
+  assert "Oracle loop" in md and "eagle3 tree" in md and "autotune" in md
