@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import jaxspec
 from jaxspec.serving import server as serving
-from tests.serving.stub_engine import Settings, StubEngine
+from stub_engine import Settings, StubEngine
 
 MODEL = "stub-ende"
 SLOTS, QUEUE, MAX_TOKENS = 2, 1, 12
