@@ -13,6 +13,8 @@ JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of 
 tuner) in place of the fixed --gamma / --tree. docs/serving.md has the API and the benchmark.
 """
 
+import sys
+
 from absl import flags
 
 from jaxspec.cli import flags as cli_flags, jobs
@@ -37,6 +39,24 @@ flags.register_validator("tree", lambda v: v != cli_flags.AUTO, message="--tree 
 flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma takes an integer here")
 
 
+def _draft_spec(target) -> str:
+  """--draft ('' for 'none'), or '' (plain decoding, said on stderr) when it is left at its default and cannot
+  draft for target (as generate.py does)."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  if FLAGS.draft.strip().lower() == "none":
+    return ""
+  if FLAGS["draft"].present or not FLAGS.draft:
+    return FLAGS.draft
+  default = jaxspec.load(FLAGS.draft)
+  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
+      and target.tokenizer.same_as(default.tokenizer)):
+    return FLAGS.draft
+  print(f"--draft left at its default {FLAGS.draft!r}, which cannot draft for {FLAGS.target} (another tokenizer or "
+        "family): serving plainly; pass --draft to speculate.", file=sys.stderr)
+  return ""
+
+
 def main(argv):
   del argv
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
@@ -44,8 +64,12 @@ def main(argv):
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   mesh = cli_flags.mesh()
-  spec = "" if FLAGS.draft.strip().lower() == "none" else FLAGS.draft
-  target, draft = jobs.load_pair(FLAGS.target, spec, mesh)
+  target = jobs.load_target(FLAGS.target, mesh)
+  spec = _draft_spec(target)
+  drafts = jobs.load_drafts(spec, target, mesh)
+  if len(drafts) > 1:
+    raise InputError(f"--draft={spec}: one draft expected here, got {len(drafts)}.")
+  draft = next(iter(drafts.values()), None)
   table = None
   if _TABLE.value:
     try:

@@ -140,17 +140,18 @@ def _ids(kind: str) -> tuple[str, str, str]:
 
 async def _complete(http: HTTPRequest, handle: Handle, kind: str, model: str) -> JSONResponse:
   """Waits for the whole text (cancelling the request if the client goes away) and answers it in one body."""
-  parts, last = [], None
-  events = handle.events()
+  parts, last, checked = [], None, time.monotonic()
   try:
     while last is None:
-      try:
-        event = await asyncio.wait_for(anext(events), _DISCONNECT_POLL_S)
-      except asyncio.TimeoutError:
+      if time.monotonic() - checked >= _DISCONNECT_POLL_S:
+        checked = time.monotonic()
         if await http.is_disconnected():
           handle.cancel()
           return JSONResponse({"error": {"message": "client disconnected", "type": "client_closed",
                                          "param": None, "code": None}}, status_code=499)
+      try:  # (the queue, not handle.events(): a timeout cancelling an async generator's anext would close it)
+        event = await asyncio.wait_for(handle.queue.get(), _DISCONNECT_POLL_S)
+      except asyncio.TimeoutError:
         continue
       parts.append(event.text)
       if event.finish_reason is not None or event.error is not None:

@@ -56,6 +56,7 @@ class Handle:
     self.done = False       # the last event was put (engine thread)
     self.cancelled = False
     self.text: TextStream | None = None
+    self.settings = None  # the engine's RequestSettings (made by submit)
 
   @property
   def prompt_tokens(self) -> int:
@@ -131,7 +132,13 @@ class Scheduler:
     if not self.ready.is_set():
       raise APIError(503, f"the server is not ready: {self.failure or 'compiling (GET /health says when)'}.",
                      type="server_error", code="not_ready")
+    try:  # the engine's own checks, in the caller's thread: a refused setting is the client's 400
+      settings = self.settings_type(max_tokens=request.max_tokens, temperature=request.temperature,
+                                    top_k=request.top_k, top_p=request.top_p, seed=request.seed)
+    except ValueError as e:
+      raise APIError(400, str(e), code="invalid_value") from None
     handle = Handle(self, request, loop, next(self._numbers))
+    handle.settings = settings
     with self._cond:
       if len(self._active) + len(self._waiting) >= self.engine.slots + self.queue_size:  # beyond free slots
         raise APIError(429, f"the request queue is full ({len(self._waiting)} waiting, {len(self._active)} decoding, for {self.engine.slots} slots): "
@@ -201,10 +208,8 @@ class Scheduler:
         self.metrics.queue_length.set(len(self._waiting))
       slot = free.pop(0)
       r = handle.request
-      settings = self.settings_type(max_tokens=r.max_tokens, temperature=r.temperature, top_k=r.top_k,
-                                    top_p=r.top_p, seed=r.seed)
       try:
-        self.engine.insert(slot, list(r.prompt_ids), settings)
+        self.engine.insert(slot, list(r.prompt_ids), handle.settings)
       except Exception as e:  # pylint: disable=broad-except  (one request's failure, said to its client)
         logging.exception("insert failed")
         free.insert(0, slot)

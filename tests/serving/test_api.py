@@ -179,6 +179,22 @@ def test_queue_bound_429_and_disconnect_frees_slots(live, client):
   assert out.choices[0].text == _expected_text(engine, "After the storm.")
 
 
+def test_slow_whole_answers_and_their_disconnects(live, client):
+  server, engine, scheduler = live
+  engine.step_s, engine.per_step = 0.3, 1  # answers take longer than the server's disconnect poll
+  try:
+    out = client.completions.create(model=MODEL, prompt="A slow cat.", temperature=0, max_tokens=5)
+    assert out.choices[0].text == _expected_text(engine, "A slow cat.", max_tokens=5)
+    freed = len(engine.freed)
+    with pytest.raises(httpx.ReadTimeout):  # a non-streaming client that gives up
+      httpx.post(server.url + "/v1/completions", json={"model": MODEL, "prompt": "Gone.", "max_tokens": 16},
+                 timeout=1.0)
+    _wait(lambda: scheduler.active == 0 and not engine.state, timeout=5)
+    assert len(engine.freed) == freed + 1
+  finally:
+    engine.step_s, engine.per_step = 0.0, 2
+
+
 def test_metrics_parse_and_count(live, client):
   server, _, _ = live
   def scrape():

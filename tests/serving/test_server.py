@@ -1,0 +1,163 @@
+"""launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3) in a subprocess on 127.0.0.1, driven by
+the official `openai` client. Greedy text equals `jaxspec.generate`'s plain greedy text for each prompt whatever
+runs beside it, a seeded request gives the same text alone and under load, streaming equals the whole answer,
+a client that disconnects mid-stream frees its slot (GET /metrics: every slot free again) and later requests are
+still right; the benchmark (jaxspec.bench.serving) runs against it. The HTTP layer's every bad request, the 429
+and stop strings: test_api.py."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+import pytest
+
+import jaxspec
+from jaxspec.bench import serving as bench
+from jaxspec.serving.server import free_port
+from script_helpers import ROOT, script_env
+
+MODEL = "ende-target"
+SLOTS, MAX_NEW = 3, 16
+PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", "The weather is nice today.",
+           "We read a book."]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  port = free_port()
+  log = open(tmp_path_factory.mktemp("serve") / "log.txt", "w+b")
+  args = [sys.executable, "launch/serve.py", f"--port={port}", f"--slots={SLOTS}", "--max_input_length=16",
+          f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=2", "--gamma=3", "--queue=4", "--log_level=warning"]
+  proc = subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=log, stderr=subprocess.STDOUT)
+  url = f"http://127.0.0.1:{port}"
+  try:
+    codes, deadline = [], time.monotonic() + 600
+    while not codes or codes[-1] != 200:
+      assert proc.poll() is None, _tail(log)
+      assert time.monotonic() < deadline, "the server was not ready in 600 s"
+      try:
+        codes.append(httpx.get(url + "/health", timeout=5).status_code)
+      except httpx.TransportError:
+        pass
+      time.sleep(0.2)
+    yield url, codes
+  finally:
+    proc.terminate()
+    try:
+      proc.wait(30)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+    print(_tail(log))  # shown when a test failed: the server's own log
+    log.close()
+
+
+def _tail(log) -> str:
+  log.flush()
+  log.seek(0)
+  return log.read().decode(errors="replace")[-4000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+  return openai.OpenAI(base_url=server[0] + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def greedy():
+  """jaxspec.generate's plain greedy text of each prompt alone, max_tokens MAX_NEW."""
+  target = jaxspec.load(MODEL)
+  out = jaxspec.generate(target, PROMPTS, max_new_tokens=MAX_NEW, max_input_length=16)
+  return {p: target.tokenizer.decode(out.tokens[i, :out.lengths[i]]) for i, p in enumerate(PROMPTS)}
+
+
+def _metric(url, name):
+  return bench.scrape(url)[name]
+
+
+def test_health_is_503_until_compiled(server):
+  codes = server[1]
+  assert codes[-1] == 200 and 503 in codes  # it answered while compiling, then became ready
+
+
+def test_greedy_equals_generate_while_requests_join_and_leave(client, greedy):
+  # More requests than slots, with different lengths: they wait, join free slots and retire at other steps.
+  def ask(i, p):
+    return client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=MAX_NEW - (i % 3))
+  with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:
+    outs = list(pool.map(ask, range(len(PROMPTS)), PROMPTS))
+  for i, (p, out) in enumerate(zip(PROMPTS, outs)):
+    want = MAX_NEW - (i % 3)
+    if out.choices[0].finish_reason == "length":
+      assert out.usage.completion_tokens == want
+    assert greedy[p].startswith(out.choices[0].text), (p, out.choices[0].text, greedy[p])
+    if out.usage.completion_tokens < want or want == MAX_NEW:
+      assert out.choices[0].text == greedy[p]
+  stream = client.completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0, stream=True,
+                                     stream_options={"include_usage": True})
+  chunks = list(stream)
+  assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy[PROMPTS[0]]
+  assert chunks[-1].usage.completion_tokens == outs[0].usage.completion_tokens
+
+
+def test_seeded_sampling_same_alone_and_under_load(client):
+  kw = dict(model=MODEL, prompt=PROMPTS[1], temperature=1.0, max_tokens=MAX_NEW)
+  alone = [client.completions.create(seed=s, **kw).choices[0].text for s in (11, 11, 12)]
+  assert alone[0] == alone[1]
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    load = [pool.submit(client.completions.create, model=MODEL, prompt=p, temperature=0.8, seed=i)
+            for i, p in enumerate(PROMPTS[2:])]
+    loaded = client.completions.create(seed=11, **kw).choices[0].text
+    [f.result() for f in load]
+  assert loaded == alone[0]
+  texts = {client.completions.create(seed=s, **kw).choices[0].text for s in range(12, 18)}
+  assert len(texts | {alone[2]}) > 1  # seeds change the sample (a greedy server would fail this)
+
+
+def test_disconnect_mid_stream_frees_the_slot(server, client, greedy):
+  url = server[0]
+  with httpx.Client(timeout=60) as http:
+    with http.stream("POST", url + "/v1/completions", json={
+        "model": MODEL, "prompt": PROMPTS[3], "max_tokens": MAX_NEW, "stream": True, "temperature": 0}) as r:
+      for line in r.iter_lines():
+        if line.startswith("data: {"):
+          break  # one chunk arrived: the request holds a slot; now the client goes away
+      assert _metric(url, "jaxspec_active_slots") == 1
+  deadline = time.monotonic() + 10
+  while _metric(url, "jaxspec_active_slots") != 0:
+    assert time.monotonic() < deadline, "the slot was not freed"
+    time.sleep(0.05)
+  assert _metric(url, "jaxspec_queue_length") == 0
+  out = client.completions.create(model=MODEL, prompt=PROMPTS[3], temperature=0)
+  assert out.choices[0].text == greedy[PROMPTS[3]]
+
+
+def test_metrics_count_acceptance(server):
+  m = bench.scrape(server[0])
+  assert m["jaxspec_slots"] == SLOTS and m["jaxspec_requests_total{200}"] >= 10
+  assert 0 < m["jaxspec_accepted_tokens_total"] <= m["jaxspec_draft_tokens_total"]
+  assert m["jaxspec_time_to_first_token_seconds_count"] >= 10
+
+
+def test_benchmark_drives_the_server(server, tmp_path):
+  path = tmp_path / "w.jsonl"
+  path.write_text("".join(f'{{"prompt": "{p}", "max_tokens": 8}}\n' for p in PROMPTS[:3]))
+  items = bench.read_workload(str(path))
+  rows = bench.compare({"a": server[0], "b": server[0]}, items, concurrencies=(1, 2), rates=(20.0,), requests=3,
+                       warmup=0, timeout=120)
+  assert [(r["server"], r["mode"], r["level"]) for r in rows] == [
+      ("a", "concurrency", 1), ("a", "concurrency", 2), ("a", "rate", 20.0)] + [
+      ("b", "concurrency", 1), ("b", "concurrency", 2), ("b", "rate", 20.0)]
+  for r in rows:
+    assert r["failed"] == 0 and r["requests"] == 3 and r["output_tokens"] > 0, r
+    assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
+    assert 0 < r["acceptance"] <= 1
+  table = bench.markdown(rows)
+  assert table.count("\n") == 2 + len(rows) and "speedup" in table and "c=2" in table
+  bench.plot(rows, str(tmp_path / "p.png"))
+  assert os.path.getsize(tmp_path / "p.png") > 1000
