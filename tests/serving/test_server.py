@@ -25,7 +25,7 @@ from script_helpers import ROOT, script_env
 MODEL = "ende-target"
 SLOTS, MAX_NEW = 3, 16
 PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", "The weather is nice today.",
-           "We read a book."]
+           "We read a book.", "Click on the button to install the package on your computer."]  # the last: 16 tokens
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +33,14 @@ def server(tmp_path_factory):
   port = free_port()
   log = open(tmp_path_factory.mktemp("serve") / "log.txt", "w+b")
   args = [sys.executable, "launch/serve.py", f"--port={port}", f"--slots={SLOTS}", "--max_input_length=16",
-          f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=2", "--gamma=3", "--queue=4", "--log_level=warning"]
+          f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1", "--gamma=3", "--queue=4", "--log_level=warning"]
   proc = subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=log, stderr=subprocess.STDOUT)
   url = f"http://127.0.0.1:{port}"
   try:
-    codes, deadline = [], time.monotonic() + 600
+    codes, deadline, reference = [], time.monotonic() + 600, None
     while not codes or codes[-1] != 200:
+      if codes and reference is None:  # the server answers (503) and compiles: make the reference meanwhile
+        reference = _greedy_reference()
       assert proc.poll() is None, _tail(log)
       assert time.monotonic() < deadline, "the server was not ready in 600 s"
       try:
@@ -46,7 +48,7 @@ def server(tmp_path_factory):
       except httpx.TransportError:
         pass
       time.sleep(0.2)
-    yield url, codes
+    yield url, codes, reference or _greedy_reference()
   finally:
     proc.terminate()
     try:
@@ -69,10 +71,15 @@ def client(server):
 
 
 @pytest.fixture(scope="module")
-def greedy():
+def greedy(server):
+  return server[2]
+
+
+def _greedy_reference() -> dict[str, str]:
   """jaxspec.generate's plain greedy text of each prompt alone, max_tokens MAX_NEW."""
   target = jaxspec.load(MODEL)
   out = jaxspec.generate(target, PROMPTS, max_new_tokens=MAX_NEW, max_input_length=16)
+  assert out.lengths[-1] == MAX_NEW  # the long one runs to max_tokens
   return {p: target.tokenizer.decode(out.tokens[i, :out.lengths[i]]) for i, p in enumerate(PROMPTS)}
 
 
@@ -120,21 +127,23 @@ def test_seeded_sampling_same_alone_and_under_load(client):
 
 
 def test_disconnect_mid_stream_frees_the_slot(server, client, greedy):
+  # (test_api.py holds the slot for seconds with a slow stub engine; here a step takes milliseconds, so the request
+  # may also have ended on its own by the time the server sees the socket close.)
   url = server[0]
   with httpx.Client(timeout=60) as http:
     with http.stream("POST", url + "/v1/completions", json={
-        "model": MODEL, "prompt": PROMPTS[3], "max_tokens": MAX_NEW, "stream": True, "temperature": 0}) as r:
+        "model": MODEL, "prompt": PROMPTS[-1], "max_tokens": MAX_NEW, "stream": True, "temperature": 0}) as r:
       for line in r.iter_lines():
         if line.startswith("data: {"):
           break  # one chunk arrived: the request holds a slot; now the client goes away
-      assert _metric(url, "jaxspec_active_slots") == 1
   deadline = time.monotonic() + 10
   while _metric(url, "jaxspec_active_slots") != 0:
     assert time.monotonic() < deadline, "the slot was not freed"
     time.sleep(0.05)
   assert _metric(url, "jaxspec_queue_length") == 0
-  out = client.completions.create(model=MODEL, prompt=PROMPTS[3], temperature=0)
-  assert out.choices[0].text == greedy[PROMPTS[3]]
+  assert _metric(url, "jaxspec_active_slots") == 0  # every slot free again
+  for p in (PROMPTS[-1], PROMPTS[3]):  # later requests (one in the slot the cancelled request left) are right
+    assert client.completions.create(model=MODEL, prompt=p, temperature=0).choices[0].text == greedy[p]
 
 
 def test_metrics_count_acceptance(server):
@@ -158,6 +167,6 @@ def test_benchmark_drives_the_server(server, tmp_path):
     assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
     assert 0 < r["acceptance"] <= 1
   table = bench.markdown(rows)
-  assert table.count("\n") == 2 + len(rows) and "speedup" in table and "c=2" in table
+  assert table.count("\n") == 1 + len(rows) and "speedup" in table and "c=2" in table
   bench.plot(rows, str(tmp_path / "p.png"))
   assert os.path.getsize(tmp_path / "p.png") > 1000
