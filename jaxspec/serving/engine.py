@@ -50,6 +50,9 @@ through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so
 head stay in sync; a draft model lags and catches up when drafting resumes (chains: `_CatchingUp`, a re-feed of
 the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
 
+Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
+runs them from one loop and hands results to its request handlers.
+
 Shapes: S slots, W = iterations_per_step * (max gamma + 1) tokens per slot and step at most.
 """
 

@@ -29,7 +29,9 @@ MAX_NEW = 14
 TABLE = SpeculationTable((TableEntry(max_active=1, gamma=3), TableEntry(max_active=2, gamma=2,
                                                                          tree=jaxspec.Tree(top_k=2, nodes=4)),
                           TableEntry(max_active=3, gamma=0)))
-PROMPTS = [[3, 5, 7, 9, 11, 3, 5, 7], [4, 6], [8, 1, 12, 8, 1], [2], [14, 13, 12, 11, 10, 3, 7], [6, 6, 6, 6, 6]]
+# Prompts of bucket 16 (padded to the engine's largest bucket, 32: the caches' and the lookup context's prompt
+# positions) and one of bucket 32.
+PROMPTS = [[3, 5, 7, 9, 11, 3, 5, 7], [4, 6], [8, 1, 12, 8, 1], [2], [14, 13, 12, 11, 10, 3, 7] * 3, [6, 6, 6, 6, 6]]
 
 
 def _llama(seed: int, mix: float = 0.05) -> jaxspec.Model:
@@ -75,7 +77,7 @@ def _case(name: str):
 @pytest.mark.parametrize("name", ["ngram", "head", "draft", "t5-head"])
 def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   target, speculation = _case(name)
-  engine = SlotEngine(target, speculation, slots=3, max_input_length=16, max_new_tokens=MAX_NEW,
+  engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                       iterations_per_step=2, adaptive=TABLE)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]
   # Load 2, then 3 (one waiting), then down, then 1: every table entry runs, the drafters lag and catch up.
@@ -144,3 +146,19 @@ def test_the_tuners_table():
     speculation_table(rows)
   with pytest.raises(SettingsError, match="no 'constant'"):
     speculation_table(rows, draft="d", temperature=0.5)
+
+
+def test_a_failed_row_stops_alone():
+  """Non-finite logits (a NaN embedding row, fed only by one request's prompt) finish that request with reason
+  "error"; the request beside it decodes on to its greedy tokens."""
+  target = _llama(0)
+  embedding = np.asarray(target.params["embedding"]).copy()
+  embedding[15] = np.nan
+  broken = jaxspec.Model(target.config, dict(target.params, embedding=jax.numpy.asarray(embedding)), name="nan")
+  engine = SlotEngine(broken, None, slots=2, max_input_length=16, max_new_tokens=MAX_NEW, iterations_per_step=2)
+  healthy = [3, 5, 7, 9]
+  ref = generate_tokens(broken, healthy, MAX_NEW)
+  requests = [Request([3, 15, 7], RequestSettings(MAX_NEW)), Request(healthy, RequestSettings(MAX_NEW))]
+  drive(engine, requests)
+  assert requests[0].reason == "error" and requests[0].tokens == []
+  assert requests[1].tokens == ref and 15 not in ref

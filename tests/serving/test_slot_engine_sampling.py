@@ -1,7 +1,8 @@
 """Sampled slot-engine output keeps the target's distribution: 2000 seeded requests for one prompt (two new tokens
 each) through a draft-model engine, requests joining slots as others leave, against the exact distribution of
 two-token outputs computed from the target's own logits (temperature, top-k, top-p applied in numpy), by a
-chi-square test at p ~ 3e-6. The negative control breaks the acceptance rule (the correction token drawn from p
+chi-square test at p ~ 3e-6 (temperature 2 flattens the tiny target's peaked distribution: ~20 outcomes
+above the pooling threshold). The negative control breaks the acceptance rule (the correction token drawn from p
 instead of the residual) and the same statistic rejects it."""
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def pair():
   return _llama(0), _llama(5)  # a draft of other weights: q differs from p, so the broken rule shows
 
 
-@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.8, 6, 0.9)])
+@pytest.mark.parametrize("temperature,top_k,top_p", [(2.0, 0, 1.0), (0.8, 6, 0.9)])
 def test_sampled_output_keeps_the_targets_distribution(pair, temperature, top_k, top_p):
   target, draft = pair
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=32, max_input_length=16,
@@ -88,6 +89,6 @@ def test_a_broken_rule_is_caught(pair, monkeypatch):
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=31, max_input_length=16,  # a new trace
                       max_new_tokens=2, iterations_per_step=2)
-  settings = [RequestSettings(2, temperature=1.0, seed=s) for s in range(REQUESTS)]
-  stat, dof = chi_square(_samples(engine, settings), _exact(target, 1.0, 0, 1.0))
+  settings = [RequestSettings(2, temperature=2.0, seed=s) for s in range(REQUESTS)]
+  stat, dof = chi_square(_samples(engine, settings), _exact(target, 2.0, 0, 1.0))
   assert stat > chi_square_limit(dof), (stat, dof)
