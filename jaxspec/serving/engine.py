@@ -50,6 +50,9 @@ through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so
 head stay in sync; a draft model lags and catches up when drafting resumes (chains: `_CatchingUp`, a re-feed of
 the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
 
+Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
+runs them from one loop and hands results to its request handlers.
+
 Shapes: S slots, W = iterations_per_step * (max gamma + 1) tokens per slot and step at most.
 """
 
@@ -64,7 +67,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding import adaptive, arguments, loop
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxspec.decoding import adaptive, arguments, loop, placement
 from jaxspec.decoding import engine as generate_engine
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
@@ -73,6 +78,7 @@ from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.table import SpeculationTable, TableEntry
+from jaxspec.sharding import shard
 
 MODES = ("greedy", "sampled", "filtered")
 
@@ -280,7 +286,10 @@ class SlotEngine:
     iterations_per_step: loop iterations one `step` runs at most.
     adaptive: a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its gamma /
       tree), or None: `speculation`'s gamma and tree for any load.
-    mesh: not supported yet (SettingsError): the engine runs on one device.
+    mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
+      `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
+      model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
+      the mesh and the compiler partitions the step (heads over `model` where the weights' heads are).
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
@@ -301,9 +310,15 @@ class SlotEngine:
       raise SettingsError(f"adaptive must be a SpeculationTable or None, got {type(adaptive).__name__}.")
     if adaptive is not None and speculation is None and adaptive.max_gamma > 0:
       raise SettingsError("adaptive: a table that drafts needs a speculation (its draft).")
-    if mesh is not None or generate_engine.placement.mesh_of(target.params) is not None:
-      raise SettingsError("the slot engine runs on one device for now: pass a target that is not sharded and "
-                          "no mesh.")
+    placed_on = placement.mesh_of(target.params)
+    if mesh is not None and not isinstance(mesh, Mesh):
+      raise SettingsError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
+                          f"{type(mesh).__name__}.")
+    if mesh is not None and placed_on is not None and placed_on != mesh:
+      raise SettingsError("the target is placed on another mesh than `mesh`: pass one of them.")
+    if mesh is not None and placed_on is None:
+      target = shard(target, mesh)  # the parameters as `generate` finds them on a mesh (DEFAULT_RULES)
+    self.mesh = placement.mesh_of(target.params)
     self.target, self.speculation = target, speculation
     self.slots, self.max_input_length, self.max_new_tokens = int(slots), int(max_input_length), int(max_new_tokens)
     self.iterations_per_step = int(iterations_per_step)
@@ -320,6 +335,10 @@ class SlotEngine:
     self.table = adaptive
     drafter, draft_model, head_params = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
     self.draft_params = draft_model.params if draft_model is not None else head_params
+    if self.mesh is not None and draft_model is not None:  # replicated over `model` (DRAFT_RULES), as generate
+      self.draft_params = placement._draft_params_on(draft_model, self.mesh)  # pylint: disable=protected-access
+    elif self.mesh is not None and head_params is not None:
+      self.draft_params = placement.replicated_on(head_params, self.mesh, owner=speculation.draft)
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
     chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter
@@ -396,6 +415,8 @@ class SlotEngine:
                        top_p=jnp.ones((n,), jnp.float32))
 
     state = zeros()
+    if self.mesh is not None:  # every slot's state replicated on the target's mesh (the compiler shards the work)
+      state = jax.device_put(state, NamedSharding(self.mesh, PartitionSpec()))
     return layout, state
 
   # -- the interface ----------------------------------------------------------------------------------------

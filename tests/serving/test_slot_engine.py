@@ -92,7 +92,7 @@ def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy
     assert [r.tokens for r in requests] == greedy_refs[:4]
 
 
-def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts):
+def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts, greedy_refs):
   sampled = RequestSettings(max_tokens=12, temperature=1.0, seed=7)
   filtered = RequestSettings(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3)
   alone = [drive(engine, [Request(prompts[1], s)])[0].tokens for s in (sampled, filtered)]
@@ -101,6 +101,8 @@ def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts)
           Request(prompts[2], RequestSettings(MAX_NEW)), Request(prompts[1], filtered, arrive=2)]
   drive(engine, load)
   assert load[1].tokens == alone[0] and load[4].tokens == alone[1]
+  # Greedy rows decoded by the sampled programs (one-hot p and q) keep their greedy tokens.
+  assert load[0].tokens == greedy_refs[0] and load[3].tokens == greedy_refs[2]
   assert alone[0] != alone[1]
   # The same as generate with a per-row seed (the same key derivation, the same draws).
   want = generate_tokens(pair[0], prompts[1], 12, jaxspec.Speculation(pair[1], gamma=3),
