@@ -131,9 +131,15 @@ def scrape(url: str) -> dict[str, float]:
 
 
 def served_model(url: str) -> str:
-  """The first model id of GET /v1/models."""
+  """The first model id of GET /v1/models; InputError when nothing answers there as a server of this API."""
   import httpx  # pylint: disable=import-outside-toplevel
-  return httpx.get(f"{url}/v1/models", timeout=30).json()["data"][0]["id"]
+  try:
+    r = httpx.get(f"{url}/v1/models", timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+  except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+    raise InputError(f"no OpenAI-compatible server answers GET {url}/v1/models ({type(e).__name__}: {e}); start "
+                     "one with launch/serve.py.") from None
 
 
 async def _level(url: str, model: str, items: Sequence[Item], *, concurrency: int | None, rate: float | None,

@@ -20,7 +20,7 @@ import pytest
 import jaxspec
 from jaxspec.bench import serving as bench
 from jaxspec.serving.server import free_port
-from script_helpers import ROOT, script_env
+from script_helpers import ROOT, assert_one_line_error, run_scripts, script_env
 
 MODEL = "ende-target"
 SLOTS, MAX_NEW = 3, 16
@@ -170,3 +170,14 @@ def test_benchmark_drives_the_server(server, tmp_path):
   assert table.count("\n") == 1 + len(rows) and "speedup" in table and "c=2" in table
   bench.plot(rows, str(tmp_path / "p.png"))
   assert os.path.getsize(tmp_path / "p.png") > 1000
+
+
+def test_script_errors_are_one_line(tmp_path):
+  bad_table = tmp_path / "t.json"
+  bad_table.write_text('{"entries": 3}')
+  runs = [(["launch/serve.py", "--slots=0"], "--slots"),
+          (["launch/serve.py", f"--speculation_table={bad_table}"], "SpeculationTable"),
+          (["launch/serve_benchmark.py", f"--url=http://127.0.0.1:{free_port()}",
+            "--workload=docs/bench/serving_ende.jsonl"], "no OpenAI-compatible server")]
+  for (args, needle), res in zip(runs, run_scripts([a for a, _ in runs], timeout=300)):
+    assert_one_line_error(res, needle)
