@@ -1,5 +1,5 @@
 """/v1/chat/completions on a decoder-only target with a chat template (a tiny random Qwen2 written by transformers,
-tests/decoder_only_models.py), prompt lookup drafting in the step: the official `openai` client's chat calls,
+tests/decoder_only_models.py) served by launch/serve.py with prompt lookup drafting in the step: the official `openai` client's chat calls,
 streaming and not, give exactly `jaxspec.generate`'s greedy text for the rendered template."""
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ import pytest
 
 import jaxspec
 from decoder_only_models import write_hf_decoder
-from jaxspec.serving import SlotEngine
-from jaxspec.serving import server as serving
+from serve_helpers import serve
 
 MESSAGES = [[{"role": "user", "content": "the cat reads a book."}],
             [{"role": "system", "content": "a"}, {"role": "user", "content": "the tree."}]]
@@ -18,19 +17,21 @@ MESSAGES = [[{"role": "user", "content": "the cat reads a book."}],
 
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
-  directory = write_hf_decoder(str(tmp_path_factory.mktemp("chat") / "qwen2"), "qwen2")
-  target = jaxspec.load(directory)
-  engine = SlotEngine(target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2), slots=2, max_input_length=16,
-                      max_new_tokens=8, iterations_per_step=2)
-  scheduler, app = serving.build(engine, model_name="tiny-chat", queue_size=2)
-  with serving.Background(scheduler, app) as server:
-    server.wait_ready(600)
-    yield server, target
+  root = tmp_path_factory.mktemp("chat")
+  directory = write_hf_decoder(str(root / "qwen2"), "qwen2")
+  args = [f"--target={directory}", "--draft=ngram", "--gamma=2", "--slots=2", "--max_input_length=16",
+          "--max_new_tokens=8", "--iterations_per_step=2", "--served_model_name=tiny-chat"]
+
+  def reference():  # made while the server compiles
+    target = jaxspec.load(directory)
+    return [_greedy(target, m) for m in MESSAGES]
+  with serve(args, root / "log.txt", while_compiling=reference) as (url, _, greedy):
+    yield url, greedy
 
 
 @pytest.fixture(scope="module")
 def client(live):
-  return openai.OpenAI(base_url=live[0].url + "/v1", api_key="none", max_retries=0, timeout=120)
+  return openai.OpenAI(base_url=live[0] + "/v1", api_key="none", max_retries=0, timeout=120)
 
 
 def _greedy(target, messages) -> str:
@@ -40,9 +41,7 @@ def _greedy(target, messages) -> str:
 
 
 def test_chat_equals_generate_on_the_template(live, client):
-  _, target = live
-  for messages in MESSAGES:
-    want = _greedy(target, messages)
+  for messages, want in zip(MESSAGES, live[1]):
     out = client.chat.completions.create(model="tiny-chat", messages=messages, temperature=0)
     assert out.choices[0].message.role == "assistant" and out.choices[0].message.content == want
     chunks = list(client.chat.completions.create(model="tiny-chat", messages=messages, temperature=0,

@@ -8,9 +8,8 @@ and stop strings: test_api.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
-import subprocess
-import sys
 import time
 
 import httpx
@@ -20,7 +19,8 @@ import pytest
 import jaxspec
 from jaxspec.bench import serving as bench
 from jaxspec.serving.server import free_port
-from script_helpers import ROOT, assert_one_line_error, run_scripts, script_env
+from script_helpers import assert_one_line_error, run_script, run_scripts
+from serve_helpers import serve
 
 MODEL = "ende-target"
 SLOTS, MAX_NEW = 3, 16
@@ -30,39 +30,10 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-  port = free_port()
-  log = open(tmp_path_factory.mktemp("serve") / "log.txt", "w+b")
-  args = [sys.executable, "launch/serve.py", f"--port={port}", f"--slots={SLOTS}", "--max_input_length=16",
-          f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1", "--gamma=3", "--queue=4", "--log_level=warning"]
-  proc = subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=log, stderr=subprocess.STDOUT)
-  url = f"http://127.0.0.1:{port}"
-  try:
-    codes, deadline, reference = [], time.monotonic() + 600, None
-    while not codes or codes[-1] != 200:
-      if codes and reference is None:  # the server answers (503) and compiles: make the reference meanwhile
-        reference = _greedy_reference()
-      assert proc.poll() is None, _tail(log)
-      assert time.monotonic() < deadline, "the server was not ready in 600 s"
-      try:
-        codes.append(httpx.get(url + "/health", timeout=5).status_code)
-      except httpx.TransportError:
-        pass
-      time.sleep(0.2)
-    yield url, codes, reference or _greedy_reference()
-  finally:
-    proc.terminate()
-    try:
-      proc.wait(30)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-    print(_tail(log))  # shown when a test failed: the server's own log
-    log.close()
-
-
-def _tail(log) -> str:
-  log.flush()
-  log.seek(0)
-  return log.read().decode(errors="replace")[-4000:]
+  args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
+          "--gamma=3", "--queue=4"]
+  with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_greedy_reference) as live:
+    yield live
 
 
 @pytest.fixture(scope="module")
@@ -154,11 +125,12 @@ def test_metrics_count_acceptance(server):
 
 
 def test_benchmark_drives_the_server(server, tmp_path):
-  path = tmp_path / "w.jsonl"
-  path.write_text("".join(f'{{"prompt": "{p}", "max_tokens": 8}}\n' for p in PROMPTS[:3]))
-  items = bench.read_workload(str(path))
-  rows = bench.compare({"a": server[0], "b": server[0]}, items, concurrencies=(1, 2), rates=(20.0,), requests=3,
-                       warmup=0, timeout=120)
+  (tmp_path / "w.jsonl").write_text("".join(f'{{"prompt": "{p}", "max_tokens": 8}}\n' for p in PROMPTS[:3]))
+  res = run_script(["launch/serve_benchmark.py", f"--url={server[0]}", f"--baseline_url={server[0]}",
+                    "--labels=a,b", f"--workload={tmp_path / 'w.jsonl'}", "--concurrency=1,2", "--rate=20",
+                    "--requests=3", "--timeout=120", f"--output={tmp_path / 'out'}"], timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  rows = json.loads((tmp_path / "out.json").read_text())
   assert [(r["server"], r["mode"], r["level"]) for r in rows] == [
       ("a", "concurrency", 1), ("a", "concurrency", 2), ("a", "rate", 20.0)] + [
       ("b", "concurrency", 1), ("b", "concurrency", 2), ("b", "rate", 20.0)]
@@ -166,10 +138,9 @@ def test_benchmark_drives_the_server(server, tmp_path):
     assert r["failed"] == 0 and r["requests"] == 3 and r["output_tokens"] > 0, r
     assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
     assert 0 < r["acceptance"] <= 1
-  table = bench.markdown(rows)
-  assert table.count("\n") == 1 + len(rows) and "speedup" in table and "c=2" in table
-  bench.plot(rows, str(tmp_path / "p.png"))
-  assert os.path.getsize(tmp_path / "p.png") > 1000
+  table = (tmp_path / "out.md").read_text()
+  assert table.count("\n") == 2 + len(rows) and "speedup" in table and "c=2" in table and table in res.stdout
+  assert os.path.getsize(tmp_path / "out.png") > 1000
 
 
 def test_script_errors_are_one_line(tmp_path):
