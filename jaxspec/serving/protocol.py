@@ -27,6 +27,7 @@ _NEUTRAL = {"user": None, "presence_penalty": 0, "frequency_penalty": 0, "logit_
             "echo": False, "best_of": 1, "suffix": None, "top_logprobs": None, "parallel_tool_calls": None,
             "tools": None, "tool_choice": None, "response_format": None, "service_tier": None, "store": None,
             "metadata": None}
+_FREE = ("user", "service_tier", "store", "metadata")  # any value: bookkeeping, no effect on the answer
 
 
 class APIError(Exception):
@@ -101,10 +102,9 @@ def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_toke
   unknown = sorted(k for k in body if k not in allowed and k not in _NEUTRAL)
   if unknown:
     raise _bad(f"unknown or unsupported field(s): {', '.join(unknown)}.", unknown[0], "unsupported_parameter")
-  for name, neutral in _NEUTRAL.items():
+  for name, neutral in _NEUTRAL.items():  # a value that would change the answer is refused, named
     value = body.get(name)
-    if value is not None and value != neutral and not (name in ("logit_bias", "metadata") and value == {}) and (
-        name not in ("user", "service_tier", "store", "metadata")):
+    if not (name in _FREE or value is None or value == neutral or value in ({}, [], False)):
       raise _bad(f"{name}={value!r} is not supported by this server (only {neutral!r}).", name,
                  "unsupported_parameter")
   model = body.get("model")

@@ -58,7 +58,8 @@ def test_health_and_models(live, client):
 
 def test_completion_text_usage_and_finish(live, client):
   _, engine, _ = live
-  out = client.completions.create(model=MODEL, prompt="The house is small.", temperature=0, max_tokens=5)
+  out = client.completions.create(model=MODEL, prompt="The house is small.", temperature=0, max_tokens=5,
+                                  user="u1", presence_penalty=0, logit_bias={})  # neutral fields are accepted
   assert out.choices[0].text == _expected_text(engine, "The house is small.", max_tokens=5)
   assert out.choices[0].finish_reason == "length"
   n = len(engine.tokenizer.encode("The house is small."))
@@ -126,6 +127,8 @@ BAD = [  # (body, status, a word the message names)
     ({"model": MODEL, "prompt": "x", "stop": 5}, 400, "stop"),
     ({"model": MODEL, "prompt": "x", "stream": "yes"}, 400, "stream"),
     ({"model": MODEL, "prompt": "x", "frobnicate": 1}, 400, "frobnicate"),
+    ({"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"model": MODEL, "prompt": "x", "logprobs": 2}, 400, "logprobs"),
     ({"model": MODEL, "prompt": "word " * 40}, 400, "maximum of 24"),
     ({"model": MODEL, "prompt": ""}, 400, "empty"),
     ({"model": MODEL, "prompt": [1, 99999]}, 400, "99999"),
