@@ -20,7 +20,8 @@ from absl import flags
 from jaxspec.cli import flags as cli_flags, jobs
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
-cli_flags.define_decoding(gamma=4, max_new_tokens=256, max_input_length=512)  # --batch_size is unused here
+cli_flags.define_decoding(gamma=4, max_new_tokens=128, max_input_length=128)
+delattr(flags.FLAGS, "batch_size")  # the engine's batch is --slots
 cli_flags.define_mesh()
 _SLOTS = flags.DEFINE_integer("slots", 8, "Requests decoded together (the engine's static batch).", lower_bound=1)
 _MAX_TOKENS = flags.DEFINE_integer("max_tokens", 0, "max_tokens of a request that gives none (0: "
