@@ -306,3 +306,38 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
           "max_new_tokens": max_new_tokens, "min_speedup": min_speedup, "seconds": time.time() - start,
           "load_average_before_after": [load[0], os.getloadavg()[0]], "date": time.strftime("%Y-%m-%d %H:%M")}
   return TuneResult(rows=rows, best=choose(rows, drafts, min_speedup), meta=meta)
+
+
+def speculation_table(rows: list[dict], draft: str | None = None, temperature: float = 0.0,
+                      min_speedup: float = MIN_SPEEDUP):
+  """The slot engine's load-adaptive table (`jaxspec.serving.SpeculationTable`) from `tune`'s rows (`result.rows`
+  of a tune over several batch sizes): for each measured batch size, in increasing order, the fastest chain or
+  tree of `draft` (a name of tune's `drafts`; None: the only draft of the rows) with schedule "constant" (what the
+  engine runs) at `temperature`, or plain decoding (gamma 0) when none is at least `min_speedup` times faster
+  than plain. Entry i covers active slots up to its batch size (the last one every count above). Changes nothing
+  in `tune`; `table.to_json()` stores it for `launch/serve.py`.
+
+  Raises:
+    SettingsError: no row of that draft and temperature, or several drafts and `draft` None.
+  """
+  from jaxspec.serving.table import SpeculationTable, TableEntry  # pylint: disable=import-outside-toplevel
+  names = sorted({r["draft"] for r in rows})
+  if draft is None:
+    if len(names) != 1:
+      raise SettingsError(f"the rows have drafts {names}: name the one the engine serves with (draft=...).")
+    draft = names[0]
+  mine = [r for r in rows if r["draft"] == draft and r["temperature"] == temperature
+          and (r.get("tree") or r["schedule"] == "constant")]
+  if not mine:
+    raise SettingsError(f"no 'constant' or tree row of draft {draft!r} at temperature {temperature} in the rows "
+                        f"(drafts: {names}).")
+  entries = []
+  for batch in sorted({r["batch"] for r in mine}):
+    top = max((r for r in mine if r["batch"] == batch), key=lambda r: r["speedup"])
+    if top["speedup"] < min_speedup:
+      entries.append(TableEntry(max_active=batch, gamma=0))
+    else:
+      tree = top.get("tree")
+      entries.append(TableEntry(max_active=batch, gamma=top["gamma"],
+                                tree=None if not tree else jaxspec.Tree(top_k=tree[0], nodes=tree[1])))
+  return SpeculationTable(tuple(entries))

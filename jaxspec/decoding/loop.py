@@ -32,7 +32,8 @@ Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences
     the lookup context holds the input and all L tokens; a feature head holds the entries of positions < L - 1,
     each from the target's real features (head_drafter.py);
   - choices of k use only what is known before the target scores the tokens (exact: adaptive.py);
-  - a row's random draws depend only on its own key (from its seed) and the iteration number, never on other rows;
+  - a row's random draws depend only on its own key (from its seed) and its own iteration count, never on other
+    rows;
   - a finished row (EOS, max_new_tokens, or non-finite logits: `failed`) is frozen: nothing it emits is written.
 Buffers have gamma + 1 slots of slack, so no per-row write runs past the end (pitfall 6).
 """
@@ -123,6 +124,9 @@ class LoopState:
   step: jax.Array  # [] int32 iteration counter.
   stats: DecodeStats
   rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (adaptive.limits).
+  # [B] int32 per-row token budgets (<= max_new_tokens: the slot engine's per-request max_tokens), or None:
+  # max_new_tokens for every row (`generate`).
+  budget: jax.Array | None = None
 
   @property
   def history(self) -> History:
@@ -262,7 +266,11 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
                state: LoopState) -> LoopState:
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
-  step_keys = sampling.fold(state.keys, state.step)
+  # A row's key for this iteration folds in the row's own iteration count (stats.iterations: its active
+  # iterations so far), not the batch's step: in `generate` the two are equal for every unfinished row, and in the
+  # slot engine a request's draws then depend on its seed and its own progress only, never on its slot or on
+  # when it joined.
+  step_keys = jax.vmap(jax.random.fold_in)(state.keys, state.stats.iterations)
   draft_keys, verify_keys = sampling.fold(step_keys, 0), sampling.fold(step_keys, 1)
 
   if settings.tree is None:
@@ -289,10 +297,11 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   has_eos = jnp.any(is_eos, axis=1)
   emit = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, n + 1)
-  emit = jnp.minimum(emit, settings.max_new_tokens + 1 - state.lengths)
+  budget = settings.max_new_tokens if state.budget is None else state.budget
+  emit = jnp.minimum(emit, budget + 1 - state.lengths)
   emit = jnp.where(active, emit, 0).astype(jnp.int32)
   lengths = state.lengths + emit
-  done = state.done | failed | (active & (has_eos | (lengths > settings.max_new_tokens)))
+  done = state.done | failed | (active & (has_eos | (lengths > budget)))
   # Frozen rows write their own tokens back (a no-op), so nothing past a row's end changes.
   block = jnp.where(positions < emit[:, None], block, settings.pad_id)
 
@@ -308,7 +317,8 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   return LoopState(sequences=write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
                    failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
-                   stats=state.stats.add(active, drafted, n, verdict.beta, resting))
+                   stats=state.stats.add(active, drafted, n, verdict.beta, resting), rest=state.rest,
+                   budget=state.budget)
 
 
 def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_state, first_tokens: jax.Array,

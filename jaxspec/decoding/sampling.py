@@ -42,25 +42,47 @@ def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.
     filtering: static; False skips the sort when top_k == 0 and top_p == 1.
   Returns:
     [..., V] float32 probabilities summing to 1, exactly 0 outside the kept set.
+
+  Per-row knobs (the slot engine, jaxspec/serving): when knobs.temperature is a [B] array, logits are [B, ..., V]
+  and row b uses its own temperature, top_k and top_p; a row with temperature 0 gets the one-hot distribution of
+  its argmax (sampling from it is the argmax, and min(1, p/q) acceptance of one-hot p and q is greedy acceptance).
+  Scalar knobs (`generate`) compile exactly the code they did before.
   """
-  x = logits.astype(jnp.float32) / knobs.temperature
+  per_row = jnp.ndim(knobs.temperature) == 1
+  if per_row:
+    def row(a):  # [B] -> [B, 1, ..., 1] broadcasting against logits
+      return jnp.reshape(a, a.shape + (1,) * (logits.ndim - 1))
+    greedy_rows = row(knobs.temperature) <= 0
+    temperature = jnp.where(greedy_rows, 1.0, row(knobs.temperature))
+    top_k, top_p = row(knobs.top_k), row(knobs.top_p)
+  else:
+    temperature, top_k, top_p = knobs.temperature, knobs.top_k, knobs.top_p
+  x = logits.astype(jnp.float32) / temperature
   if filtering:
     vocab = x.shape[-1]
     sorted_desc = -jnp.sort(-x, axis=-1)  # [..., V]
     # top-k: keep logits >= the k-th largest (ties with it are kept, as in transformers).
-    kth = jnp.take(sorted_desc, jnp.clip(knobs.top_k - 1, 0, vocab - 1), axis=-1)[..., None]
-    kth = jnp.where(knobs.top_k > 0, kth, -jnp.inf)
+    if per_row:
+      kth = jnp.take_along_axis(sorted_desc, jnp.broadcast_to(jnp.clip(top_k - 1, 0, vocab - 1),
+                                                              x.shape[:-1] + (1,)), axis=-1)
+    else:
+      kth = jnp.take(sorted_desc, jnp.clip(top_k - 1, 0, vocab - 1), axis=-1)[..., None]
+    kth = jnp.where(top_k > 0, kth, -jnp.inf)
     x = jnp.where(x < kth, -jnp.inf, x)
     sorted_desc = jnp.where(sorted_desc < kth, -jnp.inf, sorted_desc)
     # top-p: keep the smallest prefix of the sorted tokens whose mass reaches top_p, i.e. every token whose
     # higher-ranked tokens hold less than top_p (the first token is always kept).
     sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
-    keep = (mass_before < knobs.top_p) | (knobs.top_p >= 1.0)
+    keep = (mass_before < top_p) | (top_p >= 1.0)
     num_kept = jnp.sum(keep, axis=-1, keepdims=True)
     cutoff = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
     x = jnp.where(x < cutoff, -jnp.inf, x)
-  return jax.nn.softmax(x, axis=-1)
+  probs = jax.nn.softmax(x, axis=-1)
+  if per_row:
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    probs = jnp.where(greedy_rows, one_hot, probs)
+  return probs
 
 
 def fold(keys: jax.Array, data: int | jax.Array) -> jax.Array:

@@ -1,0 +1,273 @@
+"""A serving benchmark: drives a running OpenAI-compatible server (launch/serve.py) over HTTP and measures what its
+clients see.
+
+    items = read_workload("docs/bench/serving_ende.jsonl")          # {"prompt" | "messages", "max_tokens"?} a line
+    rows = run_levels("http://127.0.0.1:8000", items, concurrencies=(1, 4, 16, 64), rates=(2.0,))
+    print(markdown(rows)); plot(rows, "serving.png")
+    both = compare({"speculative": URL_A, "plain": URL_B}, items, concurrencies=(1, 16))   # side by side
+
+Each level sends `requests` streaming requests (stream=true, include_usage), either from `concurrency` workers that
+each send their next request as soon as the last one ends (a closed loop), or at a Poisson rate (exponential
+gaps, an open loop, `rate` requests a second). Every request and every level is bounded by a timeout. Per request:
+TTFT (send -> first non-empty text chunk), end-to-end latency (send -> [DONE]), completion tokens (the usage
+chunk) and inter-token latency = (e2e - TTFT) / (tokens - 1), the time per output token after the first (vLLM's
+TPOT). A level reports P50 / P90 / P99 of each over its requests, output tokens per second (all completion tokens
+over the level's wall time) and acceptance (draft tokens accepted / proposed, the difference of the server's
+/metrics counters over the level; '-' for a plain server). Failed requests are counted and reported, never
+dropped silently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from typing import Sequence
+
+import numpy as np
+
+from jaxspec.errors import InputError
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+  """One request of a workload: a completion prompt or chat messages, and its max_tokens (None: the default)."""
+  prompt: str | None = None
+  messages: tuple | None = None
+  max_tokens: int | None = None
+
+
+def read_workload(path: str) -> list[Item]:
+  """JSONL: one object a line with "prompt" (a string) or "messages" (chat), and optionally "max_tokens"."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      lines = [line for line in f if line.strip()]
+  except OSError as e:
+    raise InputError(f"workload {path}: {e.strerror}.") from None
+  items = []
+  for n, line in enumerate(lines, 1):
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise InputError(f"workload {path} line {n}: not JSON ({e}).") from None
+    if not isinstance(row, dict) or (not isinstance(row.get("prompt"), str)) == (not isinstance(
+        row.get("messages"), list)):
+      raise InputError(f'workload {path} line {n}: expected {{"prompt": str}} or {{"messages": [...]}}, got {line!r}.')
+    max_tokens = row.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+      raise InputError(f"workload {path} line {n}: max_tokens must be an integer >= 1, got {max_tokens!r}.")
+    items.append(Item(row.get("prompt"), tuple(row["messages"]) if "messages" in row else None, max_tokens))
+  if not items:
+    raise InputError(f"workload {path} has no requests.")
+  return items
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  """One request as the client saw it (seconds; ttft None when no text came)."""
+  ok: bool
+  ttft: float | None
+  e2e: float
+  tokens: int
+  error: str | None = None
+
+  @property
+  def itl(self) -> float | None:
+    if not self.ok or self.ttft is None or self.tokens < 2:
+      return None
+    return (self.e2e - self.ttft) / (self.tokens - 1)
+
+
+async def _one(client, url: str, model: str, item: Item, *, max_tokens: int, temperature: float, seed: int,
+               timeout: float) -> Result:
+  chat = item.messages is not None
+  body = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "temperature": temperature,
+          "seed": seed, "max_tokens": item.max_tokens or max_tokens}
+  body.update({"messages": list(item.messages)} if chat else {"prompt": item.prompt})
+  start, ttft, tokens = time.perf_counter(), None, 0
+  try:
+    async with asyncio.timeout(timeout):
+      async with client.stream("POST", f"{url}/v1/{'chat/completions' if chat else 'completions'}",
+                               json=body) as r:
+        if r.status_code != 200:
+          text = (await r.aread()).decode("utf-8", "replace")
+          return Result(False, None, time.perf_counter() - start, 0, f"HTTP {r.status_code}: {text[:200]}")
+        async for line in r.aiter_lines():
+          if not line.startswith("data: "):
+            continue
+          data = line[len("data: "):]
+          if data == "[DONE]":
+            break
+          chunk = json.loads(data)
+          if "error" in chunk:
+            return Result(False, ttft, time.perf_counter() - start, tokens, chunk["error"].get("message"))
+          for choice in chunk.get("choices") or ():
+            text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+            if text and ttft is None:
+              ttft = time.perf_counter() - start
+          if chunk.get("usage"):
+            tokens = chunk["usage"]["completion_tokens"]
+  except TimeoutError:
+    return Result(False, ttft, time.perf_counter() - start, tokens, f"timed out after {timeout:g} s")
+  except Exception as e:  # pylint: disable=broad-except  (a connection error is one failed request, reported)
+    return Result(False, ttft, time.perf_counter() - start, tokens, f"{type(e).__name__}: {e}")
+  return Result(True, ttft, time.perf_counter() - start, tokens)
+
+
+def scrape(url: str) -> dict[str, float]:
+  """The server's /metrics samples {name: value} (unlabelled ones; jaxspec_requests_total by status as
+  'jaxspec_requests_total{status}')."""
+  import httpx  # pylint: disable=import-outside-toplevel
+  from prometheus_client.parser import text_string_to_metric_families  # pylint: disable=import-outside-toplevel
+  text = httpx.get(f"{url}/metrics", timeout=30).text
+  out = {}
+  for family in text_string_to_metric_families(text):
+    for s in family.samples:
+      out[s.name + ("{" + ",".join(s.labels.values()) + "}" if s.labels else "")] = s.value
+  return out
+
+
+def served_model(url: str) -> str:
+  """The first model id of GET /v1/models; InputError when nothing answers there as a server of this API."""
+  import httpx  # pylint: disable=import-outside-toplevel
+  try:
+    r = httpx.get(f"{url}/v1/models", timeout=30)
+    r.raise_for_status()
+    return r.json()["data"][0]["id"]
+  except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+    raise InputError(f"no OpenAI-compatible server answers GET {url}/v1/models ({type(e).__name__}: {e}); start "
+                     "one with launch/serve.py.") from None
+
+
+async def _level(url: str, model: str, items: Sequence[Item], *, concurrency: int | None, rate: float | None,
+                 requests: int, max_tokens: int, temperature: float, seed: int, timeout: float,
+                 rng: np.random.Generator) -> tuple[list[Result], float]:
+  import httpx  # pylint: disable=import-outside-toplevel
+  limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+  async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+    def send(i: int):
+      return _one(client, url, model, items[i % len(items)], max_tokens=max_tokens, temperature=temperature,
+                  seed=seed + i, timeout=timeout)
+    start = time.perf_counter()
+    if concurrency is not None:
+      counter = iter(range(requests))
+      results: list[Result] = []
+
+      async def worker():
+        for i in counter:  # a shared iterator: every request sent once, the loop bounded by `requests`
+          results.append(await send(i))
+      await asyncio.gather(*(worker() for _ in range(min(concurrency, requests))))
+    else:
+      tasks = []
+      for i in range(requests):
+        tasks.append(asyncio.create_task(send(i)))
+        if i + 1 < requests:
+          await asyncio.sleep(float(rng.exponential(1.0 / rate)))
+      results = list(await asyncio.gather(*tasks))
+    return results, time.perf_counter() - start
+
+
+def _pct(values: list[float]) -> dict[str, float | None]:
+  return {f"p{p}": (float(np.percentile(values, p)) if values else None) for p in PERCENTILES}
+
+
+def summarize(results: list[Result], wall: float) -> dict:
+  """The level's figures: requests, failed, output tokens/s, and TTFT / ITL / e2e percentiles in seconds."""
+  ok = [r for r in results if r.ok]
+  return {"requests": len(results), "failed": len(results) - len(ok),
+          "errors": sorted({r.error for r in results if r.error})[:3],
+          "output_tokens": int(sum(r.tokens for r in ok)), "wall_s": wall,
+          "output_tokens_per_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
+          "ttft": _pct([r.ttft for r in ok if r.ttft is not None]),
+          "itl": _pct([r.itl for r in ok if r.itl is not None]),
+          "e2e": _pct([r.e2e for r in ok])}
+
+
+def run_levels(url: str, items: Sequence[Item], *, concurrencies: Sequence[int] = (1, 4, 16, 64),
+               rates: Sequence[float] = (), requests: int = 0, max_tokens: int = 64, temperature: float = 0.0,
+               seed: int = 0, timeout: float = 600.0, warmup: int = 1, label: str = "") -> list[dict]:
+  """One row per level (each concurrency, then each Poisson rate) against the server at `url`.
+
+  requests: per level (0: max(8, 2 * concurrency), or 4 * rate rounded up, at least 8). warmup: requests sent
+  first and not counted (the first request of a fresh server pays for anything left to compile)."""
+  url = url.rstrip("/")
+  model = served_model(url)
+  rng = np.random.default_rng(seed)
+  if warmup:
+    asyncio.run(_level(url, model, items, concurrency=1, rate=None, requests=warmup, max_tokens=max_tokens,
+                       temperature=temperature, seed=seed, timeout=timeout, rng=rng))
+  levels = [("concurrency", c) for c in concurrencies] + [("rate", r) for r in rates]
+  rows = []
+  for kind, value in levels:
+    n = requests or (max(8, 2 * value) if kind == "concurrency" else max(8, int(np.ceil(4 * value))))
+    before = scrape(url)
+    results, wall = asyncio.run(_level(
+        url, model, items, concurrency=value if kind == "concurrency" else None,
+        rate=value if kind == "rate" else None, requests=n, max_tokens=max_tokens, temperature=temperature,
+        seed=seed, timeout=timeout, rng=rng))
+    after = scrape(url)
+    drafted = after.get("jaxspec_draft_tokens_total", 0) - before.get("jaxspec_draft_tokens_total", 0)
+    accepted = after.get("jaxspec_accepted_tokens_total", 0) - before.get("jaxspec_accepted_tokens_total", 0)
+    rows.append({"server": label or url, "url": url, "model": model, "mode": kind, "level": value,
+                 "temperature": temperature, **summarize(results, wall), "drafted": drafted, "accepted": accepted,
+                 "acceptance": accepted / drafted if drafted else None})
+  return rows
+
+
+def compare(servers: dict[str, str], items: Sequence[Item], **kwargs) -> list[dict]:
+  """run_levels on each server in turn ({label: url}; e.g. speculative and plain with the same settings), rows in
+  order; `markdown` puts them side by side with the speedup against the last server."""
+  rows = []
+  for label, url in servers.items():
+    rows += run_levels(url, items, label=label, **kwargs)
+  return rows
+
+
+def _ms(d: dict, p: str) -> str:
+  return "-" if d.get(p) is None else f"{1000 * d[p]:.0f}"
+
+
+def markdown(rows: list[dict]) -> str:
+  """The table: a row per server and level; with several servers, 'speedup' is output tokens/s against the last
+  server's at the same level."""
+  servers = list(dict.fromkeys(r["server"] for r in rows))
+  base = {(r["mode"], r["level"]): r for r in rows if r["server"] == servers[-1]}
+  head = ("| server | load | requests (failed) | output tok/s | " + ("speedup | " if len(servers) > 1 else "") +
+          "TTFT ms P50 / P90 / P99 | ITL ms P50 / P90 / P99 | e2e ms P50 / P90 / P99 | acceptance |")
+  lines = [head, "|" + "---|" * (head.count("|") - 1)]
+  order = sorted(rows, key=lambda r: (r["mode"] != "concurrency", r["level"], servers.index(r["server"])))
+  for r in order:
+    load = f"c={r['level']}" if r["mode"] == "concurrency" else f"{r['level']:g} req/s"
+    b = base.get((r["mode"], r["level"]))
+    speed = (f"{r['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}x | " if b and b["output_tokens_per_s"]
+             else "- | ") if len(servers) > 1 else ""
+    lat = [" / ".join(_ms(r[k], f"p{p}") for p in PERCENTILES) for k in ("ttft", "itl", "e2e")]
+    acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+    lines.append(f"| {r['server']} | {load} | {r['requests']} ({r['failed']}) | {r['output_tokens_per_s']:.1f} | "
+                 f"{speed}{lat[0]} | {lat[1]} | {lat[2]} | {acc} |")
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """Output tokens/s and P50 inter-token latency against concurrency, a line per server (PNG)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  for server in dict.fromkeys(r["server"] for r in rows):
+    mine = sorted((r for r in rows if r["server"] == server and r["mode"] == "concurrency"),
+                  key=lambda r: r["level"])
+    x = [r["level"] for r in mine]
+    a.plot(x, [r["output_tokens_per_s"] for r in mine], marker="o", label=server)
+    b.plot(x, [1000 * (r["itl"]["p50"] or np.nan) for r in mine], marker="o", label=server)
+  for ax, title in ((a, "output tokens/s"), (b, "inter-token latency P50 (ms)")):
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent requests")
+    ax.set_title(title)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)

@@ -1,0 +1,13 @@
+"""Serving: the slot engine (continuous batching with speculative decoding inside the step; docs/serving.md).
+
+    engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), slots=8, max_input_length=256,
+                        max_new_tokens=256)
+    engine.warmup()
+    engine.insert(engine.free_slots()[0], prompt_ids, RequestSettings(max_tokens=64, temperature=0.7, seed=1))
+    out = engine.step()   # out.tokens[slot]: this step's new tokens; out.finished / out.reasons
+"""
+
+from jaxspec.serving.engine import RequestSettings, SlotEngine, StepOutput
+from jaxspec.serving.table import SpeculationTable, TableEntry
+
+__all__ = ["RequestSettings", "SlotEngine", "SpeculationTable", "StepOutput", "TableEntry"]

@@ -1,0 +1,531 @@
+"""The slot engine: continuous batching with speculative decoding inside the step (JetStream's shape).
+
+    engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), slots=8, max_input_length=128,
+                        max_new_tokens=128)
+    engine.warmup()                                   # compiles every program once
+    engine.insert(slot, prompt_ids, RequestSettings(max_tokens=32, temperature=0.0))
+    out = engine.step()                               # <= iterations_per_step iterations over all active slots
+    out.tokens[slot], out.finished[slot], out.reasons[slot]
+
+State. A fixed number of `slots` (static), each a row of one preallocated loop state (loop.LoopState's fields:
+the target's cache, the drafter's state, the token buffer, lengths, done / failed flags, the row's PRNG key) plus
+the row's request settings as runtime arrays ([slots] temperature, top_k, top_p, max_tokens) and its own
+iteration count (its keys fold it in). Every shape is fixed when the engine is built: the caches hold
+max_new_tokens + the largest slack of any step program (the largest gamma or tree of the table), and whatever a
+prefill shapes by the prompt's bucket is padded to max_input_length's bucket (a decoder-only cache's and a
+head's prompt positions, the lookup context, T5's cross-attention keys / values and encoder mask, a T5 head's
+encoder keys / values and mask: zeros, a False mask).
+
+insert(slot, prompt, settings): one compiled program per prompt bucket (`arguments.bucket_length`: powers of two
+from 16, as `generate` pads): the batch-1 prefill of the target and the drafter (loop.prefill), padded to the
+layout and written into row `slot` of every state array (the slot is a runtime scalar; the state is donated), the
+row's sequence buffer reset, its key made from its seed (`jax.random.fold_in(key(seed), 0)`: what `generate`
+makes for a per-row seed), its settings written. Nothing of the slot's previous request survives: every array of
+the row is overwritten.
+
+step(): ONE compiled program: a `lax.while_loop` of at most iterations_per_step iterations (stopping early when no
+slot is active) whose body is the decoding loop's own `_iteration` (drafting, one verify call, acceptance,
+rollback, the drafter's settle), then the new tokens of every slot, the finished / failed flags and the step's
+drafted / accepted counts packed in ONE [slots, W] int32 array and copied to the host once. Finished rows (EOS,
+their max_tokens, non-finite logits) are frozen on the device inside the step (the loop's `done`) and freed on the
+host; `free(slot)` stops a slot from the host (its flag goes in with the next step).
+
+Step programs. Per step the engine picks one compiled program from the host's view of the active slots, never per
+request: the `SpeculationTable` entry for their number (a chain of some gamma, a tree, or plain decoding; one
+entry when no table is given) and the sampling mode of the active rows: "greedy" (every active row at temperature
+0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
+the sort). In the sampled modes temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a
+temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
+acceptance exactly greedy acceptance: its tokens are its greedy tokens whatever program runs. So the programs are
+(table entries) x (3 modes) plus one insert per bucket, all compiled by `warmup`.
+
+Exactness. A row's computation never reads another row (the models are row-independent; finished and idle rows
+are frozen), its random draws come from its own key folded with its own iteration count (loop.py), and its token
+budget is its own (LoopState.budget). So at temperature 0 a request's tokens are `generate`'s greedy tokens for
+its prompt alone, and a seeded sampled request draws the same tokens alone or under load (and as
+`generate(..., seed=[seed])` with the same settings, up to float rounding of batch shapes).
+
+Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
+through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
+head stay in sync; a draft model lags and catches up when drafting resumes (chains: `_CatchingUp`, a re-feed of
+the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
+
+Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
+runs them from one loop and hands results to its request handlers.
+
+Shapes: S slots, W = iterations_per_step * (max gamma + 1) tokens per slot and step at most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxspec.decoding import adaptive, arguments, loop, placement
+from jaxspec.decoding import engine as generate_engine
+from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.sampling import SamplingKnobs
+from jaxspec.decoding.settings import MAX_SEED, Sampling, Speculation, is_int, is_real
+from jaxspec.decoding.stats import DecodeStats
+from jaxspec.errors import InputError, SettingsError
+from jaxspec.model import Model
+from jaxspec.serving.table import SpeculationTable, TableEntry
+from jaxspec.sharding import shard
+
+MODES = ("greedy", "sampled", "filtered")
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSettings:
+  """One request's settings, all runtime values of the engine's programs (a new value never recompiles).
+
+  max_tokens: new tokens at most (EOS included), in [1, engine.max_new_tokens]. temperature: 0 greedy, > 0
+  samples. top_k: 0 off. top_p: in (0, 1], 1 off. seed: in [0, 2**31 - 1]; a sampled request's tokens depend
+  on its prompt, settings and seed only."""
+
+  max_tokens: int
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+
+  def __post_init__(self):
+    if not is_int(self.max_tokens) or self.max_tokens < 1:
+      raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+    Sampling(self.temperature, self.top_k, self.top_p)  # raises SettingsError naming the field
+    if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
+      raise SettingsError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}.")
+
+  @property
+  def mode(self) -> str:
+    """The least general step program that decodes this request exactly."""
+    if self.temperature == 0:
+      return "greedy"
+    return "filtered" if (self.top_k > 0 or self.top_p < 1) else "sampled"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepOutput:
+  """What one `step` produced, per slot (S slots)."""
+
+  tokens: list[list[int]]  # per slot, the new tokens of this step (EOS included); [] for idle slots.
+  finished: np.ndarray  # [S] bool: the slot finished on the device this step (EOS, max_tokens or failed).
+  reasons: list[str | None]  # per slot: "stop" (EOS), "length" (max_tokens), "error" (non-finite logits), None.
+  drafted: np.ndarray  # [S] int: draft tokens proposed this step.
+  accepted: np.ndarray  # [S] int: draft tokens accepted this step.
+  entry: TableEntry | None = None  # the table entry the step ran (None: no step ran: nothing active).
+  mode: str | None = None  # the sampling mode the step ran ("greedy", "sampled", "filtered").
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+  """Every slot's state on the device (S slots; the loop's fields, see loop.LoopState)."""
+
+  sequences: jax.Array  # [S, N] int32
+  lengths: jax.Array  # [S] int32
+  done: jax.Array  # [S] bool: idle, finished or freed (frozen)
+  failed: jax.Array  # [S] bool
+  target_cache: Any
+  draft_state: Any
+  keys: jax.Array  # [S] PRNG keys (from each request's seed)
+  iterations: jax.Array  # [S] int32 the row's iterations so far (folded into its keys)
+  budget: jax.Array  # [S] int32 max_tokens
+  temperature: jax.Array  # [S] float32 (0: greedy)
+  top_k: jax.Array  # [S] int32
+  top_p: jax.Array  # [S] float32
+
+
+@dataclasses.dataclass(frozen=True)
+class _CatchingUp:
+  """A draft model whose chains are asked through the variable path (a limit of gamma per active row): its
+  catch-up re-feeds any lag in one call, which a table with plain or tree entries needs (the draft lags there)."""
+
+  inner: ModelDrafter
+  may_find_nothing: bool = True  # rows still behind after the catch-up draft nothing that iteration
+  feature_layers: tuple[int, ...] = ()
+
+  @property
+  def default_cost(self) -> float:
+    return self.inner.default_cost
+
+  def init(self, params, input_ids, input_lengths, cache_len, features=None):
+    return self.inner.init(params, input_ids, input_lengths, cache_len, features=features)
+
+  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+    if limit is None:
+      limit = jnp.where(history.done, 0, static.gamma).astype(jnp.int32)
+    return self.inner.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+
+  def idle(self, state, history, static):
+    return self.inner.idle(state, history, static)
+
+  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
+    return self.inner.settle(proposal, history, lengths, accepted, block, emit, params=params, features=features)
+
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    return self.inner.propose_tree(params, state, history, static, knobs, keys)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Program:
+  """One step program's static settings."""
+
+  settings: loop.LoopSettings
+  kind: loop._Kind  # pylint: disable=protected-access
+  iterations: int
+  width: int  # W: tokens per slot returned
+
+
+def _state_of(program: _Program, state: SlotState, stop: jax.Array) -> loop.LoopState:
+  slots = state.lengths.shape[0]
+  stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
+  return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done | stop,
+                        failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
+                        schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget)
+
+
+def _step_program(program: _Program, target_params, draft_params, state: SlotState, stop: jax.Array):
+  """(new state, packed [S, W + 5] int32: tokens [S, W] (this step's new tokens, pad after), counts, finished,
+  failed, drafted, accepted)."""
+  settings = program.settings
+  knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
+  spec = adaptive.SpeculationKnobs.create()
+  start = _state_of(program, state, stop)
+
+  def body(s):
+    return loop._iteration(settings, target_params, draft_params, knobs, spec, None,  # pylint: disable=protected-access
+                           program.kind, s)
+
+  end = jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.step < program.iterations), body, start)
+  positions = jnp.clip(start.lengths[:, None] + jnp.arange(program.width)[None], 0, end.sequences.shape[1] - 1)
+  counts = end.lengths - start.lengths
+  tokens = jnp.take_along_axis(end.sequences, positions, axis=1)
+  tokens = jnp.where(jnp.arange(program.width)[None] < counts[:, None], tokens, settings.pad_id)
+  finished = end.done & ~start.done
+  packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
+                                               end.stats.drafted, end.stats.accepted], axis=1)], axis=1)
+  new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
+                            target_cache=end.target_cache, draft_state=end.draft_state,
+                            iterations=end.stats.iterations)
+  return new, packed
+
+
+@dataclasses.dataclass(frozen=True)
+class _Layout:
+  """Where each prefilled leaf goes: per leaf of (target cache, draft state), its batch axis (None: no batch
+  axis) and its shape for one row at the largest bucket (what shorter buckets are padded to)."""
+
+  axes: tuple
+  shapes: tuple
+
+
+def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, draft_params, state: SlotState,
+                    slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
+                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array) -> SlotState:
+  """Prefills one request (ids [1, bucket], length [1]) and writes it into row `slot` ([] int32) of `state`."""
+  cache, draft_state, first = loop.prefill(alloc, target_params, draft_params, ids, length)
+  leaves, treedef = jax.tree_util.tree_flatten((cache, draft_state))
+  olds = jax.tree_util.tree_leaves((state.target_cache, state.draft_state))
+  new = []
+  for leaf, old, axis, shape in zip(leaves, olds, layout.axes, layout.shapes):
+    if axis is None:
+      new.append(old)
+      continue
+    leaf = jnp.pad(leaf, [(0, t - s) for s, t in zip(leaf.shape, shape)])
+    new.append(jax.lax.dynamic_update_slice_in_dim(old, leaf.astype(old.dtype), slot, axis=axis))
+  cache, draft_state = jax.tree_util.tree_unflatten(treedef, new)
+  row = jnp.full((1, state.sequences.shape[1]), alloc.pad_id, jnp.int32).at[:, 0].set(first)
+  key = jax.random.fold_in(jax.random.key(seed), 0)
+
+  def put(array, value):
+    return array.at[slot].set(value)
+
+  return SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, row, slot, axis=0),
+                   lengths=put(state.lengths, 1), done=put(state.done, False), failed=put(state.failed, False),
+                   target_cache=cache, draft_state=draft_state, keys=put(state.keys, key),
+                   iterations=put(state.iterations, 0), budget=put(state.budget, max_tokens),
+                   temperature=put(state.temperature, temperature), top_k=put(state.top_k, top_k),
+                   top_p=put(state.top_p, top_p))
+
+
+_STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
+_INSERT = jax.jit(_insert_program, static_argnums=(0, 1), donate_argnums=4)
+
+
+def _buckets(max_input_length: int) -> list[int]:
+  """Every padded prompt length `arguments.bucket_length` gives for prompts of 1..max_input_length tokens."""
+  out, n = [], 1
+  while True:
+    b = arguments.bucket_length(n, max_input_length)
+    if b not in out:
+      out.append(b)
+    if b >= max_input_length:
+      return out
+    n = b + 1
+
+
+class SlotEngine:
+  """A fixed number of decoding slots over one target (and drafter): `insert`, `step`, `free` (module docstring).
+
+  Args:
+    target: the model served (T5 or decoder-only).
+    speculation: a `jaxspec.Speculation` (draft model, NGramDraft, FeatureHead; chain or tree; schedule
+      "constant"), or None for plain decoding.
+    slots: rows decoded together (static).
+    max_input_length: the longest prompt, in tokens.
+    max_new_tokens: the most tokens a request may ask for (its max_tokens).
+    iterations_per_step: loop iterations one `step` runs at most.
+    adaptive: a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its gamma /
+      tree), or None: `speculation`'s gamma and tree for any load.
+    mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
+      `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
+      model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
+      the mesh and the compiler partitions the step (heads over `model` where the weights' heads are).
+  """
+
+  def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
+               max_new_tokens: int, iterations_per_step: int = 4, adaptive: SpeculationTable | None = None,
+               mesh=None):
+    if not isinstance(target, Model):
+      raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
+    if speculation is not None and not isinstance(speculation, Speculation):
+      raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}.")
+    if speculation is not None and speculation.schedule != "constant":
+      raise SettingsError(f"the slot engine runs schedule 'constant' (load-adaptive speculation comes from "
+                          f"`adaptive`, a SpeculationTable), got schedule {speculation.schedule!r}.")
+    for name, value in (("slots", slots), ("max_input_length", max_input_length),
+                        ("max_new_tokens", max_new_tokens), ("iterations_per_step", iterations_per_step)):
+      if not is_int(value) or value < 1:
+        raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
+    if adaptive is not None and not isinstance(adaptive, SpeculationTable):
+      raise SettingsError(f"adaptive must be a SpeculationTable or None, got {type(adaptive).__name__}.")
+    if adaptive is not None and speculation is None and adaptive.max_gamma > 0:
+      raise SettingsError("adaptive: a table that drafts needs a speculation (its draft).")
+    placed_on = placement.mesh_of(target.params)
+    if mesh is not None and not isinstance(mesh, Mesh):
+      raise SettingsError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
+                          f"{type(mesh).__name__}.")
+    if mesh is not None and placed_on is not None and placed_on != mesh:
+      raise SettingsError("the target is placed on another mesh than `mesh`: pass one of them.")
+    if mesh is not None and placed_on is None:
+      target = shard(target, mesh)  # the parameters as `generate` finds them on a mesh (DEFAULT_RULES)
+    self.mesh = placement.mesh_of(target.params)
+    self.target, self.speculation = target, speculation
+    self.slots, self.max_input_length, self.max_new_tokens = int(slots), int(max_input_length), int(max_new_tokens)
+    self.iterations_per_step = int(iterations_per_step)
+    self.tokenizer = target.tokenizer
+    cfg = target.config
+    self.eos_ids = tuple(cfg.eos_token_ids)
+    self.pad_id = cfg.pad_token_id
+    if adaptive is None:
+      if speculation is None:
+        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
+      else:
+        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
+                                                tree=speculation.tree),))
+    self.table = adaptive
+    drafter, draft_model, head_params = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
+    self.draft_params = draft_model.params if draft_model is not None else head_params
+    if self.mesh is not None and draft_model is not None:  # replicated over `model` (DRAFT_RULES), as generate
+      self.draft_params = placement._draft_params_on(draft_model, self.mesh)  # pylint: disable=protected-access
+    elif self.mesh is not None and head_params is not None:
+      self.draft_params = placement.replicated_on(head_params, self.mesh, owner=speculation.draft)
+    self.target_params = target.params
+    lags = any(e.plain or e.tree is not None for e in adaptive.entries)
+    chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter
+    self._programs: dict[tuple[int, str], _Program] = {}
+    width = self.iterations_per_step * (adaptive.max_gamma + 1)
+    alloc = None
+    for i, entry in enumerate(adaptive.entries):
+      gamma, tree = entry.gamma, entry.tree
+      if tree is not None and tree.top_k == 1:  # a one-child tree is the chain (as generate runs it)
+        gamma, tree = tree.nodes, None
+      for mode in MODES:
+        if entry.plain:  # the drafter rests (`Drafter.idle`, width-1 verify calls) and keeps its state in sync
+          use, gamma_used = drafter, (1 if speculation is not None else 0)
+          kind = loop._Kind(rests=speculation is not None, width=1)  # pylint: disable=protected-access
+        else:
+          use, gamma_used = (chain_drafter if tree is None else drafter), gamma
+        settings = loop.LoopSettings(
+            target=target.decoder(), drafter=use, gamma=gamma_used, max_new_tokens=self.max_new_tokens,
+            greedy=mode == "greedy", filtering=mode == "filtered", eos_ids=self.eos_ids, pad_id=self.pad_id,
+            tree=None if entry.plain else tree)
+        if not entry.plain:
+          kind = loop._Kind(rests=False, width=None if settings.variable else settings.gamma + 1)  # pylint: disable=protected-access
+        self._programs[(i, mode)] = _Program(settings, kind, self.iterations_per_step, width)
+        if alloc is None or settings.slack > alloc.slack:
+          alloc = settings
+    # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
+    self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
+    self._layout, self._state = self._allocate()
+    self._active = np.zeros((self.slots,), bool)
+    self._stop = np.zeros((self.slots,), bool)
+    self._requests: list[RequestSettings | None] = [None] * self.slots
+
+  # -- construction ------------------------------------------------------------------------------------------
+
+  def _prefill_shapes(self, batch: int, bucket: int):
+    ids = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
+    lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+    cache, draft, _ = jax.eval_shape(functools.partial(loop.prefill, self._alloc), self.target_params,
+                                     self.draft_params, ids, lengths)
+    return jax.tree_util.tree_leaves((cache, draft))
+
+  def _allocate(self) -> tuple[_Layout, SlotState]:
+    """The layout (per leaf: batch axis, one row's padded shape) and the zero state of every slot (idle)."""
+    top = _buckets(self.max_input_length)[-1]
+    two, three = self._prefill_shapes(2, top), self._prefill_shapes(3, top)
+    one = self._prefill_shapes(1, top)
+    axes = []
+    for a, b in zip(two, three):
+      diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
+      axes.append(diff[0] if diff else None)
+    shapes = tuple(tuple(s.shape) for s in one)
+    layout = _Layout(axes=tuple(axes), shapes=shapes)
+    cache_tree = jax.tree_util.tree_structure(jax.eval_shape(
+        functools.partial(loop.prefill, self._alloc), self.target_params, self.draft_params,
+        jax.ShapeDtypeStruct((1, top), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))[:2])
+    shapes_dtypes = []
+    for s, axis in zip(one, axes):
+      shape = list(s.shape)
+      if axis is not None:
+        shape[axis] = self.slots
+      shapes_dtypes.append((tuple(shape), s.dtype))
+    n, seq_len, pad = self.slots, self._alloc.seq_len, self.pad_id
+
+    @jax.jit
+    def zeros():  # one program: every buffer its own (donation needs distinct buffers)
+      leaves = [jnp.zeros(shape, dtype) for shape, dtype in shapes_dtypes]
+      cache, draft = jax.tree_util.tree_unflatten(cache_tree, leaves)
+      zeros_i = jnp.zeros((n,), jnp.int32)
+      return SlotState(sequences=jnp.full((n, seq_len), pad, jnp.int32), lengths=jnp.ones((n,), jnp.int32),
+                       done=jnp.ones((n,), bool), failed=jnp.zeros((n,), bool), target_cache=cache,
+                       draft_state=draft, keys=jax.vmap(jax.random.key)(jnp.zeros((n,), jnp.uint32)),
+                       iterations=zeros_i, budget=jnp.ones((n,), jnp.int32),
+                       temperature=jnp.zeros((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
+                       top_p=jnp.ones((n,), jnp.float32))
+
+    state = zeros()
+    if self.mesh is not None:  # every slot's state replicated on the target's mesh (the compiler shards the work)
+      state = jax.device_put(state, NamedSharding(self.mesh, PartitionSpec()))
+    return layout, state
+
+  # -- the interface ----------------------------------------------------------------------------------------
+
+  @property
+  def buckets(self) -> list[int]:
+    return _buckets(self.max_input_length)
+
+  def free_slots(self) -> list[int]:
+    return [int(i) for i in np.flatnonzero(~self._active)]
+
+  def active_slots(self) -> list[int]:
+    return [int(i) for i in np.flatnonzero(self._active)]
+
+  def _check_slot(self, slot) -> int:
+    if not is_int(slot) or not 0 <= slot < self.slots:
+      raise SettingsError(f"slot must be an integer in [0, {self.slots}), got {slot!r}.")
+    return int(slot)
+
+  def _check_prompt(self, prompt_ids) -> list[int]:
+    if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, (Sequence, np.ndarray)):
+      raise InputError(f"prompt_ids must be a sequence of token ids, got {type(prompt_ids).__name__}.")
+    ids = list(np.asarray(prompt_ids).tolist()) if isinstance(prompt_ids, np.ndarray) else list(prompt_ids)
+    if not ids:
+      raise InputError("the prompt is empty.")
+    if not all(is_int(t) for t in ids):
+      raise InputError("the prompt has a token id that is not an integer.")
+    if len(ids) > self.max_input_length:
+      raise InputError(f"the prompt has {len(ids)} tokens, more than this engine's max_input_length="
+                       f"{self.max_input_length}.")
+    vocab = self.target.config.vocab_size
+    if min(ids) < 0 or max(ids) >= vocab:
+      raise InputError(f"the prompt has token ids outside [0, {vocab}).")
+    return ids
+
+  def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings) -> None:
+    """Prefills one request into a free `slot` (one compiled program per prompt bucket; nothing recompiles)."""
+    slot = self._check_slot(slot)
+    if self._active[slot]:
+      raise SettingsError(f"slot {slot} is busy: free it first (engine.free) or pick one of free_slots().")
+    if not isinstance(settings, RequestSettings):
+      raise SettingsError(f"settings must be a RequestSettings, got {type(settings).__name__}.")
+    if settings.max_tokens > self.max_new_tokens:
+      raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
+                          f"{self.max_new_tokens}.")
+    ids = self._check_prompt(prompt_ids)
+    bucket = arguments.bucket_length(len(ids), self.max_input_length)
+    padded = np.full((1, bucket), self.pad_id, np.int32)
+    padded[0, :len(ids)] = ids
+    self._state = _INSERT(self._alloc, self._layout, self.target_params, self.draft_params, self._state,
+                          np.int32(slot), padded, np.asarray([len(ids)], np.int32), np.uint32(settings.seed),
+                          np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
+                          np.int32(settings.max_tokens))
+    self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
+
+  def free(self, slot: int) -> None:
+    """Stops `slot` now (a stop string, a client gone): it decodes no more and is free for the next insert."""
+    slot = self._check_slot(slot)
+    if self._active[slot]:
+      self._stop[slot] = True
+    self._active[slot], self._requests[slot] = False, None
+
+  def _pick(self) -> tuple[int, str]:
+    active = [r for r in self._requests if r is not None]
+    modes = {r.mode for r in active}
+    mode = "filtered" if "filtered" in modes else "sampled" if "sampled" in modes else "greedy"
+    return self.table.index(len(active)), mode
+
+  def step(self, *, program: tuple[int, str] | None = None) -> StepOutput:
+    """Runs <= iterations_per_step loop iterations over every active slot (one compiled program, one copy to the
+    host) and frees the slots that finished. program: (table entry index, mode) to force one (warmup, tests)."""
+    n = self.slots
+    if not self._active.any() and program is None:
+      zeros = np.zeros((n,), np.int64)
+      return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
+                        drafted=zeros, accepted=zeros.copy())
+    key = self._pick() if program is None else program
+    prog = self._programs[key]
+    stop = self._stop.copy()
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, stop)
+    self._stop[:] = False
+    packed = np.asarray(jax.device_get(packed))
+    w = prog.width
+    tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
+    out_tokens, reasons = [], []
+    for s in range(n):
+      row = tokens[s, :counts[s]].tolist() if self._active[s] else []
+      out_tokens.append(row)
+      reason = None
+      if finished[s] and self._active[s]:
+        reason = "error" if failed[s] else "stop" if row and row[-1] in self.eos_ids else "length"
+        self._active[s], self._requests[s] = False, None
+      reasons.append(reason)
+    finished = np.asarray([r is not None for r in reasons])
+    return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
+                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1])
+
+  def warmup(self) -> None:
+    """Compiles every program: each bucket's insert and each step program (the engine is left idle)."""
+    busy = self._active.any()
+    if busy:
+      raise SettingsError("warmup runs on an idle engine (before any insert).")
+    for bucket in self.buckets:
+      self.insert(0, [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id], RequestSettings(1))
+      self.free(0)
+    for key in self._programs:
+      self.step(program=key)
+      self._stop[:] = False
+
+  def compiled_programs(self) -> int:
+    """Programs compiled so far by every engine (step and insert jits): a test of "nothing recompiles" reads it."""
+    return _STEP._cache_size() + _INSERT._cache_size()  # pylint: disable=protected-access

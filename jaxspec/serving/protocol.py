@@ -1,0 +1,227 @@
+"""The OpenAI request surface: a JSON body checked field by field into a `Request`, and OpenAI's error body.
+
+    req = parse_completion(body, served_model="ende-target", tokenizer=tok, max_input_length=512, max_tokens=64)
+    req = parse_chat(body, ...)        # messages through the tokenizer's chat template (400 without one)
+    error_body(APIError(400, "temperature must be in [0, 2], got 3.", param="temperature"))
+    # -> {"error": {"message": ..., "type": "invalid_request_error", "param": "temperature", "code": None}}
+
+Every problem is one `APIError` (status 4xx, a message naming the field and the value, OpenAI's `type`, `param`
+and `code`), never a traceback. Supported: prompt (a string, a list of one string, token ids), messages, model,
+max_tokens (max_completion_tokens for chat), temperature [0, 2] (default 1, as OpenAI's), top_p (0, 1], top_k >= 0 (an extension), seed
+[0, 2**31 - 1], stop (a string or up to 4), n (1 only), stream, stream_options.include_usage. Fields OpenAI
+defines that change nothing here (user, presence/frequency penalties at 0, logit_bias empty, ...) are accepted;
+any other field is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+MAX_SEED = 2**31 - 1
+MAX_STOPS = 4
+
+# OpenAI fields that are accepted when left at a value that changes nothing (None, the default shown).
+_NEUTRAL = {"user": None, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "logprobs": None,
+            "echo": False, "best_of": 1, "suffix": None, "top_logprobs": None, "parallel_tool_calls": None,
+            "tools": None, "tool_choice": None, "response_format": None, "service_tier": None, "store": None,
+            "metadata": None}
+_FREE = ("user", "service_tier", "store", "metadata")  # any value: bookkeeping, no effect on the answer
+
+
+class APIError(Exception):
+  """An OpenAI-shaped error: HTTP status, message, type ('invalid_request_error', ...), param and code."""
+
+  def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",  # pylint: disable=redefined-builtin
+               param: str | None = None, code: str | None = None):
+    super().__init__(message)
+    self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+  def body(self) -> dict:
+    return error_body(self)
+
+
+def error_body(e: APIError) -> dict:
+  """{"error": {"message", "type", "param", "code"}}: the body OpenAI's clients read."""
+  return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One checked request: prompt_ids [S] (what the engine inserts: T5 encoder ids, or a decoder-only prompt), the
+  sampling settings, stop strings and streaming options."""
+  kind: str  # "completion" or "chat"
+  model: str
+  prompt_ids: tuple[int, ...]
+  max_tokens: int
+  temperature: float
+  top_p: float
+  top_k: int
+  seed: int
+  stop: tuple[str, ...]
+  stream: bool
+  include_usage: bool
+
+
+def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:
+  return APIError(status, message, param=param, code=code)
+
+
+def _number(body: dict, name: str, default, *, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
+  value = body.get(name, default)
+  if value is None:
+    return default
+  kind = "an integer" if integer else "a number"
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+    raise _bad(f"{name} must be {kind}, got {type(value).__name__} {value!r}.", name, "invalid_type")
+  if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
+    bounds = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    raise _bad(f"{name} must be in {bounds}, got {value!r}.", name, "invalid_value")
+  return int(value) if integer else float(value)
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+  stop = body.get("stop")
+  if stop is None:
+    return ()
+  stops = [stop] if isinstance(stop, str) else stop
+  if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+    raise _bad(f"stop must be a string or a list of strings, got {stop!r}.", "stop", "invalid_type")
+  if len(stops) > MAX_STOPS:
+    raise _bad(f"stop takes at most {MAX_STOPS} strings, got {len(stops)}.", "stop", "invalid_value")
+  if any(not s for s in stops):
+    raise _bad("stop strings must not be empty.", "stop", "invalid_value")
+  return tuple(stops)
+
+
+def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_tokens_default: int,
+            max_new_tokens: int) -> dict:
+  if not isinstance(body, dict):
+    raise _bad(f"the request body must be a JSON object, got {type(body).__name__}.")
+  unknown = sorted(k for k in body if k not in allowed and k not in _NEUTRAL)
+  if unknown:
+    raise _bad(f"unknown or unsupported field(s): {', '.join(unknown)}.", unknown[0], "unsupported_parameter")
+  for name, neutral in _NEUTRAL.items():  # a value that would change the answer is refused, named
+    value = body.get(name)
+    if not (name in _FREE or value is None or value == neutral or value in ({}, [], False)):
+      raise _bad(f"{name}={value!r} is not supported by this server (only {neutral!r}).", name,
+                 "unsupported_parameter")
+  model = body.get("model")
+  if model is None:
+    raise _bad("model is required (GET /v1/models lists what this server serves).", "model", "missing_required")
+  if not isinstance(model, str):
+    raise _bad(f"model must be a string, got {type(model).__name__}.", "model", "invalid_type")
+  if model != served_model:
+    raise APIError(404, f"The model {model!r} does not exist: this server serves {served_model!r}.",
+                   param="model", code="model_not_found")
+  n = _number(body, "n", 1, lo=1, hi=1e9, integer=True)
+  if n != 1:
+    raise _bad(f"n must be 1 (one choice per request), got {n}.", "n", "invalid_value")
+  names = ("max_completion_tokens", "max_tokens") if kind == "chat" else ("max_tokens",)
+  max_tokens = max_tokens_default
+  for name in names:
+    if body.get(name) is not None:
+      max_tokens = _number(body, name, None, lo=1, hi=max_new_tokens, integer=True)
+      if max_tokens is None:
+        max_tokens = max_tokens_default
+      break
+  stream = body.get("stream", False)
+  if stream is None:
+    stream = False
+  if not isinstance(stream, bool):
+    raise _bad(f"stream must be a boolean, got {stream!r}.", "stream", "invalid_type")
+  options = body.get("stream_options")
+  include_usage = False
+  if options is not None:
+    if not stream:
+      raise _bad("stream_options is only allowed with stream=true.", "stream_options", "invalid_value")
+    if not isinstance(options, dict) or any(k != "include_usage" for k in options):
+      raise _bad(f"stream_options takes only include_usage, got {options!r}.", "stream_options", "invalid_value")
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+      raise _bad(f"stream_options.include_usage must be a boolean, got {include_usage!r}.",
+                 "stream_options.include_usage", "invalid_type")
+  return dict(
+      kind=kind, model=model, max_tokens=max_tokens,
+      temperature=_number(body, "temperature", 1.0, lo=0, hi=2),  # OpenAI's default: 1
+      top_p=_number(body, "top_p", 1.0, lo=0, hi=1, lo_open=True),
+      top_k=_number(body, "top_k", 0, lo=0, hi=1e9, integer=True),
+      seed=_number(body, "seed", 0, lo=0, hi=MAX_SEED, integer=True),
+      stop=_stop(body), stream=stream, include_usage=include_usage)
+
+
+def _check_length(ids: list[int], max_input_length: int, param: str) -> tuple[int, ...]:
+  if not ids:
+    raise _bad(f"{param} is empty: nothing to continue.", param, "invalid_value")
+  if len(ids) > max_input_length:
+    raise _bad(f"the prompt has {len(ids)} tokens, more than this server's maximum of {max_input_length} "
+               f"(--max_input_length).", param, "context_length_exceeded")
+  return tuple(ids)
+
+
+_COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
+                      "stream", "stream_options"}
+_CHAT_FIELDS = (_COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
+
+
+def parse_completion(body: Any, *, served_model: str, tokenizer, vocab_size: int, max_input_length: int,
+                     max_tokens: int, max_new_tokens: int) -> Request:
+  """POST /v1/completions' body -> Request. prompt: a string (encoded as `tokenizer.encode` does, special tokens
+  included), a list of one string, or token ids (ints in [0, vocab_size)); APIError otherwise."""
+  common = _common(body, "completion", served_model, _COMPLETION_FIELDS, max_tokens, max_new_tokens)
+  prompt = body.get("prompt")
+  if prompt is None:
+    raise _bad("prompt is required.", "prompt", "missing_required")
+  if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+    prompt = prompt[0]
+  if isinstance(prompt, str):
+    ids = list(tokenizer.encode(prompt)) if prompt else []
+  elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    bad = [t for t in prompt if not 0 <= t < vocab_size]
+    if bad:
+      raise _bad(f"prompt token ids must be in [0, {vocab_size}), got {bad[0]}.", "prompt", "invalid_value")
+    ids = list(prompt)
+  elif isinstance(prompt, list) and len(prompt) > 1:
+    raise _bad(f"one prompt per request (n=1): got a list of {len(prompt)} prompts.", "prompt", "invalid_value")
+  else:
+    raise _bad(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.", "prompt",
+               "invalid_type")
+  return Request(prompt_ids=_check_length(ids, max_input_length, "prompt"), **common)
+
+
+def parse_chat(body: Any, *, served_model: str, tokenizer, max_input_length: int, max_tokens: int,
+               max_new_tokens: int) -> Request:
+  """POST /v1/chat/completions' body -> Request: messages ({"role", "content": str}) rendered by the target
+  tokenizer's chat template with the assistant's turn opened; APIError (400) when the target has none."""
+  common = _common(body, "chat", served_model, _CHAT_FIELDS, max_tokens, max_new_tokens)
+  messages = body.get("messages")
+  if messages is None:
+    raise _bad("messages is required.", "messages", "missing_required")
+  if not isinstance(messages, list) or not messages:
+    raise _bad("messages must be a non-empty list of {role, content} objects.", "messages", "invalid_type")
+  clean = []
+  for i, m in enumerate(messages):
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+      raise _bad(f"messages[{i}] must be an object with a string role, got {m!r}.", f"messages[{i}]", "invalid_type")
+    if m["role"] not in ("system", "user", "assistant", "developer"):
+      raise _bad(f"messages[{i}].role {m['role']!r} is not supported (system, user, assistant, developer).",
+                 f"messages[{i}].role", "invalid_value")
+    content = m.get("content")
+    if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
+      if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        raise _bad(f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content",
+                   "invalid_value")
+      content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+      raise _bad(f"messages[{i}].content must be a string, got {type(content).__name__}.",
+                 f"messages[{i}].content", "invalid_type")
+    clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+  if not getattr(getattr(tokenizer, "hf_tokenizer", None), "chat_template", None):
+    raise _bad(f"the model {served_model!r} has no chat template (not a chat or instruct model): use "
+               "/v1/completions with a plain prompt.", "messages", "no_chat_template")
+  try:
+    text = tokenizer.apply_chat_template(clean)
+  except Exception as e:  # pylint: disable=broad-except  (a template's own error: a role order it refuses)
+    raise _bad(f"the model's chat template cannot render these messages: {e}", "messages", "invalid_value") from None
+  return Request(prompt_ids=_check_length(list(tokenizer.encode(text)), max_input_length, "messages"), **common)

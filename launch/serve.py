@@ -1,0 +1,93 @@
+r"""An OpenAI-compatible server: continuous batching over a slot engine, speculative decoding inside its step.
+
+    python launch/serve.py                                    # the embedded EN-DE pair on 127.0.0.1:8000
+    python launch/serve.py --target=DIR --draft=DIR --gamma=4 --slots=16 --port=8000
+    python launch/serve.py --target=DIR --draft=none          # plain decoding (the baseline)
+    python launch/serve.py --target=DIR --draft=HEAD_DIR --tree=4,16   # an EAGLE-3 head drafting token trees
+    python launch/serve.py --target=DIR --draft=ngram         # prompt lookup, no draft model
+
+Then any OpenAI client: `openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`. GET /health answers
+503 while the engine compiles (every prompt bucket and step program, before the first request) and 200 after;
+GET /metrics is Prometheus text. --draft as in generate.py ('' or 'none': plain decoding); --speculation_table a
+JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of active slots, measured by the
+tuner) in place of the fixed --gamma / --tree. docs/serving.md has the API and the benchmark.
+"""
+
+import sys
+
+from absl import flags
+
+from jaxspec.cli import flags as cli_flags, jobs
+
+cli_flags.define_models(target="ende-target", draft="ende-draft")
+cli_flags.define_decoding(gamma=4, max_new_tokens=128, max_input_length=128)
+delattr(flags.FLAGS, "batch_size")  # the engine's batch is --slots
+cli_flags.define_mesh()
+_SLOTS = flags.DEFINE_integer("slots", 8, "Requests decoded together (the engine's static batch).", lower_bound=1)
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 0, "max_tokens of a request that gives none (0: "
+                                   "--max_new_tokens, which is also the most a request may ask).", lower_bound=0)
+_ITERATIONS = flags.DEFINE_integer("iterations_per_step", 4, "Loop iterations per engine step (a step returns "
+                                   "tokens once; requests join and leave between steps).", lower_bound=1)
+_QUEUE = flags.DEFINE_integer("queue", 64, "Requests that may wait for a slot; one more is answered 429.",
+                              lower_bound=0)
+_TABLE = flags.DEFINE_string("speculation_table", "", "A SpeculationTable JSON file: the draft length (or tree, "
+                             "or plain) per number of active slots; '' uses --gamma / --tree at every load.")
+_NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target).")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0 exposes the server).")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0, upper_bound=65535)
+_LOG = flags.DEFINE_enum("log_level", "info", ["critical", "error", "warning", "info", "debug"], "uvicorn's log level.")
+flags.register_validator("tree", lambda v: v != cli_flags.AUTO, message="--tree takes 'K,N' or '' here")
+flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma takes an integer here")
+
+
+def _draft_spec(target) -> str:
+  """--draft ('' for 'none'), or '' (plain decoding, said on stderr) when it is left at its default and cannot
+  draft for target (as generate.py does)."""
+  import jaxspec  # pylint: disable=import-outside-toplevel
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  if FLAGS.draft.strip().lower() == "none":
+    return ""
+  if FLAGS["draft"].present or not FLAGS.draft:
+    return FLAGS.draft
+  default = jaxspec.load(FLAGS.draft)
+  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
+      and target.tokenizer.same_as(default.tokenizer)):
+    return FLAGS.draft
+  print(f"--draft left at its default {FLAGS.draft!r}, which cannot draft for {FLAGS.target} (another tokenizer or "
+        "family): serving plainly; pass --draft to speculate.", file=sys.stderr)
+  return ""
+
+
+def main(argv):
+  del argv
+  from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
+  from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
+  from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
+  FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  mesh = cli_flags.mesh()
+  target = jobs.load_target(FLAGS.target, mesh)
+  spec = _draft_spec(target)
+  drafts = jobs.load_drafts(spec, target, mesh)
+  if len(drafts) > 1:
+    raise InputError(f"--draft={spec}: one draft expected here, got {len(drafts)}.")
+  draft = next(iter(drafts.values()), None)
+  table = None
+  if _TABLE.value:
+    try:
+      with open(_TABLE.value, encoding="utf-8") as f:
+        table = SpeculationTable.from_json(f.read())
+    except OSError as e:
+      raise InputError(f"--speculation_table={_TABLE.value}: {e.strerror}.") from None
+  engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
+                      max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
+                      iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh)
+  scheduler, app = server.build(engine, model_name=_NAME.value or FLAGS.target, max_tokens=_MAX_TOKENS.value or None,
+                                queue_size=_QUEUE.value)
+  print(f"serving {_NAME.value or FLAGS.target} ({'plain' if draft is None else f'draft {spec}'}, {_SLOTS.value} "
+        f"slots) on http://{_HOST.value}:{_PORT.value}/v1 (compiling first: GET /health is 503 until ready)",
+        flush=True)
+  server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value)
+
+
+if __name__ == "__main__":
+  cli_flags.run(main)

@@ -1,0 +1,64 @@
+r"""Benchmarks running servers (launch/serve.py) over HTTP: TTFT, inter-token and end-to-end latency (P50 / P90 /
+P99), output tokens per second and acceptance, at fixed concurrency levels and Poisson request rates.
+
+    python launch/serve_benchmark.py --url=http://127.0.0.1:8000 --workload=docs/bench/serving_ende.jsonl
+    # speculative against plain, side by side (two servers started with the same settings but --draft):
+    python launch/serve_benchmark.py --url=http://127.0.0.1:8000 --baseline_url=http://127.0.0.1:8001 \
+        --labels=speculative,plain --concurrency=1,4,16,64 --rate=2,8 --output=docs/bench/serving_ende
+
+Writes OUTPUT.md (the table), OUTPUT.json (every figure) and OUTPUT.png (tokens/s and ITL against concurrency);
+without --output prints the table. `jaxspec.bench.serving` has the definitions.
+"""
+
+import json
+
+from absl import flags
+
+from jaxspec.bench import serving
+from jaxspec.cli import flags as cli_flags
+
+_URL = flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server to measure.")
+_BASELINE = flags.DEFINE_string("baseline_url", "", "A second server measured the same way (e.g. --draft=none); "
+                                "the table then gives the speedup of --url against it.")
+_LABELS = flags.DEFINE_list("labels", ["speculative", "plain"], "Names of --url and --baseline_url in the table.")
+_WORKLOAD = flags.DEFINE_string("workload", "docs/bench/serving_ende.jsonl", "JSONL: {\"prompt\": ...} or "
+                                "{\"messages\": [...]} a line, optionally \"max_tokens\"; requests cycle through it.")
+cli_flags.define_number_list("concurrency", [1, 4, 16, 64], "Closed-loop levels: concurrent requests.", lower_bound=1)
+cli_flags.define_number_list("rate", [], "Open-loop levels: Poisson arrivals, requests per second.", kind=float,
+                             lower_bound=0.001)
+_REQUESTS = flags.DEFINE_integer("requests", 0, "Requests per level (0: max(8, 2 x concurrency) or 4 s of the "
+                                 "rate, at least 8).", lower_bound=0)
+_MAX_TOKENS = flags.DEFINE_integer("max_tokens", 64, "max_tokens of a workload line that gives none.", lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Sampling temperature of every request (0: greedy).",
+                                  lower_bound=0.0, upper_bound=2.0)
+_SEED = flags.DEFINE_integer("seed", 0, "Request i is sent with seed + i; also seeds the Poisson gaps.",
+                             lower_bound=0)
+_TIMEOUT = flags.DEFINE_float("timeout", 600.0, "Seconds a request may take before it counts as failed.",
+                              lower_bound=1.0)
+_OUTPUT = flags.DEFINE_string("output", "", "Path prefix for .md, .json and .png ('' prints the table).")
+
+
+def main(argv):
+  del argv
+  items = serving.read_workload(_WORKLOAD.value)
+  servers = {_LABELS.value[0] if _LABELS.value else "server": _URL.value}
+  if _BASELINE.value:
+    servers[_LABELS.value[1] if len(_LABELS.value) > 1 else "baseline"] = _BASELINE.value
+  rows = serving.compare(servers, items, concurrencies=flags.FLAGS.concurrency, rates=flags.FLAGS.rate,
+                         requests=_REQUESTS.value, max_tokens=_MAX_TOKENS.value, temperature=_TEMPERATURE.value,
+                         seed=_SEED.value, timeout=_TIMEOUT.value)
+  table = serving.markdown(rows)
+  print(table)
+  if _OUTPUT.value:
+    with open(_OUTPUT.value + ".md", "w", encoding="utf-8") as f:
+      f.write(table + "\n")
+    with open(_OUTPUT.value + ".json", "w", encoding="utf-8") as f:
+      json.dump(rows, f, indent=1)
+    serving.plot(rows, _OUTPUT.value + ".png")
+    print(f"wrote {_OUTPUT.value}.md, .json and .png")
+  if any(r["failed"] for r in rows):
+    raise SystemExit(f"{sum(r['failed'] for r in rows)} requests failed: {rows[0]['errors'] or ''}")
+
+
+if __name__ == "__main__":
+  cli_flags.run(main)

@@ -1,0 +1,137 @@
+"""The slot engine on the embedded T5 pair (jaxspec.load("ende-target") / "ende-draft"): at temperature 0 every
+request's tokens equal `generate`'s plain greedy tokens for its prompt alone, whatever else runs beside it
+(requests joining and leaving mid-decode, slots reused, a slot freed early); seeded sampled requests give the same
+tokens alone and under load (and generate's with seed=[s]); nothing recompiles after warmup; bad settings and
+prompts are refused with one clear error."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.errors import InputError, SettingsError
+from jaxspec.serving import RequestSettings, SlotEngine
+
+from engine_helpers import Request, drive, generate_tokens
+
+TEXTS = ["translate English to German: The house is small.",
+         "translate English to German: I like green tea very much because it is good.",
+         "translate English to German: Where is the station?",
+         "translate English to German: The weather today is cold and the children stay inside the house.",
+         "translate English to German: Thank you."]
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def pair():
+  return jaxspec.load("ende-target"), jaxspec.load("ende-draft")
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+  return [pair[0].tokenizer.encode(t) for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def greedy_refs(pair, prompts):
+  return [generate_tokens(pair[0], p, MAX_NEW) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def engine(pair):
+  """A draft-model engine (gamma 3), 3 slots, 2 iterations per step, warmed up."""
+  e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
+                 max_new_tokens=MAX_NEW, iterations_per_step=2)
+  e.warmup()
+  return e
+
+
+def _mixed_load(prompts, settings_of):
+  """Seven requests over 3 slots: joining at different steps, two cut short by max_tokens, one freed early."""
+  plan = [(0, 0), (1, 0), (2, 1), (3, 3), (4, 3), (0, 4), (3, 6)]
+  requests = [Request(prompts[i], settings_of(i, n), arrive=a) for n, (i, a) in enumerate(plan)]
+  requests[5].stop_after = 3  # a client gone after 3 tokens (its slot is reused)
+  return requests
+
+
+def test_greedy_equals_plain_generate_under_load(engine, prompts, greedy_refs):
+  before = engine.compiled_programs()
+  budgets = [MAX_NEW, 5, MAX_NEW, MAX_NEW, 9, MAX_NEW, MAX_NEW]
+  requests = drive(engine, _mixed_load(prompts, lambda i, n: RequestSettings(max_tokens=budgets[n])))
+  for r, (i, _), budget in zip(requests, [(0, 0), (1, 0), (2, 1), (3, 3), (4, 3), (0, 4), (3, 6)], budgets):
+    want = greedy_refs[i][:budget]
+    if r.reason == "freed":
+      assert r.tokens == want[:len(r.tokens)] and len(r.tokens) >= 3
+      continue
+    assert r.tokens == want, (i, r.tokens, want)
+    assert r.reason == ("stop" if want[-1] in engine.eos_ids else "length")
+  assert len({s for r in requests for s in r.slots_used}) == 3  # every slot used, some twice
+  assert engine.compiled_programs() == before  # nothing recompiled after warmup
+  assert engine.free_slots() == [0, 1, 2]
+
+
+def test_a_freed_slot_never_leaks(engine, prompts, greedy_refs):
+  """A short request in the slot a long one left (finished or freed) equals it alone."""
+  long, short = prompts[3], prompts[4]
+  for stop_after in (None, 4):
+    first = Request(long, RequestSettings(MAX_NEW), stop_after=stop_after)
+    second = Request(short, RequestSettings(MAX_NEW), arrive=1)
+    drive(engine, [first])
+    drive(engine, [second])
+    assert second.slot == first.slot
+    assert second.tokens == greedy_refs[4]
+
+
+def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy_refs):
+  for speculation in (None, jaxspec.Speculation(pair[1], gamma=2, tree=jaxspec.Tree(top_k=2, nodes=4))):
+    e = SlotEngine(pair[0], speculation, slots=2, max_input_length=32, max_new_tokens=MAX_NEW,
+                   iterations_per_step=3)
+    requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(prompts[:4])]
+    drive(e, requests)
+    assert [r.tokens for r in requests] == greedy_refs[:4]
+
+
+def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts, greedy_refs):
+  sampled = RequestSettings(max_tokens=12, temperature=1.0, seed=7)
+  filtered = RequestSettings(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+  alone = [drive(engine, [Request(prompts[1], s)])[0].tokens for s in (sampled, filtered)]
+  load = [Request(prompts[0], RequestSettings(MAX_NEW)), Request(prompts[1], sampled, arrive=1),
+          Request(prompts[3], RequestSettings(MAX_NEW, temperature=0.5, seed=1)),
+          Request(prompts[2], RequestSettings(MAX_NEW)), Request(prompts[1], filtered, arrive=2)]
+  drive(engine, load)
+  assert load[1].tokens == alone[0] and load[4].tokens == alone[1]
+  # Greedy rows decoded by the sampled programs (one-hot p and q) keep their greedy tokens.
+  assert load[0].tokens == greedy_refs[0] and load[3].tokens == greedy_refs[2]
+  assert alone[0] != alone[1]
+  # The same as generate with a per-row seed (the same key derivation, the same draws).
+  want = generate_tokens(pair[0], prompts[1], 12, jaxspec.Speculation(pair[1], gamma=3),
+                         jaxspec.Sampling(temperature=1.0), seed=7)
+  assert alone[0] == want
+
+
+def test_refusals(engine, prompts):
+  with pytest.raises(SettingsError, match="max_tokens"):
+    engine.insert(0, prompts[0], RequestSettings(max_tokens=MAX_NEW + 1))
+  with pytest.raises(SettingsError, match="temperature"):
+    RequestSettings(max_tokens=4, temperature=-1.0)
+  with pytest.raises(SettingsError, match="top_p"):
+    RequestSettings(max_tokens=4, top_p=0.0)
+  with pytest.raises(SettingsError, match="seed"):
+    RequestSettings(max_tokens=4, seed=-3)
+  with pytest.raises(InputError, match="max_input_length=32"):
+    engine.insert(0, [5] * 33, RequestSettings(4))
+  with pytest.raises(InputError, match="empty"):
+    engine.insert(0, [], RequestSettings(4))
+  with pytest.raises(InputError, match="outside"):
+    engine.insert(0, [10**7], RequestSettings(4))
+  with pytest.raises(SettingsError, match="slot"):
+    engine.insert(3, prompts[0], RequestSettings(4))
+  engine.insert(0, prompts[0], RequestSettings(4))
+  with pytest.raises(SettingsError, match="busy"):
+    engine.insert(0, prompts[0], RequestSettings(4))
+  engine.free(0)
+  assert engine.free_slots() == [0, 1, 2]
+  with pytest.raises(SettingsError, match="schedule"):
+    SlotEngine(engine.target, jaxspec.Speculation(engine.speculation.draft, gamma=2, schedule="heuristic"),
+               slots=2, max_input_length=16, max_new_tokens=4)
