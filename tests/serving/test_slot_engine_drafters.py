@@ -74,6 +74,7 @@ def _case(name: str):
   raise KeyError(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ngram", "head", "draft", "t5-head"])
 def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   target, speculation = _case(name)

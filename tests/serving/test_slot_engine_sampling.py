@@ -73,6 +73,7 @@ def pair():
   return _llama(0), _llama(5)  # a draft of other weights: q differs from p, so the broken rule shows
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature,top_k,top_p", [(2.0, 0, 1.0), (0.8, 6, 0.9)])
 def test_sampled_output_keeps_the_targets_distribution(pair, temperature, top_k, top_p):
   target, draft = pair
