@@ -17,6 +17,8 @@ TSV (its 'de' column). Then the best choice per (batch size, temperature), plain
 and prints where they are.
 """
 
+import os
+
 from absl import flags
 
 import jaxspec
@@ -24,6 +26,7 @@ from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.bench import report, tune
 from jaxspec.data.ende import read_pairs, split_path
 from jaxspec.cli.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
+from jaxspec.cli.outputs import atomic_write
 
 flags.DEFINE_string("target", "ende-target", "Target model: an embedded name or a model directory.")
 _DRAFTS = flags.DEFINE_string("drafts", "ende-draft,ngram", "Comma-separated drafts: embedded names, model "
@@ -49,6 +52,9 @@ _MIN = flags.DEFINE_float("min_speedup", tune.MIN_SPEEDUP, "Speedup a variant ne
                           "decoding to be chosen.")
 _OUT = flags.DEFINE_string("output_dir", "runs/tune", "Where tune.json, tune.md and the plots go (the committed "
                            "results in docs/bench are written only when named).")
+_TABLE = flags.DEFINE_string("speculation_table", "", "Also write the slot engine's load table (draft length, tree "
+                             "or plain per number of active slots, from the rows of --batch_sizes; the first draft "
+                             "and temperature) to this JSON file, for launch/serve.py --speculation_table.")
 flags.register_validator("schedules", lambda v: bool(v) and set(v) <= set(tune.SCHEDULES),
                          message=f"--schedules must be some of {tune.SCHEDULES}")
 FLAGS = flags.FLAGS
@@ -70,6 +76,9 @@ def _inputs(target) -> tuple[list[list[int]], list[str] | None]:
 def main(argv):
   del argv
   resume.check_output_dir(_OUT.value)  # Before loading, tuning and timing: not a lost run at the end.
+  table_dir = os.path.dirname(os.path.abspath(_TABLE.value)) if _TABLE.value else ""
+  if _TABLE.value and (os.path.isdir(_TABLE.value) or not os.path.isdir(table_dir)):
+    raise InputError(f"--speculation_table={_TABLE.value}: must name a file in an existing directory.")
   target = jobs.load_target(FLAGS.target)
   drafts = jobs.load_drafts(_DRAFTS.value, target)
   if not drafts:
@@ -83,6 +92,11 @@ def main(argv):
   paths = report.write_tune(_OUT.value, result)
   print(report.tune_markdown(result))
   print("written: " + ", ".join(f"{kind} {path}" for kind, path in paths.items()))
+  if _TABLE.value:
+    table = tune.speculation_table(result.rows, draft=result.rows[0]["draft"],
+                                   temperature=float(FLAGS.temperatures[0]), min_speedup=_MIN.value)
+    atomic_write(_TABLE.value, table.to_json())
+    print(f"speculation table ({_TABLE.value}): {table}")
 
 
 if __name__ == "__main__":
