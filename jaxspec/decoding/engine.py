@@ -60,7 +60,7 @@ def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, M
   if isinstance(draft, FeatureHead):
     drafter, params = head_drafter(target, draft)
     return drafter, None, params
-  return draft, None, None  # NGramDraft is its own drafter.
+  return draft.drafter(), None, None  # prompt lookup: NGramDraft's drafter
 
 
 def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:

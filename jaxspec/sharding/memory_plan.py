@@ -171,7 +171,10 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
 
   def prefill(p, rows):
     ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
-    return jax.make_jaxpr(lambda p, i, n: decoder.prefill(p, i, n, cache_len), return_shape=True)(p, ids, lengths)
+    def call(p, i, n):
+      out = decoder.prefill(p, i, n, cache_len)
+      return out.cache, out.first
+    return jax.make_jaxpr(call, return_shape=True)(p, ids, lengths)
 
   _, (cache, _) = prefill(params, batch)
   cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
