@@ -185,6 +185,29 @@ class Decoder(Protocol):
     ...
 
 
+@runtime_checkable
+class HeadDecoder(Decoder, Protocol):
+  """A feature head's model (EAGLE-3, `jaxspec.models.eagle3.Eagle3Head`): a `Decoder` whose `tokens` pair each
+  token with the hidden state it reads (`eagle3.HeadInput`) and whose features are its pre-norm outputs, plus the
+  calls only a head makes (params: the head's own parameters)."""
+
+  def fuse(self, params: Any, features: jax.Array) -> jax.Array:
+    """[B, T, H] the head's input from the target's features [B, T, F]."""
+    ...
+
+  def logits(self, params: Any, prenorm: jax.Array) -> jax.Array:
+    """[B, T, V] float32 the logits of pre-norm outputs [B, T, H]."""
+    ...
+
+  def init_cache(self, batch: int, length: int, dtype: Any, encoder: Any = None) -> DecoderCache:
+    """An empty cache (a T5 target's head: holding its encoder keys and values)."""
+    ...
+
+  def encoder_kv(self, params: Any, encoded: jax.Array, mask: jax.Array) -> Any:
+    """A T5 target's head: its cross-attention keys and values of the encoder output [B, S, De]."""
+    ...
+
+
 def check_feature_layers(layers: tuple[int, ...], num_layers: int) -> tuple[int, ...]:
   """`layers` as a non-empty tuple of ints in [0, num_layers] (num_layers: the final pre-norm output); else
   ValueError."""
