@@ -235,7 +235,9 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
   out["head_greedy"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA), **KW).tokens.tolist()
   out["head_sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA),
                                          jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
-  ((given, placed),) = head.__dict__["_mesh_copies"].values()
+  from jaxspec.decoding import placement  # pylint: disable=import-outside-toplevel
+  assert not any(k.startswith("_mesh") for k in vars(head))  # nothing cached on the user's object
+  _, _, (given, placed) = placement._COPIES[id(head)]  # pylint: disable=protected-access
   own = {id(x) for x in jax.tree.leaves(head.params)}  # the rest: the target's embedding, kept as placed
   mesh = sharding.mesh_of(target_2x4.params)
   out["head_replicated"] = all(sharding.mesh_of(p) == mesh and (id(g) not in own or p.sharding.is_fully_replicated)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.models.contract import CachePositions
+from jaxspec.models.contract import CachePositions, Prefilled, StepResult
 
 
 @struct.dataclass
@@ -27,25 +27,37 @@ class StubCache(CachePositions):
 @dataclasses.dataclass(frozen=True)
 class MarkovDecoder:
   """A `jaxspec.models.contract.Decoder` over params {"table": [V, V], "position_bias": [P, V]}; the loop's first
-  token is `start`."""
+  token is `start`. Its decoder starts empty, as T5's: the prompt has no features ([B, 0, F]). Features (for
+  feature-head drafters: `MarkovFeatureDecoder`'s params) of a position are params["features"][token fed]
+  [V, D] times (i + 1) for the i-th layer asked for, concatenated; tree nodes' logits and features depend on
+  their token and position only, as in a chain."""
 
   start: int = 0
+  feature_size: int = 8
+  num_feature_layers: int = 3
 
-  def prefill(self, params, input_ids, input_lengths, cache_len):
+  def prefill(self, params, input_ids, input_lengths, cache_len, *, layers=(), encoder=False):
     zeros = jnp.zeros((input_ids.shape[0],), jnp.int32)
-    return StubCache(lengths=zeros, offsets=zeros), zeros + self.start
+    features = jnp.zeros((input_ids.shape[0], 0, len(layers) * self.feature_size), jnp.float32) if layers else None
+    return Prefilled(cache=StubCache(lengths=zeros, offsets=zeros), first=zeros + self.start, features=features,
+                     encoder=self._encoder(params, input_ids) if encoder else None)
 
-  def step(self, params, cache, tokens):
-    positions = cache.lengths[:, None] + jnp.arange(tokens.shape[1])[None]
-    logits = params["table"][tokens] + params["position_bias"][positions]
-    return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + tokens.shape[1])
+  def step(self, params, cache, tokens, *, tree=None, layers=()):
+    n = tokens.shape[1]
+    if tree is None:
+      positions = cache.lengths[:, None] + jnp.arange(n)[None]
+    else:  # a tree's nodes: each node's position is lengths - P + its depth
+      total = tree.ancestors.shape[2]
+      positions = cache.lengths[:, None] - (total - n) + tree.depths[:, total - n:]
+    logits = (params["table"][tokens] + params["position_bias"][positions]).astype(jnp.float32)
+    features = self._features(params, tokens, layers) if layers else None
+    return StepResult(logits=logits, features=features, cache=cache.replace(lengths=cache.lengths + n))
 
-  def step_tree(self, params, cache, tokens, depths, ancestors):
-    """A tree's nodes (`TreeDecoder.step_tree`): each node's logits depend on its token and position only."""
-    n, total = ancestors.shape[1], ancestors.shape[2]
-    positions = cache.lengths[:, None] - (total - n) + depths[:, total - n:]
-    logits = params["table"][tokens] + params["position_bias"][positions]
-    return logits.astype(jnp.float32), cache.replace(lengths=cache.lengths + n)
+  def _features(self, params, tokens, layers):
+    return jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)
+
+  def _encoder(self, params, input_ids):
+    raise ValueError("MarkovDecoder has no encoder (MarkovEncoderFeatureDecoder has one).")
 
 
 def np_warp(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
@@ -126,37 +138,15 @@ def chi_square_limit(dof: int, z: float = 4.5) -> float:
 
 @dataclasses.dataclass(frozen=True)
 class MarkovFeatureDecoder(MarkovDecoder):
-  """`MarkovDecoder` that is also a `jaxspec.models.contract.FeatureDecoder`, for feature-head drafters: the
-  feature of a position is params["features"][token fed] [V, D], the same for every layer asked for (concatenated
-  per layer). Its decoder starts empty, as T5's: the prompt has no features ([B, 0, F])."""
-
-  feature_size: int = 8
-  num_feature_layers: int = 3
-
-  def prefill_features(self, params, input_ids, input_lengths, cache_len, layers):
-    cache, first = self.prefill(params, input_ids, input_lengths, cache_len)
-    return cache, first, jnp.zeros((input_ids.shape[0], 0, len(layers) * self.feature_size), jnp.float32)
-
-  def step_features(self, params, cache, tokens, layers):
-    logits, cache = self.step(params, cache, tokens)
-    return logits, self._features(params, tokens, layers), cache
-
-  def step_tree_features(self, params, cache, tokens, depths, ancestors, layers):
-    """A tree's nodes (`TreeFeatureDecoder`): each node's feature depends on its token only, as in a chain."""
-    logits, cache = self.step_tree(params, cache, tokens, depths, ancestors)
-    return logits, self._features(params, tokens, layers), cache
-
-  def _features(self, params, tokens, layers):
-    return jnp.concatenate([params["features"][tokens] * (i + 1) for i in range(len(layers))], axis=-1)
+  """`MarkovDecoder` for feature-head drafters (its params also hold "features" [V, D])."""
 
 
 @dataclasses.dataclass(frozen=True)
 class MarkovEncoderFeatureDecoder(MarkovFeatureDecoder):
-  """`MarkovFeatureDecoder` with an encoder, for a T5 target's feature head: `prefill_encoder_features` also
+  """`MarkovFeatureDecoder` with an encoder, for a T5 target's feature head: `prefill(..., encoder=True)` also
   returns an "encoder output" params["encoder"][input id] [B, S, De] and its mask (input id != 0). The logits
   never read it (the exact distribution stays the Markov chain's); a head that cross-attends to it drafts
   differently per row."""
 
-  def prefill_encoder_features(self, params, input_ids, input_lengths, cache_len, layers):
-    cache, first, features = self.prefill_features(params, input_ids, input_lengths, cache_len, layers)
-    return cache, first, features, (params["encoder"][input_ids], input_ids != 0)
+  def _encoder(self, params, input_ids):
+    return params["encoder"][input_ids], input_ids != 0

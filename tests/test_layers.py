@@ -21,3 +21,90 @@ def test_import_jaxspec_loads_no_training_measurement_or_cli_code():
 def test_the_tuner_loads_on_first_use():
   loaded = _modules_after("import jaxspec; jaxspec.tune")
   assert "jaxspec.bench.tune" in loaded  # the check above can fail: this is what it would see
+
+
+# --- the import graph ---------------------------------------------------------------------------------------------
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "jaxspec"
+# docs/layers.md: each layer imports only the layers below it (a layer may import itself).
+LAYER = {"models": 0, "sharding": 1, "checkpoint": 1, "decoding": 2, "core": 3, "cli": 4, "bench": 4, "training": 4,
+         "data": 4}
+# The upper layers import the core and each other, except these (issue 30: shared helpers move down).
+NOT_SIDEWAYS = {("bench", "cli"), ("cli", "bench"), ("data", "cli")}
+# Arrows against docs/layers.md still here, that issue 30 item 3 removes (shared helpers down, head I/O to
+# checkpoint/, `Model` below decoding): a new arrow fails the test, and removing one means deleting it here.
+KNOWN_ARROWS = {("models", "checkpoint"),  # eagle3/weights.py: head I/O
+                ("bench", "cli"), ("cli", "bench"), ("data", "cli"),  # cli/outputs, inputs, batching helpers
+                ("decoding", "core"), ("checkpoint", "core"),  # jaxspec.model (Model, FeatureHead), tokenizer
+                ("sharding", "checkpoint")}  # memory_plan.config_of reads a model directory's config
+
+
+def _module(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(top_level_only: bool) -> dict[str, set[str]]:
+  """{module: jaxspec modules it imports} (every `import` / `from ... import` statement, or only those run at
+  import time: not inside a function)."""
+  graph = {}
+  for path in ROOT.rglob("*.py"):
+    tree, name = ast.parse(path.read_text()), _module(path)
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # also `if TYPE_CHECKING:` blocks stay out: they never run
+      nodes = [n for n in nodes if isinstance(n, (ast.Import, ast.ImportFrom))]
+    found = set()
+    for node in nodes:
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jaxspec"):
+        found.add(node.module)
+      elif isinstance(node, ast.Import):
+        found.update(a.name for a in node.names if a.name.startswith("jaxspec"))
+    graph[name] = found
+  return graph
+
+
+def _layer(module: str) -> str:
+  if module in ("jaxspec.errors", "jaxspec.version"):
+    return "base"  # the one error base and the version: below everything
+  parts = module.split(".")
+  return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYER) else "core"
+
+
+def test_the_import_graph_has_no_cycle():
+  """No module imports itself back through others at import time (modules of one package read as that package's
+  `__init__` importing them is not a cycle: only module-to-module arrows count)."""
+  graph = _imports(True)
+  state = {}
+
+  def visit(m, stack):
+    state[m] = 1
+    for t in graph.get(m, ()):
+      if t == m or m.startswith(t + ".") or t.startswith(m + "."):
+        continue  # a package and its own modules
+      if state.get(t) == 1:
+        raise AssertionError("import cycle: " + " -> ".join(stack + [t]))
+      if t not in state:
+        visit(t, stack + [t])
+    state[m] = 2
+
+  for m in sorted(graph):
+    if m not in state:
+      visit(m, [m])
+
+
+def test_no_arrow_against_the_layers():
+  """Every import (function-level ones too) goes down a layer or stays in its package (docs/layers.md); the upper
+  layers (cli, bench, training, data) import the core and each other, but not bench <-> cli or data -> cli.
+  `import jaxspec`'s lazy `tune` (core -> bench) is the documented exception."""
+  arrows = set()
+  for m, targets in _imports(False).items():
+    for t in targets:
+      a, b = _layer(m), _layer(t)
+      if a == b or b == "base" or (m, t) == ("jaxspec", "jaxspec.bench.tune"):
+        continue
+      if LAYER[b] > LAYER[a] or (LAYER[a] == LAYER[b] < 4) or (a, b) in NOT_SIDEWAYS:
+        arrows.add((a, b))  # up, or sideways where the table does not allow it
+  assert arrows == KNOWN_ARROWS, sorted(arrows - KNOWN_ARROWS) or f"fixed: remove {sorted(KNOWN_ARROWS - arrows)}"

@@ -8,7 +8,7 @@ decoding call does once, outside the loop. Models are driven through their `Deco
 
 A feature head (`jaxspec.FeatureHead`, EAGLE-3) drafts from the target's hidden states: its step is one head call
 (a decoder layer and the lm_head; `head_step_time`), and its alternating cost is what it adds to a loop iteration
-beside the target's plain verify call: the target's features (`step_features` instead of `step`), the re-feed of
+beside the target's plain verify call: the target's features (`step(..., layers=...)` instead of a plain `step`), the re-feed of
 the verified positions (`settle`'s one `feed` call) and the chain (`head_round_time`), per draft token. Its
 once-per-call work is its prefill over the prompt's features (`head_prefill_time`).
 """
@@ -26,6 +26,7 @@ from jaxspec.decoding import engine
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.model import FeatureHead, Model
 from jaxspec.models.contract import Decoder
+from jaxspec.models.eagle3 import HeadInput
 from jaxspec.models.hf_table import get_path
 from jaxspec.bench.timing import median_time
 
@@ -36,7 +37,7 @@ def _steps(decoder: Decoder, params, cache, tokens, n_calls: int = 8):
   def body(_, carry):
     # The tokens depend on the carry (by a term that is always 0) so XLA cannot hoist the call out of the loop.
     fed = tokens + (carry[:, None] > 1e30).astype(tokens.dtype)
-    logits, _ = decoder.step(params, cache, fed)
+    logits = decoder.step(params, cache, fed).logits
     return carry + logits[:, 0, 0]
   return jax.lax.fori_loop(0, n_calls, body, jnp.zeros(tokens.shape[0], jnp.float32))
 
@@ -49,11 +50,11 @@ def _alternating(t_dec: Decoder, d_dec: Decoder, t_params, d_params, t_cache, d_
 
   def body(_, carry):
     zero = (carry[:, None] > 1e30).astype(jnp.int32)  # always 0; keeps every call inside the loop
-    logits, _ = t_dec.step(t_params, t_cache, jnp.full((batch, gamma + 1), 5, jnp.int32) + zero)
+    logits = t_dec.step(t_params, t_cache, jnp.full((batch, gamma + 1), 5, jnp.int32) + zero).logits
     carry = carry + logits[:, 0, 0]
     for _ in range(gamma):
-      logits, _ = d_dec.step(d_params, d_cache,
-                             jnp.full((batch, 1), 5, jnp.int32) + (carry[:, None] > 1e30).astype(jnp.int32))
+      logits = d_dec.step(d_params, d_cache,
+                          jnp.full((batch, 1), 5, jnp.int32) + (carry[:, None] > 1e30).astype(jnp.int32)).logits
       carry = carry + logits[:, 0, 0]
     return carry
   return jax.lax.fori_loop(0, n_rounds, body, jnp.zeros(batch, jnp.float32))
@@ -61,7 +62,7 @@ def _alternating(t_dec: Decoder, d_dec: Decoder, t_params, d_params, t_cache, d_
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
 def _prefill(decoder: Decoder, params, ids, cache_len: int):
-  return decoder.prefill(params, ids, jnp.full((ids.shape[0],), ids.shape[1], jnp.int32), cache_len)[0]
+  return decoder.prefill(params, ids, jnp.full((ids.shape[0],), ids.shape[1], jnp.int32), cache_len).cache
 
 
 def _room(context: int, tokens_per_call: int) -> int:
@@ -146,8 +147,8 @@ def _head_prompt(target: Model, drafter: HeadDrafter, batch: int, prompt_len: in
   ids = jnp.full((batch, prompt_len), 5, jnp.int32)
   lengths = jnp.full((batch,), prompt_len, jnp.int32)
   decoder = target.decoder()
-  _, _, shaped = jax.eval_shape(lambda: decoder.prefill_features(target.params, ids, lengths, _room(prompt_len, 1),
-                                                                 drafter.feature_layers))
+  shaped = jax.eval_shape(lambda: decoder.prefill(target.params, ids, lengths, _room(prompt_len, 1),
+                                                  layers=drafter.feature_layers).features)
   features = _features(target, drafter, batch, shaped.shape[1])
   return ids, lengths, features, _encoder(target, drafter, batch, prompt_len)
 
@@ -165,7 +166,8 @@ def _head_steps(drafter: HeadDrafter, params, cache, hidden, tokens, n_calls: in
   """n_calls head steps (a layer and the logits over the target vocabulary) on the same cache position."""
   def body(_, carry):
     fed = tokens + (carry[:, None] > 1e30).astype(tokens.dtype)  # always 0: keeps the call inside the loop
-    logits, prenorm, _ = drafter.head.step(params["head"], params["embed"], cache, hidden[:, None], fed)
+    res = drafter.head.step(params, cache, HeadInput(fed, hidden[:, None]))
+    logits, prenorm = res.logits, res.features
     return carry + jnp.max(logits[:, 0], axis=-1) + prenorm[:, 0, 0].astype(jnp.float32)
   return jax.lax.fori_loop(0, n_calls, body, jnp.zeros(tokens.shape[0], jnp.float32))
 
@@ -176,21 +178,22 @@ def _head_alternating(t_dec: Decoder, drafter: HeadDrafter, t_params, h_params, 
   """n_rounds of the loop's pattern with a head: the target's verify call on gamma + 1 tokens with features, the
   head's re-feed of them (`feed`), the first draft's logits and gamma - 1 head steps."""
   batch = t_cache.lengths.shape[0]
-  head, hp, embed = drafter.head, h_params["head"], h_params["embed"]
+  head, hp = drafter.head, h_params["head"]
 
   def body(_, carry):
     zero = (carry[:, None] > 1e30).astype(jnp.int32)  # always 0; keeps every call inside the loop
     block = jnp.full((batch, gamma + 1), 5, jnp.int32) + zero
-    logits, feats, _ = t_dec.step_features(t_params, t_cache, block, drafter.feature_layers)
-    carry = carry + logits[:, 0, 0]
-    prenorm, cache = head.feed(hp, embed, h_cache, head.fuse(hp, feats), block)
+    verified = t_dec.step(t_params, t_cache, block, layers=drafter.feature_layers)
+    carry = carry + verified.logits[:, 0, 0]
+    fed = head.step(h_params, h_cache, HeadInput(block, head.fuse(hp, verified.features)))  # logits unread
+    prenorm, cache = fed.features, fed.cache
     h = prenorm[:, -1]  # the chain starts from the re-fed block's output, as propose does after settle
     carry = carry + jnp.max(head.logits(hp, h[:, None])[:, 0], axis=-1)
     for _ in range(gamma - 1):
       fed = block[:, :1] + (carry[:, None] > 1e30).astype(jnp.int32)
-      logits, prenorm, cache = head.step(hp, embed, cache, h[:, None], fed)
-      h = prenorm[:, 0]
-      carry = carry + jnp.max(logits[:, 0], axis=-1)
+      res = head.step(h_params, cache, HeadInput(fed, h[:, None]))
+      h, cache = res.features[:, 0], res.cache
+      carry = carry + jnp.max(res.logits[:, 0], axis=-1)
     return carry
   return jax.lax.fori_loop(0, n_rounds, body, jnp.zeros(batch, jnp.float32))
 

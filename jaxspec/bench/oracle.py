@@ -85,18 +85,31 @@ class OracleDecoder:
 
   inner: Decoder
 
-  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int):
-    return self.inner.prefill(params["model"], input_ids, input_lengths, cache_len)
+  @property
+  def num_feature_layers(self) -> int:
+    return self.inner.num_feature_layers
 
-  def step(self, params: dict, cache, tokens: jax.Array):
-    """tokens [B, T] -> (logits [B, T, V] float32 whose argmax is the oracle's proposal, cache)."""
+  @property
+  def feature_size(self) -> int:
+    return self.inner.feature_size
+
+  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int, *,
+              layers: tuple[int, ...] = (), encoder: bool = False):
+    return self.inner.prefill(params["model"], input_ids, input_lengths, cache_len, layers=layers, encoder=encoder)
+
+  def step(self, params: dict, cache, tokens: jax.Array, *, tree=None, layers: tuple[int, ...] = ()):
+    """tokens [B, T] -> StepResult whose logits [B, T, V] float32 have the oracle's proposal as argmax (a chain;
+    tree nodes are not positions of one sequence: the oracle drafts chains only)."""
+    if tree is not None:
+      raise ValueError("the oracle drafter drafts chains only (no token trees).")
     positions = cache.positions[:, None] + jnp.arange(tokens.shape[1])  # [B, T]: predicts generated token t
-    logits, cache = self.inner.step(params["model"], cache, tokens)
+    res = self.inner.step(params["model"], cache, tokens, layers=layers)
+    logits, cache = res.logits, res.cache
     greedy = params["greedy"]
     want = jnp.take_along_axis(greedy, jnp.clip(positions, 0, greedy.shape[1] - 1), axis=1)  # [B, T]
     value = jnp.where(accept_mask(params["seeds"][:, None], positions, params["alpha"]), BIG, -BIG)
     hit = jnp.arange(logits.shape[-1]) == want[..., None]  # [B, T, V]
-    return jnp.where(hit, value[..., None].astype(logits.dtype), logits), cache
+    return res.replace(logits=jnp.where(hit, value[..., None].astype(logits.dtype), logits), cache=cache)
 
 
 def plain_settings(target: Decoder, max_new_tokens: int) -> loop.LoopSettings:

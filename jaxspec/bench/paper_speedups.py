@@ -97,7 +97,7 @@ def time_decodes(settings: loop.LoopSettings, target_params, draft_params_of, in
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _prefill_cache(decoder, params, ids, lengths, cache_len: int):
-  return decoder.prefill(params, ids, lengths, cache_len)[0]
+  return decoder.prefill(params, ids, lengths, cache_len).cache
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3, 4), donate_argnums=2)
@@ -108,7 +108,8 @@ def _carried_calls(decoder, params, cache, width: int, calls: int):
 
   def body(carry, _):
     cache, tokens = carry
-    logits, cache = decoder.step(params, cache, tokens)
+    res = decoder.step(params, cache, tokens)
+    logits, cache = res.logits, res.cache
     if width == 1:
       tokens = jnp.argmax(logits[:, -1], axis=-1).astype(jnp.int32)[:, None]
     else:

@@ -4,7 +4,7 @@
 interleaved passes (`timing.interleaved_passes`: a warm-up pass with compilation, then medians over the rounds),
 and reports per variant: tau (tokens per target call), acceptance per depth, ms per token and the speedup over
 plain decoding; at temperature 0 whether the output equals plain decoding's. r(N) is the target's tree call over N
-nodes (with the ancestor mask, `TreeDecoder.step_tree`: `tree_step_time`) over its 1-token step, timed alone.
+nodes (with the ancestor mask, `Decoder.step` with `tree`: `tree_step_time`) over its 1-token step, timed alone.
 Compilation is reported apart from the timed passes: each variant's warm-up pass and JAX's compilation in it.
 """
 
@@ -23,6 +23,7 @@ import jaxspec
 from jaxspec.bench import costs, timing
 from jaxspec.bench.sweep import fixed_batches
 from jaxspec.decoding.tree import ancestors_of
+from jaxspec.models.contract import TreeNodes
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6))
@@ -30,7 +31,7 @@ def _tree_steps(decoder, params, cache, tokens, depths, ancestors, n_calls: int)
   """n_calls tree calls on the same cache position (as costs._steps for `step`)."""
   def body(_, carry):
     fed = tokens + (carry[:, None] > 1e30).astype(tokens.dtype)
-    logits, _ = decoder.step_tree(params, cache, fed, depths, ancestors)
+    logits = decoder.step(params, cache, fed, tree=TreeNodes(depths, ancestors)).logits
     return carry + logits[:, 0, 0]
   return jax.lax.fori_loop(0, n_calls, body, jnp.zeros(tokens.shape[0], jnp.float32))
 
@@ -49,7 +50,7 @@ def heap_tree(nodes: int, top_k: int, batch: int) -> tuple[jax.Array, jax.Array]
 
 def tree_step_time(model: jaxspec.Model, batch: int, tree: jaxspec.Tree, prompt_len: int = 16, context: int = 16,
                    repeats: int = 5, n_calls: int = 8) -> float:
-  """Seconds per `step_tree` call over N = tree.nodes + 1 nodes (median; over `costs.decoder_step_time` of one
+  """Seconds per tree `step` call over N = tree.nodes + 1 nodes (median; over `costs.decoder_step_time` of one
   token: r(N))."""
   n = tree.nodes + 1
   cache = costs._filled_cache(model, batch, n, prompt_len, context)  # pylint: disable=protected-access

@@ -3,8 +3,7 @@
 (verify.py), token trees (tree.py: `Tree` and EAGLE-2's builder; tree_verify.py)."""
 
 from jaxspec.decoding.engine import LoweredCall, generate, lower
-from jaxspec.decoding.ngram import NGramDraft
-from jaxspec.decoding.settings import Sampling, Speculation
+from jaxspec.decoding.settings import NGramDraft, Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
 from jaxspec.decoding.streaming import TokenChunk
 from jaxspec.decoding.tree import Tree

@@ -108,16 +108,20 @@ class VocabResized:
   inner: Decoder
   vocab_size: int
 
-  def prefill(self, params, input_ids, input_lengths, cache_len):
-    return self.inner.prefill(params, input_ids, input_lengths, cache_len)
+  @property
+  def num_feature_layers(self) -> int:
+    return self.inner.num_feature_layers
 
-  def step(self, params, cache, tokens):
-    logits, cache = self.inner.step(params, cache, tokens)
-    return self._resized(logits), cache
+  @property
+  def feature_size(self) -> int:
+    return self.inner.feature_size
 
-  def step_tree(self, params, cache, tokens, depths, ancestors):
-    logits, cache = self.inner.step_tree(params, cache, tokens, depths, ancestors)
-    return self._resized(logits), cache
+  def prefill(self, params, input_ids, input_lengths, cache_len, *, layers=(), encoder=False):
+    return self.inner.prefill(params, input_ids, input_lengths, cache_len, layers=layers, encoder=encoder)
+
+  def step(self, params, cache, tokens, *, tree=None, layers=()):
+    res = self.inner.step(params, cache, tokens, tree=tree, layers=layers)
+    return res.replace(logits=self._resized(res.logits))
 
   def _resized(self, logits):
     v = logits.shape[-1]

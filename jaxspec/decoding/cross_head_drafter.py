@@ -4,7 +4,7 @@ cross-attends to the target's encoder output (`jaxspec.models.eagle3.cross`; doc
     out = jaxspec.generate(t5_target, inputs, jaxspec.Speculation(jaxspec.load(t5_head_dir), gamma=3))
 
 Everything but `init` is `HeadDrafter`'s: the same invariants (head_drafter.py), drafting, settle and rollback.
-Its static `reads_encoder` makes the loop's prefill call the target's `prefill_encoder_features`, which runs the
+Its static `reads_encoder` makes the loop's prefill call the target's `prefill(..., encoder=True)`, which runs the
 encoder once and returns its output beside the target's cache; `init` projects it into the head's cross-attention
 keys and values once (`Eagle3Head.encoder_kv`) and keeps them in the head's cache (`Eagle3Cache.encoder`), where
 `rollback` never touches them (it sets lengths only).
@@ -42,7 +42,7 @@ class CrossHeadDrafter(HeadDrafter):
     """An empty head cache holding the encoder's keys and values, and a zero `hidden`.
 
     features: [B, 0, F] (T5's decoder starts empty); encoder: (encoded [B, S, D], mask [B, S] bool) from the
-    target's `prefill_encoder_features`."""
+    target's `prefill(..., encoder=True)`."""
     if encoder is None:
       raise ValueError("CrossHeadDrafter.init needs the target's encoder output (encoder=(encoded, mask)): the "
                        "loop's prefill passes it to drafters with reads_encoder.")

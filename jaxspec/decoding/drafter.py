@@ -14,26 +14,25 @@ decoding); the loop only carries it. Implementations, one module each:
 
   - `PlainDrafter` (below): proposes nothing; gamma is 0 and the loop is plain autoregressive decoding;
   - `model_drafter.ModelDrafter`: a smaller model of the same tokenizer (the paper's drafter);
-  - `ngram.NGramDraft`: prompt lookup, proposals copied from the context (deterministic: q is one-hot);
+  - `ngram.NGramDrafter` (from the `jaxspec.NGramDraft` setting): prompt lookup, proposals copied from the context (deterministic: q is one-hot);
   - `head_drafter.HeadDrafter`: a feature head (EAGLE-3) reading the target's hidden states.
 
-Trees. A drafter that also implements `TreeDrafter.propose_tree` (a draft model: `ModelDrafter`; prompt lookup;
-a feature head: `HeadDrafter`) can propose a token tree instead of a chain (`Speculation(tree=jaxspec.Tree(top_k,
-nodes))`): see `TreeDrafter`.
+Trees. Every drafter but `PlainDrafter` proposes a token tree instead of a chain with `Speculation(tree=
+jaxspec.Tree(top_k, nodes))`: `Drafter.propose_tree` (a draft model's and a feature head's EAGLE-2 dynamic tree,
+prompt lookup's matches as branches).
 
 Features. A drafter whose static `feature_layers` is non-empty reads the target's hidden states of those layers
-(`jaxspec.models.contract.FeatureDecoder`): the loop's prefill then calls the target's `prefill_features` and
-passes the prompt's features [B, S', F] to `init`, and each verify call is the target's `step_features`, whose
-features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration) go to `settle`. In a tree
-iteration the verify call is `step_tree_features` and `settle` gets the features of the accepted path's nodes in
-path order ([B, gamma + 1, F], root first: what a chain's call gives for the same accepted tokens). For every
-other drafter (`feature_layers == ()`) the loop compiles as before: `prefill` / `step` / `step_tree`, features
-None.
+(`jaxspec.models.contract.Decoder`'s `layers`): the loop's prefill asks the target's `prefill` for them and passes
+the prompt's features [B, S', F] to `init`, and each verify call (`step(..., layers=feature_layers)`) returns the
+features [B, W, F] of the W positions fed (W = gamma + 1, or 1 in a resting iteration), which go to `settle`. In a
+tree iteration `settle` gets the features of the accepted path's nodes in path order ([B, gamma + 1, F], root
+first: what a chain's call gives for the same accepted tokens). For every other drafter (`feature_layers == ()`)
+the target's calls collect nothing and compile as plain ones; features are None.
 
-Encoder output. A drafter with a static `reads_encoder = True` (optional: absent means False; a T5 target's
-feature head, cross_head_drafter.py) also reads the encoder-decoder target's encoder output: the loop's prefill
-calls the target's `prefill_encoder_features` (T5) instead and passes `encoder=(encoded [B, S, D], mask [B, S])`
-to `init`, once per input. The loop's iterations are unchanged.
+Encoder output. A drafter with a static `reads_encoder = True` (a T5 target's feature head,
+cross_head_drafter.py) also reads the encoder-decoder target's encoder output: the loop's prefill asks the
+target's `prefill(..., encoder=True)` for it and passes `encoder=(encoded [B, S, D], mask [B, S])` to `init`, once
+per input. The loop's iterations are unchanged.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
 weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
@@ -67,7 +66,7 @@ class ProposalSettings:
   cache_len: int  # Positions per row a drafter's cache holds from the loop's first token on.
   greedy: bool  # Temperature 0: drafts are argmaxes, q is not needed.
   filtering: bool  # Top-k / top-p active: the same warping as the target's.
-  tree: Tree | None = None  # A token tree of this shape and depth gamma (`TreeDrafter.propose_tree`); None: chains.
+  tree: Tree | None = None  # A token tree of this shape and depth gamma (`Drafter.propose_tree`); None: chains.
 
 
 @struct.dataclass
@@ -105,13 +104,17 @@ class Drafter(Protocol):
   may_find_nothing: bool
   # c, the cost of one proposed token relative to a verify call, when Speculation.draft_cost is None.
   default_cost: float
-  # The target feature layers the drafter reads (FeatureDecoder indices); () for none (see the module docstring).
+  # The target feature layers the drafter reads (`Decoder` feature indices); () for none (see the module docstring).
   feature_layers: tuple[int, ...]
+  # Whether the drafter also reads an encoder-decoder target's encoder output (a T5 target's feature head): the
+  # loop's prefill then asks the target for it (`Decoder.prefill(..., encoder=True)`) and passes it to `init`.
+  reads_encoder: bool
 
   def init(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
-           features: jax.Array | None = None) -> Any:
+           features: jax.Array | None = None, encoder: tuple[jax.Array, jax.Array] | None = None) -> Any:
     """The state before the first iteration. input_ids [B, S] right-padded, input_lengths [B]; features
-    [B, S', F] the target's features of the prompt positions it prefilled (None without feature_layers)."""
+    [B, S', F] the target's features of the prompt positions it prefilled (None without feature_layers);
+    encoder (encoded [B, S, D], mask [B, S] bool) the target's encoder output (None unless reads_encoder)."""
     ...
 
   def propose(self, params: Any, state: Any, history: History, limit: jax.Array | None, static: ProposalSettings,
@@ -136,18 +139,14 @@ class Drafter(Protocol):
     is the accepted path's node j, junk past it; None without feature_layers)."""
     ...
 
-
-@runtime_checkable
-class TreeDrafter(Drafter, Protocol):
-  """A drafter that can also propose a token tree (EAGLE-2's dynamic tree; docs/trees.md): with
-  `Speculation(tree=jaxspec.Tree(...))` the loop calls `propose_tree` instead of `propose` each iteration (schedule
-  "constant": every row drafts its whole tree), verifies every node in one `step_tree` call of the target and
-  passes the usual `settle` a proposal whose `after` is `TreeProposal.after`, with `accepted` the drafted nodes
-  kept on the accepted path."""
-
   def propose_tree(self, params: Any, state: Any, history: History, static: ProposalSettings, knobs: SamplingKnobs,
                    keys: jax.Array) -> TreeProposal:
-    """A tree of static.tree.nodes + 1 nodes per row (the root first: the loop's last token), depth <= gamma,
+    """With `Speculation(tree=jaxspec.Tree(...))` (schedule "constant": every row drafts its whole tree) the loop
+    calls this instead of `propose` each iteration, verifies every node in one `step(..., tree=...)` call of the
+    target and passes the usual `settle` a proposal whose `after` is `TreeProposal.after`, with `accepted` the
+    drafted nodes kept on the accepted path.
+
+    A tree of static.tree.nodes + 1 nodes per row (the root first: the loop's last token), depth <= gamma,
     parents before children; chosen from the drafter's information only (never the target's verdict), which
     keeps every acceptance rule exact (tree_verify.py). Siblings are deterministic candidates (greedy; prompt
     lookup), or, when sampling, DRAWS from the drafter's q in draw order, recorded with q in the proposal's
@@ -162,8 +161,9 @@ class PlainDrafter:
   may_find_nothing: bool = False
   default_cost: float = 0.0
   feature_layers: tuple[int, ...] = ()
+  reads_encoder: bool = False
 
-  def init(self, params, input_ids, input_lengths, cache_len, features=None):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return None
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
@@ -175,3 +175,6 @@ class PlainDrafter:
 
   def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
     return proposal.after
+
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    raise ValueError("plain decoding drafts no token tree (Speculation(tree=...) needs a draft).")

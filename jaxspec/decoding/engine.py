@@ -60,7 +60,7 @@ def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, M
   if isinstance(draft, FeatureHead):
     drafter, params = head_drafter(target, draft)
     return drafter, None, params
-  return draft, None, None  # NGramDraft is its own drafter.
+  return draft.drafter(), None, None  # prompt lookup: NGramDraft's drafter
 
 
 def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
@@ -121,7 +121,8 @@ def _placed(call: _Call, target: Model, seed) -> placement.Call:
   """The call's programs and arguments where the target lives, after checking that they fit its memory."""
   seeds, row_ids = arguments.seeds_for_rows(seed, call.ids.shape[0])
   where = placement.plan(target, call.draft_model, call.ids.shape[0])
-  memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape)
+  memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape,
+                          draft_params=call.head_params)
   run = placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
   if call.head_params is not None:
     run.draft_params = call.head_params if where is None else placement.replicated_on(

@@ -6,8 +6,8 @@
 The head is one decoder layer over [embedding of token p + 1, fused target features of position p] that predicts
 token p + 2 (docs/heads.md, "Alignment"); at later draft steps its own pre-norm output stands in for the features.
 Its weights come as params = {"head": the head's parameters, "embed": [V, H] the table it embeds tokens with (its
-own, else the target's: `eagle3.embedding_table`)}. Its `feature_layers` (static) make the loop call the target's
-`prefill_features` / `step_features`; the features reach `init` (the prompt's) and `settle` (the verified block's).
+own, else the target's: `eagle3.embedding_table`)}. Its `feature_layers` (static) make the loop ask the target's
+`prefill` / `step` for those layers' features; the features reach `init` (the prompt's) and `settle` (the verified block's).
 
 Loop positions as in loop.py: row b holds L = lengths[b] tokens, position 0 the loop's first token (a
 decoder-only prompt's last token), the last one not yet fed to the target. The head's cache counts the same
@@ -40,12 +40,12 @@ EAGLE-3 head, `tree.draft_tree`'s builder). The tree's root is the loop's last t
 the token at position L - 1 + d, and the head entry that proposes its children sits at position L - 2 + d and
 pairs the pre-norm output of its parent's entry (for d = 1: `hidden`, the entry L - 2) with the node's token, as a
 chain's step d would. Depth 1 is the top_k of `hidden`'s logits (draws when sampling); for each depth d < D the
-beam's K nodes are fed in ONE head call (`Eagle3Head.step_tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
+beam's K nodes are fed in ONE head call (`Eagle3Head.step` with `tree`: positions L - 2 + d for RoPE, written at slots L - 1 + K (d - 1) .., each
 attending to the cached entries < L - 1 and to the entries of its own ancestors among the beams fed before, the
 `contract.tree_attention` mask), whose logits rank the next depth's candidates (`tree.draft_logprobs` of the
 logits over the full target vocabulary, -inf outside t2d; any ranking is exact, the tree depends on the head
 only). The K (D - 1) tree entries are speculative. The loop verifies the tree with the target's
-`step_tree_features` and passes `settle` the features of the accepted path's nodes in path order ([B, G + 1, F];
+`step(..., tree=..., layers=...)` and passes `settle` the features of the accepted path's nodes in path order ([B, G + 1, F];
 node path[j] sits at position L - 1 + j) with the path's block (its drafted tokens, then the next token): the
 chain's inputs for the same accepted tokens, so `settle` is the chain's and the invariants above hold for trees
 unchanged: the cache goes back to L - 1 (every tree entry dropped: later writes overwrite them, attention masks
@@ -70,7 +70,8 @@ from flax import struct
 
 from jaxspec.decoding import chain, sampling, tree
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
-from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head
+from jaxspec.models.contract import TreeNodes
+from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head, HeadInput
 
 # c for a feature head when Speculation.draft_cost is None: one decoder layer and an lm_head against the
 # target's whole stack (EAGLE-3 on an 8B / 32-layer target: a few percent of a verify call).
@@ -98,6 +99,7 @@ class HeadDrafter:
   vocab_size: int
   may_find_nothing: bool = False
   default_cost: float = HEAD_DRAFT_COST
+  reads_encoder: bool = False
 
   def __post_init__(self):
     if not self.feature_layers:
@@ -106,7 +108,7 @@ class HeadDrafter:
       raise ValueError(f"HeadDrafter: vocab_size {self.vocab_size} differs from the head's "
                        f"{self.head.config.vocab_size}.")
 
-  def init(self, params, input_ids, input_lengths, cache_len, features=None):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     """The head's prefill from the prompt's features [B, S', F] (S' = S for a decoder-only target; 0 for T5,
     whose decoder starts empty: an empty cache and a zero `hidden`)."""
     head_params, embed = params["head"], params["embed"]
@@ -115,7 +117,9 @@ class HeadDrafter:
       dtype = head_params["fc"].dtype
       cache = self.head.init_cache(batch, cache_len, dtype)
       return HeadState(cache=cache, hidden=jnp.zeros((batch, self.head.config.hidden_size), dtype))
-    cache, prenorm = self.head.prefill_hidden(head_params, embed, features, input_ids, input_lengths, cache_len)
+    out = self.head.prefill(params, HeadInput(input_ids, self.head.fuse(head_params, features)), input_lengths,
+                            cache_len)
+    cache, prenorm = out.cache, out.features
     last = jnp.clip(input_lengths - 2, 0, None).astype(jnp.int32)  # entry L - 2 of the loop: the prompt's n - 2
     return HeadState(cache=cache, hidden=jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0])
 
@@ -136,7 +140,8 @@ class HeadDrafter:
     cache = after.cache.rollback(history.lengths - 1)  # the chain's entries were speculative
     g = self.head.fuse(params["head"], features)  # [B, W, H]
     with jax.named_scope("draft_step"):
-      prenorm, cache = self.head.feed(params["head"], params["embed"], cache, g, block[:, :width])
+      res = self.head.step(params, cache, HeadInput(block[:, :width], g))  # its logits are never read
+    prenorm, cache = res.features, res.cache
     last = jnp.clip(emit - 1, 0, width - 1)
     hidden = jnp.where((emit > 0)[:, None], jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0],
                        after.hidden)
@@ -174,11 +179,11 @@ class HeadDrafter:
     """The head's proposal call, shared by chains and trees: T entries (hidden [B, T, H], tokens [B, T]) ->
     (logits [B, T, V], pre-norm outputs [B, T, H], cache). tree_nodes None: a chain's entries at consecutive
     positions (`Eagle3Head.step`); (depths [B, P + T], ancestors [B, T, P + T]): tree nodes
-    (`Eagle3Head.step_tree`)."""
+    (`Eagle3Head.step` with `tree`)."""
     with jax.named_scope("draft_step"):
-      if tree_nodes is None:
-        return self.head.step(params["head"], params["embed"], cache, hidden, tokens)
-      return self.head.step_tree(params["head"], params["embed"], cache, hidden, tokens, *tree_nodes)
+      res = self.head.step(params, cache, HeadInput(tokens, hidden),
+                           tree=None if tree_nodes is None else TreeNodes.of(*tree_nodes))
+    return res.logits, res.features, res.cache
 
   def _first(self, params: Any, state: HeadState) -> jax.Array:
     """[B, V] the logits of the first draft (from the pre-norm output of entry L - 2)."""

@@ -1,9 +1,10 @@
 """The decoding loop: one `lax.while_loop` holding drafting, batched verification and per-row acceptance (for
 draft models under "heuristic" / "adaptive", two inner loops within it: drafting and resting iterations).
 
-The loop sees the target only through `jaxspec.models.contract.Decoder` (prefill, step; `prefill_features` /
-`step_features` instead when the drafter's static `feature_layers` names target layers: a feature head; with
-`tree`, `step_tree`, or `step_tree_features` for a feature head, and `compact`) and its
+The loop sees the target only through `jaxspec.models.contract.Decoder`: one `prefill` (with the features the
+drafter's static `feature_layers` names, and the encoder output when its `reads_encoder`) and one `step`, the
+iteration's one scoring call (`_score`: a chain, or a tree's nodes with `tree`; with the drafter's features), one
+verification entry point for chains and trees (`_verify`), and its
 cache's `positions` / `rollback`, and the drafter only through `drafter.Drafter` (init, propose, idle, settle): it
 imports no model family and knows no drafter by kind. Its own tokens live in `sequences`: position 0 holds the
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
@@ -51,7 +52,7 @@ from jaxspec.decoding import adaptive, sampling, streaming, tree_verify, verify
 from jaxspec.decoding.drafter import Drafter, History, Proposal, ProposalSettings
 from jaxspec.decoding.tree import Tree, TreeProposal
 from jaxspec.decoding.stats import DecodeStats
-from jaxspec.models.contract import Decoder, write_rows
+from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,20 +142,12 @@ def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.
   Returns:
     (target_cache, draft_state, first_tokens [B] int32).
   """
-  layers, features = settings.drafter.feature_layers, None
-  if getattr(settings.drafter, "reads_encoder", False):  # a T5 target's head: the encoder's output too (opt-in)
-    target_cache, first, features, encoded = settings.target.prefill_encoder_features(
-        target_params, input_ids, input_lengths, settings.cache_len, layers)
-    draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len,
-                                        features=features, encoder=encoded)
-    return target_cache, draft_state, first
-  if layers:
-    target_cache, first, features = settings.target.prefill_features(target_params, input_ids, input_lengths,
-                                                                     settings.cache_len, layers)
-  else:
-    target_cache, first = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len)
-  draft_state = settings.drafter.init(draft_params, input_ids, input_lengths, settings.cache_len, features=features)
-  return target_cache, draft_state, first
+  drafter = settings.drafter
+  out = settings.target.prefill(target_params, input_ids, input_lengths, settings.cache_len,
+                                layers=drafter.feature_layers, encoder=drafter.reads_encoder)
+  draft_state = drafter.init(draft_params, input_ids, input_lengths, settings.cache_len, features=out.features,
+                             encoder=out.encoder)
+  return out.cache, draft_state, out.first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,9 +160,12 @@ class _Kind:
 
 
 def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
-             state: LoopState, keys: jax.Array, kind: _Kind) -> tuple[Proposal, jax.Array | None]:
-  """This iteration's proposal and which rows rest ([B] bool; None under "constant")."""
+             state: LoopState, keys: jax.Array, kind: _Kind) -> tuple[Proposal | TreeProposal, jax.Array | None]:
+  """This iteration's proposal (a chain, or with `settings.tree` a token tree) and which rows rest ([B] bool;
+  None under "constant")."""
   history, active = state.history, ~state.done
+  if settings.tree is not None:  # schedule "constant": every row drafts its whole tree
+    return settings.drafter.propose_tree(params, state.draft_state, history, settings.proposal, knobs, keys), None
   if kind.rests:
     return settings.drafter.idle(state.draft_state, history, settings.proposal), active
   limit, resting = None, None
@@ -180,26 +176,42 @@ def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs,
   return proposal, resting
 
 
-def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal,
-            knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
-  """The target's call and verdict: (verify.Verdict with beta [B, G], bad [B] bool, target cache, features).
+def _score(settings: LoopSettings, params: Any, cache: Any, tokens: jax.Array,
+           tree: TreeNodes | None = None) -> StepResult:
+  """The target's one call of an iteration: tokens [B, W] (a chain's last token and drafts, or a tree's nodes
+  with `tree`), with the features the drafter reads (`Drafter.feature_layers`; () collects none)."""
+  with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
+    return settings.target.step(params, cache, tokens, tree=tree, layers=settings.drafter.feature_layers)
 
-  last [B, 1]; width: the call's positions (gamma + 1, or 1 when nothing was drafted), or None: picked per
-  iteration (1 when no row proposed anything). features: [B, W, F] the target's features of the W positions fed
-  when the drafter reads features (W = width; gamma + 1 when picked per iteration, junk past the call's width),
-  else None."""
-  gamma, tokens, counts, layers = settings.gamma, proposal.tokens, proposal.counts, settings.drafter.feature_layers
-  width_picked = width is None  # both branches of the lax.cond below return features of one shape
+
+def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal | TreeProposal,
+            knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
+  """The target's call over this iteration's proposal (a chain or a tree) and its verdict, the one verification
+  entry point: (verify.Verdict, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
+  bool, the target cache (a tree's compacted to the accepted path), features).
+
+  last [B, 1] the rows' last tokens (a tree's root is proposal.tokens[:, 0]). features: None unless the drafter
+  reads features; then [B, G + 1, F], entry j the target's feature of the j-th position the call fed on the
+  accepted path (a chain: position L - 1 + j, junk past the call's width; a tree: node path[j], junk past the
+  path's length), which is what `settle` reads for either."""
+  if isinstance(proposal, TreeProposal):
+    return _verify_tree(settings, params, cache, proposal, knobs, keys)
+  return _verify_chain(settings, params, cache, last, proposal, knobs, keys, width)
+
+
+def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal,
+                  knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
+  """A chain's verification (`_verify`). width: the call's positions (gamma + 1, or 1 when nothing was drafted),
+  or None: picked per iteration (1 when no row proposed anything); both branches of the lax.cond then return
+  features of one shape (gamma + 1 positions, junk past the call's width)."""
+  gamma, tokens, counts = settings.gamma, proposal.tokens, proposal.counts
+  width_picked = width is None
 
   def score(cache, width: int):
-    fed, features = jnp.concatenate([last, tokens[:, :width - 1]], axis=1), None
-    with jax.named_scope("target_step"):  # Named scopes label the models' kernels in profiles.
-      if layers:
-        logits, features, cache = settings.target.step_features(params, cache, fed, layers)
-        if width_picked:
-          features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
-      else:
-        logits, cache = settings.target.step(params, cache, fed)
+    res = _score(settings, params, cache, jnp.concatenate([last, tokens[:, :width - 1]], axis=1))
+    logits, features, cache = res.logits, res.features, res.cache
+    if features is not None and width_picked:
+      features = jnp.pad(features, ((0, 0), (0, gamma + 1 - width), (0, 0)))
     # Non-finite logits (NaN or +inf; -inf is a legitimately excluded token) fail the row: it stops here, and
     # nothing drawn from them is written.
     bad = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=(1, 2))
@@ -212,7 +224,7 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, pr
       q = p[:, :0] if width == 1 else None if proposal.q is None else proposal.q[:, :width - 1]
       verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
     beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
-    return verdict.replace(beta=beta), bad, cache, features
+    return verdict.replace(beta=beta), tokens, bad, cache, features
 
   if width is not None:
     return score(cache, width)
@@ -221,24 +233,14 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, pr
 
 def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: TreeProposal,
                  knobs: sampling.SamplingKnobs, keys: jax.Array):
-  """The target's call over every node of the tree and its verdict, as a chain's: (verify.Verdict with the
-  accepted depths' beta 1 and the first rejected depth's 0, the path's drafts [B, G], bad [B] bool, the target
-  cache compacted to the accepted path, features). The cache at the top of an iteration holds every token but
-  the root (the last one), so the tree's root sits at slot base = cache.lengths.
-
-  features: None, or, when the drafter reads features (a feature head: the call is `step_tree_features`), the
-  target's features of the path's nodes [B, G + 1, F] in path order (root first: node path[j] sits at position
-  L - 1 + j, as the j-th position of a chain's verify call; junk past the path's length), which is what a
-  chain's `step_features` gives `settle` for the same accepted tokens."""
-  gamma, base, layers = settings.gamma, cache.lengths, settings.drafter.feature_layers
-  features = None
-  with jax.named_scope("target_step"):
-    if layers:
-      logits, features, cache = settings.target.step_tree_features(params, cache, proposal.tokens, proposal.depths,
-                                                                   proposal.ancestors, layers)
-    else:
-      logits, cache = settings.target.step_tree(params, cache, proposal.tokens, proposal.depths,
-                                                proposal.ancestors)
+  """A tree's verification (`_verify`): every node in one call, the verdict as a chain's (the accepted depths'
+  beta 1 and the first rejected depth's 0), the target cache compacted to the accepted path. The cache at the
+  top of an iteration holds every token but the root (the last one), so the tree's root sits at slot
+  base = cache.lengths; node path[j] of the accepted path sits at position L - 1 + j, as the j-th position of a
+  chain's verify call."""
+  gamma, base = settings.gamma, cache.lengths
+  res = _score(settings, params, cache, proposal.tokens, TreeNodes.of(proposal.depths, proposal.ancestors))
+  logits, features, cache = res.logits, res.features, res.cache
   if settings.greedy:
     found = tree_verify.accept_tree_greedy(proposal.tokens, proposal.parents, logits, path_size=gamma + 1)
   else:
@@ -273,18 +275,10 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   step_keys = jax.vmap(jax.random.fold_in)(state.keys, state.stats.iterations)
   draft_keys, verify_keys = sampling.fold(step_keys, 0), sampling.fold(step_keys, 1)
 
-  if settings.tree is None:
-    proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
-    verdict, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
-                                                   state.history.last[:, None], proposal, knobs, verify_keys,
-                                                   kind.width)
-    drafts = proposal.tokens
-  else:  # schedule "constant": every row drafts its whole tree; a head gets the accepted path's features
-    resting = None
-    proposal = settings.drafter.propose_tree(  # type: ignore[attr-defined]
-        draft_params, state.draft_state, state.history, settings.proposal, knobs, draft_keys)
-    verdict, drafts, bad, target_cache, features = _verify_tree(settings, target_params, state.target_cache,
-                                                                proposal, knobs, verify_keys)
+  proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
+  verdict, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
+                                                         state.history.last[:, None], proposal, knobs,
+                                                         verify_keys, kind.width)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted

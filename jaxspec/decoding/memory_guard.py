@@ -2,17 +2,23 @@
 
 Without it, `max_new_tokens=10**6` preallocates tens of GB before doing anything and the kernel kills the
 process. The bytes come from `jaxspec.sharding.memory_plan` (abstract evaluation: no allocation): per device, the caches,
-the loop's state and the activations of the call's programs (the parameters are already resident); the free
+the loop's state and the activations of the call's programs (the parameters are already resident), with the
+loop's own shape for every drafter (`loop_shape`: a chain's or a tree's verify call and its logits, the sampled
+distributions, and the drafter's state: a head's cache and a T5 head's encoder keys / values, the lookup context); the free
 memory from the devices that hold the target (`memory_stats()` on accelerators, MemAvailable on the CPU host).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+
 import jax
+import jax.numpy as jnp
 
 from jaxspec.errors import CacheTooLargeError
 from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES
-from jaxspec.sharding.memory_plan import memory_plan
+from jaxspec.sharding.memory_plan import LoopShape, memory_plan
 
 
 def free_bytes(device: jax.Device | None = None) -> int | None:
@@ -46,22 +52,65 @@ def _least_free(where) -> int | None:
   return min(free) if free else None
 
 
-def check_fits(settings, where, target, draft, batch: int, width: int, headroom: float = 0.9) -> None:
+def _signature(tree) -> tuple:
+  """A hashable (treedef, shapes and dtypes) of a pytree of arrays (None for no pytree)."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+@functools.lru_cache(maxsize=64)
+def _drafter_state_bytes(settings, target_sig, draft_sig, batch: int, width: int) -> int:
+  """Bytes of the drafter's state after the loop's prefill (an abstract evaluation of `loop.prefill`: nothing is
+  allocated), over the whole batch."""
+  from jaxspec.decoding import loop  # pylint: disable=import-outside-toplevel
+  abstract = lambda sig: None if sig is None else jax.tree.unflatten(
+      sig[0], [jax.ShapeDtypeStruct(s, d) for s, d in sig[1]])
+  ids = jax.ShapeDtypeStruct((batch, width), jnp.int32)
+  lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
+  _, state, _ = jax.eval_shape(lambda t, d, i, n: loop.prefill(settings, t, d, i, n), abstract(target_sig),
+                               abstract(draft_sig), ids, lengths)
+  return sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def loop_shape(settings, target_params, draft_params, draft_is_model: bool, batch: int, width: int,
+               data: int = 1) -> LoopShape:
+  """The loop's own memory beyond plain decoding (`memory_plan.LoopShape`), from its static settings and its
+  drafter: the slack, the verify call's width (a chain's gamma + 1, a tree's N + 1 nodes with their [B, N, C]
+  mask), the sampled distributions, the features the drafter reads and the drafter's own state (per device: rows
+  split over `data`; a draft model's cache is planned with its model)."""
+  tree = settings.tree
+  verify = settings.gamma + 1 if tree is None else tree.nodes + 1
+  rows = 0 if settings.greedy else (2 * settings.gamma + 1 if tree is None else 2 * verify)
+  state = 0
+  if not draft_is_model:
+    state = _drafter_state_bytes(settings, _signature(target_params), _signature(draft_params), batch, width)
+    state = -(-state // data)
+  return LoopShape(slack=settings.slack, verify_tokens=verify, tree=tree is not None, sampled_rows=rows,
+                   layers=settings.drafter.feature_layers, drafter_state=state)
+
+
+def check_fits(settings, where, target, draft, batch: int, width: int, headroom: float = 0.9,
+               draft_params=None) -> None:
   """Raises CacheTooLargeError when a call's caches, loop state and activations need more than `headroom` of the
   free memory of a device that holds the target. Reads the call's placement; transfers nothing.
 
   Args:
-    settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy).
+    settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy, the tree,
+      the drafter: its features and state are counted for every drafter, `loop_shape`).
     where: the call's `placement.Placement` (None on one device).
     target, draft: the call's target and draft model (None: no draft model).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
+    draft_params: the drafter's params when it is not a draft model (a feature head's {"head", "embed"}).
   """
   shape = (1, 1) if where is None else where.shape
-  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.slack, target.dtype,
+  padded = batch if where is None else where.batch
+  loop = loop_shape(settings, target.params, draft.params if draft is not None else draft_params,
+                    draft is not None, padded, width, shape[0])
+  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
                      draft=None if draft is None else draft.config,
                      rules=DEFAULT_RULES if where is None else where.target_rules,
                      draft_rules=DRAFT_RULES if where is None else where.draft_rules,
-                     sampling=not settings.greedy)
+                     sampling=not settings.greedy, loop=loop)
   need = plan.caches + plan.state + plan.activations
   free = _least_free(where)
   if free is not None and need > headroom * free:

@@ -34,7 +34,7 @@ from flax import struct
 
 from jaxspec.decoding import adaptive, chain, sampling, tree
 from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
-from jaxspec.models.contract import Decoder
+from jaxspec.models.contract import Decoder, TreeNodes
 
 
 @struct.dataclass
@@ -72,7 +72,8 @@ def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any
       tokens = jnp.take_along_axis(sequences, jnp.clip(start[:, None] + jnp.arange(width)[None], 0,
                                                        sequences.shape[1] - 1), axis=1)  # [B, W]
       with jax.named_scope("draft_step"):
-        logits, cache = decoder.step(params, cache.rollback(start), tokens)
+        res = decoder.step(params, cache.rollback(start), tokens)
+        logits, cache = res.logits, res.cache
       at = jnp.clip(lengths - 1 - start, 0, width - 1)
       base = jnp.minimum(start + width, lengths)
       return jnp.take_along_axis(logits, at[:, None, None], axis=1)[:, 0], cache.rollback(base), base
@@ -90,9 +91,10 @@ class ModelDrafter:
   may_find_nothing: bool = False
   default_cost: float = adaptive.DEFAULT_DRAFT_COST
   feature_layers: tuple[int, ...] = ()
+  reads_encoder: bool = False
 
-  def init(self, params, input_ids, input_lengths, cache_len, features=None):
-    return self.decoder.prefill(params, input_ids, input_lengths, cache_len)[0]
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
+    return self.decoder.prefill(params, input_ids, input_lengths, cache_len).cache
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
     if limit is None:
@@ -114,7 +116,7 @@ class ModelDrafter:
 
   def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
     """A tree of static.tree's shape and depth gamma per row (`tree.draft_tree`): one catch-up call, then the
-    beam of each depth fed once through the draft's `step_tree`; when sampling, every expanded node's children
+    beam of each depth fed once through the draft's `step` with its tree nodes; when sampling, every expanded node's children
     are drawn from its q (the proposal's `siblings`, verified by recursive rejection sampling). `settle` drops
     the tree from the cache (the catch-up of the next iteration feeds the accepted tokens, at most gamma + 1)."""
     first, cache, base = catch_up(self.decoder, static, params, state, history.sequences, history.lengths,
@@ -123,8 +125,8 @@ class ModelDrafter:
 
     def beam_step(cache, tokens, depths, ancestors):
       with jax.named_scope("draft_step"):
-        logits, cache = self.decoder.step_tree(params, cache, tokens, depths, ancestors)
-      return rank(logits), cache
+        res = self.decoder.step(params, cache, tokens, tree=TreeNodes.of(depths, ancestors))
+      return rank(res.logits), res.cache
 
     proposal = tree.draft_tree(history.last, rank(first), beam_step, cache, static.tree, static.gamma,
                                keys=None if static.greedy else keys)
@@ -134,8 +136,8 @@ class ModelDrafter:
     """The chain's step (chain.Step): one token per row [B] fed to the draft model."""
     def step(cache, token):
       with jax.named_scope("draft_step"):
-        logits, cache = self.decoder.step(params, cache, token[:, None])
-      return logits[:, 0], cache
+        res = self.decoder.step(params, cache, token[:, None])
+      return res.logits[:, 0], res.cache
     return step
 
   def _propose_fixed(self, params: Any, cache: Any, history: History, static: ProposalSettings,
@@ -166,7 +168,8 @@ class ModelDrafter:
     def skip(cache):
       q = None
       if not static.greedy:
-        vocab = jax.eval_shape(lambda c: self.decoder.step(params, c, history.sequences[:, :1])[0], cache).shape[-1]
+        vocab = jax.eval_shape(lambda c: self.decoder.step(params, c, history.sequences[:, :1]).logits,
+                               cache).shape[-1]
         q = jnp.zeros((batch, gamma, vocab), jnp.float32)
       return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
                       after=Drafted(cache=cache, base=cache.positions, steps=jnp.int32(0)))

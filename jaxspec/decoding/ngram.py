@@ -14,8 +14,8 @@ min(1, p(x) / 1) = p(x), and a rejection draws from the residual norm(max(0, p -
 renormalised (`verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
 target's argmax. Either way the output is the target's, exactly as with a draft model.
 
-`NGramDraft` is both the user's setting and the drafter (drafter.py's protocol). Its state is an `NGramContext`: the input ids with the loop's cache_len
-positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
+`jaxspec.NGramDraft` (settings.py) is the user's setting; `NGramDrafter` (here) the drafter it makes (drafter.py's
+protocol). Its state is an `NGramContext`: the input ids with the loop's cache_len positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
 for each n (a static, small loop) n shifted comparisons of the whole [B, C] context.
 
 Shape letters: B batch, S input positions, C = S + cache_len context positions, G = gamma.
@@ -31,37 +31,23 @@ from flax import struct
 
 from jaxspec.decoding import tree
 from jaxspec.decoding.drafter import Proposal
-from jaxspec.decoding.settings import is_int
-from jaxspec.errors import SettingsError
+from jaxspec.decoding.settings import NGramDraft  # noqa: F401  (the setting, re-exported where it used to live)
 from jaxspec.models.contract import write_rows
 
 
 @dataclasses.dataclass(frozen=True)
-class NGramDraft:
-  """A drafter without a model (prompt lookup): `jaxspec.Speculation(jaxspec.NGramDraft(), gamma=...)`.
-
-  max_ngram: the longest suffix of the context looked up (tried first); min_ngram: the shortest. Static settings:
-  each pair compiles its own loop.
-  """
+class NGramDrafter:
+  """Prompt lookup behind the `Drafter` protocol (the loop's drafter for a `jaxspec.NGramDraft` setting, which
+  checks the values: `NGramDraft.drafter()`). max_ngram / min_ngram: static, each pair compiles its own loop."""
 
   max_ngram: int = 3
   min_ngram: int = 1
-  may_find_nothing = True  # a row without a match proposes nothing (class constants of the Drafter protocol)
-  default_cost = 0.0  # a lookup costs nothing next to a verify call
-  feature_layers = ()  # reads no target features
+  may_find_nothing: bool = True  # a row without a match proposes nothing
+  default_cost: float = 0.0  # a lookup costs nothing next to a verify call
+  feature_layers: tuple[int, ...] = ()  # reads no target features
+  reads_encoder: bool = False  # nor an encoder's output
 
-  def __post_init__(self):
-    if not is_int(self.min_ngram) or self.min_ngram < 1:
-      raise SettingsError(f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
-    if not is_int(self.max_ngram) or self.max_ngram < self.min_ngram:
-      raise SettingsError(f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got "
-                          f"{self.max_ngram!r}.")
-
-  @property
-  def name(self) -> str:
-    return f"ngram({self.min_ngram}-{self.max_ngram})"
-
-  def init(self, params, input_ids, input_lengths, cache_len, features=None):
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return init_context(input_ids, input_lengths, cache_len)
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
@@ -125,7 +111,7 @@ def _continuation_start(tokens: jax.Array, lengths: jax.Array, n: int) -> jax.Ar
   return jnp.where(jnp.any(match, axis=1), jnp.argmax(match, axis=1) + n, -1).astype(jnp.int32)
 
 
-def propose(draft: NGramDraft, context: NGramContext, gamma: int) -> tuple[jax.Array, jax.Array]:
+def propose(draft: NGramDrafter | NGramDraft, context: NGramContext, gamma: int) -> tuple[jax.Array, jax.Array]:
   """Up to gamma proposed tokens per row: (tokens [B, G] (junk at >= counts), counts [B] int32 in [0, G])."""
   start = jnp.full(context.lengths.shape, -1, jnp.int32)
   for n in range(draft.max_ngram, draft.min_ngram - 1, -1):  # longest n first
@@ -156,7 +142,7 @@ def _first_distinct(starts: jax.Array, k: int) -> jax.Array:
   return jnp.where(jnp.take_along_axis(keep, order, axis=1), jnp.take_along_axis(starts, order, axis=1), -1)
 
 
-def propose_tree(draft: NGramDraft, context: NGramContext, root: jax.Array, gamma: int, top_k: int, nodes: int
+def propose_tree(draft: NGramDrafter | NGramDraft, context: NGramContext, root: jax.Array, gamma: int, top_k: int, nodes: int
                  ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """A lookup tree: the continuations (up to gamma tokens) of the top_k earliest matches of the longest suffixes
   (longer n first, then earlier; distinct positions), as branches from the root, common prefixes merged.

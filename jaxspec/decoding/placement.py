@@ -13,9 +13,9 @@ placed on a mesh (`jaxspec.shard`, `jaxspec.load(..., mesh=...)`):
     loop, and the loop's `in_shardings`, so the compiler neither replicates them nor gathers weights (the caches
     are still donated to the loop);
   - a draft that is not on the target's mesh is replicated over `model` (`DRAFT_RULES`, docs/scaling.md), once:
-    the placed copy is kept with the draft model for later calls on that mesh;
+    the placed copy is kept for later calls on that mesh (beside the draft model, not on it: `_kept_copy`);
   - a feature head's weights are replicated on the mesh (`replicated_on`: one decoder layer, small beside the
-    target; the target's embedding it may read stays as the target placed it), once per mesh, kept with the head.
+    target; the target's embedding it may read stays as the target placed it), once per mesh, kept beside the head.
 Convention read here: in every program output, the target's cache comes before the draft's (flatten order).
 """
 
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -207,26 +208,42 @@ def _draft_params_on(draft, mesh: Mesh) -> Any:
   DRAFT_RULES, placed once and kept with the draft model (keyed by mesh and the parameters' identity)."""
   if mesh_of(draft.params) == mesh:
     return draft.params
-  copies = draft.__dict__.setdefault("_mesh_copies", {})
   key = (mesh, id(draft.params))
-  if key not in copies:
-    copies.clear()  # one placed copy at a time: a draft decodes beside one target mesh
+
+  def placed():
     shardings, _ = tree_shardings(draft.family.param_axes(draft.config), draft.params, mesh, DRAFT_RULES)
-    copies[key] = jax.tree.map(place, draft.params, shardings)
-  return copies[key]
+    return (draft.params, jax.tree.map(place, draft.params, shardings))  # keeps the placed ids alive
+
+  return _kept_copy(draft, key, placed)[1]
+
+
+# Placed copies of a draft's weights, one per owner (a draft model or a feature head), kept beside it rather than
+# on it: {id(owner): (weak reference to the owner, key, copy)}; an entry goes when its owner is collected.
+_COPIES: dict[int, tuple[Any, tuple, Any]] = {}
+
+
+def _kept_copy(owner: Any, key: tuple, make: Callable[[], Any]) -> Any:
+  """The copy `make()` placed for `owner` under `key`, made once (one copy per owner: a draft decodes beside one
+  target mesh). Nothing is stored on the owner."""
+  i = id(owner)
+  entry = _COPIES.get(i)
+  if entry is None or entry[0]() is not owner or entry[1] != key:
+    ref = weakref.ref(owner, lambda _, i=i: _COPIES.pop(i, None))
+    _COPIES[i] = entry = (ref, key, make())
+  return entry[2]
 
 
 def replicated_on(tree: Any, mesh: Mesh, owner: Any) -> Any:
   """`tree`'s arrays on `mesh`: those already there as they are, every other one replicated (`place`, so each
   process builds its own shards). Placed once per mesh and kept with `owner` (keyed by the arrays' identity)."""
   leaves, treedef = jax.tree.flatten(tree)
-  copies = owner.__dict__.setdefault("_mesh_copies", {})
   key = (mesh, tuple(id(x) for x in leaves))
-  if key not in copies:
-    copies.clear()  # one placed copy at a time, as for a draft model
+
+  def placed():
     replicated = NamedSharding(mesh, PartitionSpec())
-    copies[key] = (leaves, [x if mesh_of(x) == mesh else place(x, replicated) for x in leaves])  # keeps ids alive
-  return jax.tree.unflatten(treedef, copies[key][1])
+    return (leaves, [x if mesh_of(x) == mesh else place(x, replicated) for x in leaves])  # keeps ids alive
+
+  return jax.tree.unflatten(treedef, _kept_copy(owner, key, placed)[1])
 
 
 def prepare(where: Placement | None, target, draft, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,

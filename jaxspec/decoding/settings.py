@@ -24,7 +24,7 @@ from jaxspec.decoding.tree import Tree
 from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
-  from jaxspec.decoding.ngram import NGramDraft
+  from jaxspec.decoding.ngram import NGramDrafter
   from jaxspec.model import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
@@ -75,6 +75,32 @@ class Sampling:
     return not self.greedy and (self.top_k > 0 or self.top_p < 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class NGramDraft:
+  """A draft without a model (prompt lookup, jaxspec.decoding.ngram): `jaxspec.Speculation(jaxspec.NGramDraft(),
+  gamma=...)`. Each iteration a row proposes the tokens that followed the earliest earlier occurrence of its
+  context's last n tokens, n from max_ngram down to min_ngram. Static settings: each pair compiles its own loop.
+  """
+
+  max_ngram: int = 3
+  min_ngram: int = 1
+
+  def __post_init__(self):
+    _require(is_int(self.min_ngram) and self.min_ngram >= 1,
+             f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
+    _require(is_int(self.max_ngram) and self.max_ngram >= self.min_ngram,
+             f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got {self.max_ngram!r}.")
+
+  @property
+  def name(self) -> str:
+    return f"ngram({self.min_ngram}-{self.max_ngram})"
+
+  def drafter(self) -> "NGramDrafter":
+    """The loop's drafter for this setting."""
+    from jaxspec.decoding.ngram import NGramDrafter  # pylint: disable=import-outside-toplevel
+    return NGramDrafter(int(self.max_ngram), int(self.min_ngram))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Speculation:
   """What drafts for the target, and how many tokens per iteration.
@@ -117,7 +143,6 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
-    from jaxspec.decoding.ngram import NGramDraft  # pylint: disable=import-outside-toplevel
     from jaxspec.model import FeatureHead, Model  # pylint: disable=import-outside-toplevel
     _require(isinstance(self.draft, (Model, NGramDraft, FeatureHead)),
              f"Speculation.draft must be a jaxspec.Model or a jaxspec.FeatureHead (from jaxspec.load), or a "

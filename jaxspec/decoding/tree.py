@@ -12,7 +12,7 @@ kept: the result is a tree.
 
 The drafter and the builder alternate: `start` takes the root's draft log-probabilities, each `grow` the
 log-probabilities the draft computed at the beam tokens `state.beam_tokens`, and `select` returns the tree
-(tokens, parents, depths, ancestors) that `TreeDecoder.step_tree` and `tree_verify` take. `build_tree` chains
+(tokens, parents, depths, ancestors) that `Decoder.step(..., tree=...)` and `tree_verify` take. `build_tree` chains
 them over log-probabilities known in advance (tests, analysis). Static shapes throughout: a pool of
 1 + k + (D - 1) k^2 candidates per row, filled depth by depth.
 
@@ -264,7 +264,7 @@ def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Call
   Depth 1 comes from the root's log-probabilities; then, for each depth d = 1 .. depth - 1, the K beam nodes of
   depth d are fed in one call, `beam_step(state, tokens [B, K], depths [B, P + K], ancestors [B, K, P + K])
   -> (logprobs [B, K, V], state)`, where the P = K (d - 1) earlier columns are the beams fed before (depth 1
-  first) and depths count from 0 at depth 1 (the call's first tree slot; `TreeDecoder.step_tree` with earlier
+  first) and depths count from 0 at depth 1 (the call's first tree slot; `Decoder.step(..., tree=...)` with earlier
   nodes). Every candidate's parent is a beam node of the depth above, so a beam node's ancestors are all fed.
   Unrolled over depths (each call has its own static width); depth - 1 calls of K tokens in all.
 

@@ -1,6 +1,6 @@
 """Exact acceptance over a token tree (EAGLE-2, SpecInfer): which root-to-node path to keep, and the next token.
 
-The target scored every node of a tree in one call (`TreeDecoder.step_tree`): node n's distribution p[:, n] is
+The target scored every node of a tree in one call (`Decoder.step(..., tree=...)`): node n's distribution p[:, n] is
 the target's next-token distribution after the path root..n. Both rules walk down from the root (node 0, the
 token the loop feeds first), trying the children of the current node in node order (a tree builder puts
 siblings in decreasing draft score: `jaxspec.decoding.tree.build_tree`), and stop at a node where no child is

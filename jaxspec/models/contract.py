@@ -3,17 +3,15 @@
 The loop (jaxspec/decoding/) sees a model only through these types, as t5x's decoding sees only a
 `tokens_to_logits` function and gemma's sampler a `TransformerLike`:
 
-    cache, first = decoder.prefill(params, input_ids, input_lengths, cache_len)  # encoder pass / prompt prefill
-    logits, cache = decoder.step(params, cache, tokens)                         # [B, T] tokens at per-row offsets
-    cache = cache.rollback(positions)                                            # per-row length change
+    out = decoder.prefill(params, input_ids, input_lengths, cache_len)  # encoder pass / prompt prefill: Prefilled
+    res = decoder.step(params, out.cache, tokens)                       # [B, T] tokens at per-row offsets: StepResult
+    cache = res.cache.rollback(positions)                               # per-row length change
 
-and, for token trees (docs/trees.md), a `TreeDecoder` also has
+One `step` serves chains and token trees (docs/trees.md), with or without the hidden states a feature head reads,
+and one `prefill` gives the prompt's features (`layers=`) and an encoder-decoder's encoder output (`encoder=True`):
 
-    logits, cache = decoder.step_tree(params, cache, tokens, depths, ancestors)  # N tree nodes in one call
-    cache = cache.compact(base, path, path_len)                                  # keep one root-to-leaf path
-
-and a `TreeFeatureDecoder` (every family) `step_tree_features(..., layers)`: `step_tree` plus the features a
-feature head reads (`step_features` is the chain's).
+    res = decoder.step(params, cache, tokens, tree=TreeNodes(depths, ancestors), layers=(1, 2, 3))
+    cache = res.cache.compact(base, path, path_len)                     # keep one root-to-leaf path
 
 Positions. A cache counts absolute positions per row in `lengths` [B] and the positions that precede the loop's
 first token in `offsets` [B]: 0 for an encoder-decoder (the decoder starts empty, the first token is its start
@@ -33,6 +31,7 @@ from typing import Any, ClassVar, Protocol, TypeVar, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
 C = TypeVar("C", bound="DecoderCache")
 
@@ -56,13 +55,13 @@ class CachePositions:
     return self.replace(lengths=self.offsets + positions)  # type: ignore[attr-defined]
 
   def compact(self: C, base: jax.Array, path: jax.Array, path_len: jax.Array) -> C:
-    """Keeps one path of a tree fed by `step_tree`: the cache as if only that path had been fed.
+    """Keeps one path of a tree fed by `Decoder.step(..., tree=...)`: the cache as if only that path had been fed.
 
     Node n of the tree sits at slot base + n. Per row, the keys and values of slots base + path[:, d] move to
     position base + d for d < path_len, and lengths becomes base + path_len (see `compact_rows`).
 
     Args:
-      base: [B] int32 the lengths before `step_tree`.
+      base: [B] int32 the lengths before the tree's step.
       path: [B, D] int32 node indices, root first (node 0, at slot base, stays in place); entries at
         d >= path_len are ignored (any value).
       path_len: [B] int32 nodes kept per row, in [0, D].
@@ -77,9 +76,48 @@ class CachePositions:
     return self.replace(lengths=base + path_len, **moved)  # type: ignore[attr-defined]
 
 
+@struct.dataclass
+class TreeNodes:
+  """Token-tree nodes fed by one `Decoder.step` (EAGLE-2, SpecInfer; docs/trees.md): their depths and ancestors.
+
+  Node n of the call sits at position cache.lengths - P + depths[:, P + n] and attends to the cached prefix and to
+  the nodes m with ancestors[:, n, m] (itself included), P of which were fed by earlier calls of the same tree
+  (P = 0: the whole tree in one call). Parents come before their children.
+  """
+
+  depths: jax.Array  # [B, P + N] int32: each node's depth (0: the root, the token a chain step would feed first).
+  ancestors: jax.Array  # [B, N, P + N] bool: [b, n, m] True where node m is an ancestor of new node P + n or it.
+
+  @classmethod
+  def of(cls, depths: jax.Array, ancestors: jax.Array) -> "TreeNodes":
+    """Depths as int32 and ancestors as bool (what every family computes with)."""
+    return cls(depths=depths.astype(jnp.int32), ancestors=ancestors.astype(bool))
+
+
+@struct.dataclass
+class StepResult:
+  """What `Decoder.step` returns."""
+
+  logits: jax.Array  # [B, T, V] float32: position t predicts the token after tokens[:, t].
+  features: jax.Array | None  # [B, T, len(layers) * D] the requested hidden states; None when layers == ().
+  cache: Any  # The family's cache, `lengths` advanced by T.
+
+
+@struct.dataclass
+class Prefilled:
+  """What `Decoder.prefill` returns."""
+
+  cache: Any  # The family's cache with positions == 0.
+  first: jax.Array  # [B] int32: the token the loop feeds first (T5's start token, a prompt's last token).
+  features: jax.Array | None = None  # [B, S', len(layers) * D] (S' = S decoder-only, 0 for T5); None: layers ().
+  # (encoded [B, S, D], mask [B, S] bool): an encoder-decoder's encoder output (encoder=True), else None.
+  encoder: tuple[jax.Array, jax.Array] | None = None
+
+
 @runtime_checkable
 class DecoderCache(Protocol):
-  """A family's decoder state: any pytree with per-row `lengths` and `offsets` and a `rollback` by length."""
+  """A family's decoder state: any pytree with per-row `lengths` and `offsets`, a `rollback` by length and a
+  `compact` keeping one path of a tree (`CachePositions` gives both)."""
 
   lengths: jax.Array
   offsets: jax.Array
@@ -89,14 +127,31 @@ class DecoderCache(Protocol):
 
   def rollback(self: C, positions: jax.Array) -> C: ...
 
+  def compact(self: C, base: jax.Array, path: jax.Array, path_len: jax.Array) -> C: ...
+
 
 @runtime_checkable
 class Decoder(Protocol):
-  """The two calls a decoding loop makes. Implementations are frozen dataclasses of a config: hashable, so that
-  they are static arguments of the jitted loop."""
+  """The two calls a decoding loop makes of a model, for chains and token trees, with or without hidden states.
+  Implementations are frozen dataclasses of a config: hashable, so that they are static arguments of the jitted
+  loop. Every family implements all of it (the chain x tree x features x encoder options are keywords, not
+  separate methods); `layers` and `tree` are static in kind (a tuple; None or a `TreeNodes`), so a call without
+  them compiles exactly as a plain step.
 
-  def prefill(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array,
-              cache_len: int) -> tuple[DecoderCache, jax.Array]:
+  Features. Feature index i is the hidden state ENTERING decoder layer i, before its norm: 0 the token embedding
+  (as the family scales it), num_feature_layers the final pre-norm output. This is transformers'
+  `output_hidden_states` index (hidden_states[i], i < L); EAGLE-3's aux layer id j (specforge, sglang: the output
+  of layer j) is i = j + 1.
+  """
+
+  @property
+  def num_feature_layers(self) -> int: ...  # L: the largest feature index (decoder layers of the model).
+
+  @property
+  def feature_size(self) -> int: ...  # D: the width of one layer's feature.
+
+  def prefill(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int, *,
+              layers: tuple[int, ...] = (), encoder: bool = False) -> Prefilled:
     """Builds the cache from the inputs, before the loop's first token.
 
     Args:
@@ -104,95 +159,52 @@ class Decoder(Protocol):
       input_ids: [B, S] int32, right-padded (encoder inputs for T5, prompts for decoder-only models).
       input_lengths: [B] int32 real tokens per row (>= 1).
       cache_len: positions the loop may write per row from its first token on (its first token included).
+      layers: feature indices to return for the positions processed (static; () collects nothing).
+      encoder: also return an encoder-decoder's encoder output (run once: the cache's cross-attention keys and
+        values come from the same output); a decoder-only family raises ValueError.
     Returns:
-      (cache with positions == 0, first_tokens [B] int32: the token the loop feeds first: T5's decoder start
-      token, or a decoder-only prompt's last token).
+      `Prefilled`: the cache, the first tokens, the features [B, S', F] (S' = S for a decoder-only prompt, 0 for an
+      encoder-decoder, whose decoder starts empty) or None, the encoder output or None.
     """
     ...
 
-  def step(self, params: Any, cache: DecoderCache, tokens: jax.Array) -> tuple[jax.Array, DecoderCache]:
-    """Feeds tokens [B, T] at each row's position `cache.lengths`.
+  def step(self, params: Any, cache: DecoderCache, tokens: jax.Array, *, tree: TreeNodes | None = None,
+           layers: tuple[int, ...] = ()) -> StepResult:
+    """Feeds tokens [B, T] at each row's position `cache.lengths`: a chain (tree None), or T nodes of a token tree.
+
+    Tree nodes: node n is at position cache.lengths - P + depths[:, P + n] (RoPE, sliding windows, relative
+    position biases: all from positions), is written at slot cache.lengths + n (slot order = node order) and
+    attends to the cached prefix and to its ancestors (`tree_attention`); `cache.compact(base, path, path_len)`
+    then keeps one path. A chain (depths 0..T-1, ancestors lower-triangular) is the plain step. A node's features
+    are those a plain step of its path computes at its last position.
 
     Returns:
-      logits [B, T, V] float32 (position t predicts the token after tokens[:, t]) and the cache with the new
-      keys and values written and `lengths` advanced by T. The caller leaves room: positions + T <= cache_len.
-    """
-    ...
-
-
-@runtime_checkable
-class TreeDecoder(Decoder, Protocol):
-  """A Decoder that verifies a token tree in one call (EAGLE-2, SpecInfer; docs/trees.md).
-
-  Its cache also has `compact(base, path, path_len)` (`CachePositions.compact`): after `step_tree`, keep the
-  accepted root-to-node path as consecutive positions.
-  """
-
-  def step_tree(self, params: Any, cache: DecoderCache, tokens: jax.Array, depths: jax.Array,
-                ancestors: jax.Array) -> tuple[jax.Array, DecoderCache]:
-    """Feeds N tree nodes per row; node n is at position cache.lengths + depths[:, n].
-
-    Node n attends to the cached prefix (positions < lengths, with the family's usual rules: sliding windows,
-    relative position biases, all from positions) and to the nodes m with ancestors[:, n, m] (itself included).
-    Keys and values of node n are written at slot lengths + n (slot order = node order) and lengths advances by
-    N; `cache.compact` then keeps one path. A chain (depths 0..N-1, ancestors lower-triangular) is `step`.
-
-    A tree may also be fed in several calls (a drafter growing it depth by depth): then depths [B, P + N] and
-    ancestors [B, N, P + N] also cover the P nodes of the same tree fed by earlier calls (at slots lengths - P ..
-    lengths - 1; depth 0 sits at their first slot), and the new nodes attend to those of them that are ancestors.
-
-    Args:
-      tokens: [B, N] int32 node tokens; depths: [B, N] int32 (depth 0: the root, the token `step` would feed
-        first); ancestors: [B, N, N] bool, [b, n, m] True where m is an ancestor of n or n itself. Parents come
-        before their children (m <= n wherever ancestors[b, n, m]). (With P earlier nodes: [B, P + N] and
-        [B, N, P + N], see above.)
-    Returns:
-      logits [B, N, V] float32 (node n's predict the token after n's path) and the cache.
+      `StepResult`: logits [B, T, V] float32, features [B, T, len(layers) * D] or None, and the cache with the
+      new keys and values written and `lengths` advanced by T. The caller leaves room: positions + T <= cache_len.
     """
     ...
 
 
 @runtime_checkable
-class FeatureDecoder(Decoder, Protocol):
-  """A Decoder that can also return its hidden states ("features") for a feature-head drafter (EAGLE-3).
+class HeadDecoder(Decoder, Protocol):
+  """A feature head's model (EAGLE-3, `jaxspec.models.eagle3.Eagle3Head`): a `Decoder` whose `tokens` pair each
+  token with the hidden state it reads (`eagle3.HeadInput`) and whose features are its pre-norm outputs, plus the
+  calls only a head makes (params: the head's own parameters)."""
 
-  Feature index i is the hidden state ENTERING decoder layer i, before its norm: 0 the token embedding (as the
-  family scales it), num_feature_layers the final pre-norm output. This is transformers' `output_hidden_states`
-  index (hidden_states[i], i < L); EAGLE-3's aux layer id j (specforge, sglang: the output of layer j) is i = j + 1.
-  `layers` is a static tuple; `prefill` and `step` stay as they are (they collect nothing).
-  """
-
-  @property
-  def num_feature_layers(self) -> int: ...  # L: the largest index (decoder layers of the model).
-
-  @property
-  def feature_size(self) -> int: ...  # D: the width of one layer's feature.
-
-  def prefill_features(self, params: Any, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
-                       layers: tuple[int, ...]) -> tuple[DecoderCache, jax.Array, jax.Array]:
-    """`prefill` plus the features [B, S', len(layers) * D] of the positions it processed (S' = S for a
-    decoder-only prompt, 0 for an encoder-decoder, whose decoder starts empty)."""
+  def fuse(self, params: Any, features: jax.Array) -> jax.Array:
+    """[B, T, H] the head's input from the target's features [B, T, F]."""
     ...
 
-  def step_features(self, params: Any, cache: DecoderCache, tokens: jax.Array,
-                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderCache]:
-    """`step` plus features: (logits [B, T, V] float32, features [B, T, len(layers) * D], cache)."""
+  def logits(self, params: Any, prenorm: jax.Array) -> jax.Array:
+    """[B, T, V] float32 the logits of pre-norm outputs [B, T, H]."""
     ...
 
+  def init_cache(self, batch: int, length: int, dtype: Any, encoder: Any = None) -> DecoderCache:
+    """An empty cache (a T5 target's head: holding its encoder keys and values)."""
+    ...
 
-@runtime_checkable
-class TreeFeatureDecoder(TreeDecoder, FeatureDecoder, Protocol):
-  """A TreeDecoder that also returns features from its tree call, for a feature head drafting token trees: the
-  loop verifies the head's tree with `step_tree_features` and hands the features of the accepted path to the
-  head (docs/trees.md, "Trees from a feature head"). `step_tree` stays as it is (it collects nothing), so a
-  tree drafted by a draft model compiles as before."""
-
-  def step_tree_features(self, params: Any, cache: DecoderCache, tokens: jax.Array, depths: jax.Array,
-                         ancestors: jax.Array, layers: tuple[int, ...]
-                         ) -> tuple[jax.Array, jax.Array, DecoderCache]:
-    """`step_tree` plus features: (logits [B, N, V] float32, features [B, N, len(layers) * D], cache). Node n's
-    feature is what `step_features` computes at the last position of a plain step of n's path (it attends to
-    the prefix and its ancestors only)."""
+  def encoder_kv(self, params: Any, encoded: jax.Array, mask: jax.Array) -> Any:
+    """A T5 target's head: its cross-attention keys and values of the encoder output [B, S, De]."""
     ...
 
 
@@ -248,7 +260,7 @@ def tree_attention(lengths: jax.Array, depths: jax.Array, ancestors: jax.Array, 
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Positions and the attention mask of N tree nodes written at slots lengths .. lengths + N - 1, after P nodes
   of the same tree fed by earlier calls at slots lengths - P .. lengths - 1 (P = 0: the whole tree in one call;
-  P > 0: a drafter growing a tree depth by depth feeds each depth once, `TreeDecoder.step_tree`).
+  P > 0: a drafter growing a tree depth by depth feeds each depth once, `Decoder.step`).
 
   Mask layout: one dense bool [B, N, C] (query node, cache slot), the key axis last and contiguous, the layout
   of the causal mask of a plain `step` of N tokens. It is built once per call (a gather of the [B, N, P + N]

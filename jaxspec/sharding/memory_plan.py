@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
-from jaxspec.models import registry
+from jaxspec.models import contract, registry
 from jaxspec.models.t5 import T5Config
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.sharding.rules import DEFAULT_RULES, DRAFT_RULES, is_axes, local_shape, resolve_rules, spec_for
@@ -38,6 +38,21 @@ DEVICE_MEMORY = {"tpu-v2": 8 * GiB, "tpu-v3": 16 * GiB, "tpu-v4": 32 * GiB, "tpu
 MACHINES = {"tpu-v5e-8": ("tpu-v5e", 8), "tpu-v4-8": ("tpu-v4", 4), "tpu-v4-32": ("tpu-v4", 16),
             "tpu-v3-8": ("tpu-v3", 8), "tpu-v2-8": ("tpu-v2", 8), "h100": ("h100-80gb", 1),
             "8xh100": ("h100-80gb", 8)}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopShape:
+  """What a decoding loop holds beyond plain decoding, from its static settings and its drafter (the memory check
+  of `generate`, jaxspec.decoding.memory_guard, builds it; `memory_plan`'s public form plans a draft model's
+  chain). Hashable: plans are cached."""
+
+  slack: int  # positions per row past max_new_tokens (gamma, or a tree's widest call).
+  verify_tokens: int  # positions of the target's verify call: gamma + 1 for a chain, N + 1 for a tree, 1 plain.
+  tree: bool = False  # the verify call feeds tree nodes (its [B, T, C] mask is traced).
+  sampled_rows: int = 0  # float32 [V] distributions per row live across an iteration (p and q); 0 greedy.
+  layers: tuple[int, ...] = ()  # the target features the drafter reads (traced with the verify call).
+  drafter_state: int = 0  # bytes per device of the drafter's own state (a head's cache and a T5 head's encoder
+  #                         keys / values, the lookup context); a draft model's cache is planned with its model.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -161,7 +176,8 @@ def _split_sizes(family, config, mesh, rules) -> dict[int, int]:
   return split
 
 
-def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens, dtype, sampled_rows) -> ModelPlan:
+def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens, dtype, sampled_rows, tree=False,
+                layers=()) -> ModelPlan:
   """Parameters and caches of one model (exact), and its activations (estimate), per device."""
   family = registry.family_of(config)
   params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
@@ -171,7 +187,10 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
 
   def prefill(p, rows):
     ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
-    return jax.make_jaxpr(lambda p, i, n: decoder.prefill(p, i, n, cache_len), return_shape=True)(p, ids, lengths)
+    def call(p, i, n):
+      out = decoder.prefill(p, i, n, cache_len)
+      return out.cache, out.first
+    return jax.make_jaxpr(call, return_shape=True)(p, ids, lengths)
 
   _, (cache, _) = prefill(params, batch)
   cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
@@ -190,34 +209,51 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
   local = batch // dict(mesh.shape).get("data", 1)
   prefill_jaxpr, (local_cache, _) = prefill(params, local)
   tokens = jax.ShapeDtypeStruct((local, step_tokens), jnp.int32)
-  step_jaxpr = jax.make_jaxpr(decoder.step)(params, local_cache, tokens)
-  # Sampled distributions (float32, full vocabulary) live across the draft and target calls of an iteration.
+  nodes = None
+  if tree:  # the verify call over a tree's nodes: its [B, T, C] mask is one of the call's intermediates
+    nodes = contract.TreeNodes(jax.ShapeDtypeStruct((local, step_tokens), jnp.int32),
+                               jax.ShapeDtypeStruct((local, step_tokens, step_tokens), jnp.bool_))
+
+  def step(p, c, t, n):
+    res = decoder.step(p, c, t, tree=n, layers=layers)
+    return res.logits, res.features  # the cache is counted as the cache
+
+  step_jaxpr, outs = jax.make_jaxpr(step, return_shape=True)(params, local_cache, tokens, nodes)
+  # The call's logits [B, T, V] (and features) live through verification; sampled distributions (float32, full
+  # vocabulary) across the draft and target calls of an iteration.
+  outputs = sum(size(x) for x in jax.tree.leaves(outs)) if role == "target" else 0
   sampled = local * sampled_rows * config.vocab_size * 4
-  activations = max(_peak_live(prefill_jaxpr.jaxpr, size), _peak_live(step_jaxpr.jaxpr, size) + sampled)
+  activations = max(_peak_live(prefill_jaxpr.jaxpr, size),
+                    _peak_live(step_jaxpr.jaxpr, size) + outputs + sampled)
   return ModelPlan(role, param_bytes, cache_bytes, activations, tuple(notes))
 
 
 @functools.lru_cache(maxsize=64)
 def _plan(target, draft, mesh_shape, batch, width, max_new_tokens, gamma, dtype, rules, draft_rules,
-          sampling) -> MemoryPlan:
+          sampling, loop: LoopShape | None = None) -> MemoryPlan:
   mesh = AbstractMesh(tuple(mesh_shape), ("data", "model"))
   data = mesh_shape[0]
   padded = -(-batch // data) * data
-  gamma = gamma if draft is not None else 0
-  cache_len = max_new_tokens + gamma + 1
-  rows = (2 * gamma + 1) if sampling else 0  # p [G + 1] and q [G] per row.
-  models = [_model_plan("target", target, mesh, rules, padded, width, cache_len, gamma + 1, dtype, rows)]
+  if loop is None:  # the public form: a draft model's chain of gamma, or plain decoding
+    gamma = gamma if draft is not None else 0
+    rows = (2 * gamma + 1) if sampling else 0  # p [G + 1] and q [G] per row.
+    loop = LoopShape(slack=gamma, verify_tokens=gamma + 1, sampled_rows=rows)
+  cache_len = max_new_tokens + loop.slack + 1
+  models = [_model_plan("target", target, mesh, rules, padded, width, cache_len, loop.verify_tokens, dtype,
+                        loop.sampled_rows, loop.tree, loop.layers)]
   if draft is not None:
-    models.append(_model_plan("draft", draft, mesh, draft_rules, padded, width, cache_len, 2, dtype, rows))
+    models.append(_model_plan("draft", draft, mesh, draft_rules, padded, width, cache_len, 2, dtype,
+                              loop.sampled_rows))
   local = padded // data
-  state = local * 4 * (cache_len + 2 + gamma + 16)  # sequences [B, cache_len + 1], per-row counters and keys.
+  # sequences [B, cache_len + 1], per-row counters and keys; the drafter's own state.
+  state = local * 4 * (cache_len + 2 + loop.slack + 16) + loop.drafter_state
   return MemoryPlan(mesh_shape=(data, mesh_shape[1]), batch=padded, models=tuple(models), state=state,
                     activations=max(m.activations for m in models))
 
 
 def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, max_new_tokens: int, gamma: int,
                 dtype="bfloat16", draft=None, rules=None, draft_rules=DRAFT_RULES,
-                sampling: bool = True) -> MemoryPlan:
+                sampling: bool = True, loop: LoopShape | None = None) -> MemoryPlan:
   """Bytes per device of `generate` on a mesh of `mesh_shape` = (data, model) (or {"data": D, "model": M}).
 
   Args:
@@ -227,6 +263,9 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
     rules: the target's logical-axis rules (None: DEFAULT_RULES); draft_rules: the draft's (DRAFT_RULES:
       replicated over `model`, as generate places an unsharded draft).
     sampling: count the sampled distributions' buffers (False: greedy).
+    loop: the loop's own shape (`LoopShape`: its slack, verify call, sampled rows, the features and the state of
+      its drafter), as `generate`'s memory check passes it for every drafter (a head, prompt lookup, trees); None
+      plans a draft model's chain of `gamma` (or plain decoding without a draft).
   """
   if isinstance(mesh_shape, dict):
     mesh_shape = (mesh_shape.get("data", 1), mesh_shape.get("model", 1))
@@ -241,7 +280,7 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
   target = config_of(config_or_model)
   draft = None if draft is None else config_of(draft)
   return _plan(target, draft, mesh_shape, int(batch), int(max_input_length), int(max_new_tokens), int(gamma),
-               dtype, resolve_rules(rules), resolve_rules(draft_rules, DRAFT_RULES), bool(sampling))
+               dtype, resolve_rules(rules), resolve_rules(draft_rules, DRAFT_RULES), bool(sampling), loop)
 
 
-__all__ = ["DEFAULT_RULES", "DEVICE_MEMORY", "MACHINES", "MemoryPlan", "ModelPlan", "memory_plan"]
+__all__ = ["DEFAULT_RULES", "DEVICE_MEMORY", "MACHINES", "LoopShape", "MemoryPlan", "ModelPlan", "memory_plan"]

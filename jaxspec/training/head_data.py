@@ -14,7 +14,7 @@ them from the target for one training batch, just before its step (SpecForge's "
 bounded by the batch, never by the corpus (an 8B target's offline feature dumps take terabytes).
 
 Labels. `capture` runs the target over prompt + response once (`prefill` of the first token, then one
-`step_features` call over the whole row: the same pass as `prefill_features`, plus the logits it has no output
+`step(..., layers=...)` call over the whole row: the same pass as `prefill(..., layers=...)`, plus the logits it has no output
 for). Its logits at position p give the distribution of token p + 1; the soft label is that distribution
 restricted to the draft vocabulary and renormalised there (SpecForge's target_p). Position p trains the head
 (mask) where token p + 1 exists, is a response token (p + 1 >= the prompt's length: the loss is on responses,
@@ -22,8 +22,8 @@ as the reference's loss mask is on assistant turns) and the target's argmax at p
 
 A T5 (encoder-decoder) target (docs/heads.md, "T5 targets"): a row's prompt is the encoder's input and its
 response the decoder's output, so a batch is (`HeadData.encdec_batch`) encoder ids [B, Se] and decoder rows
-[B, W] = [start token, response ...]; `capture_encdec` runs the encoder once (`prefill_encoder_features`), the
-decoder over the rows (`step_features`), and returns the encoder's output beside the features for the head's
+[B, W] = [start token, response ...]; `capture_encdec` runs the encoder once (`prefill(..., encoder=True)`), the
+decoder over the rows (`step(..., layers=...)`), and returns the encoder's output beside the features for the head's
 cross-attention. Every decoder position after the start token is a response token.
 
 Shapes: B batch, W padded row width, Se padded encoder width, D the target's d_model, F = 3 * the target's hidden
@@ -230,13 +230,14 @@ def capture(decoder, target_params, layers: tuple[int, ...], draft_ids: jax.Arra
   """The target's features and soft labels of a batch, in one pass over every position.
 
   Args:
-    decoder: the target's decoder (a decoder-only `FeatureDecoder`); layers: the feature indices it returns.
+    decoder: the target's decoder (a decoder-only `Decoder`); layers: the feature indices it returns.
     draft_ids: [Vd] int32 the draft vocabulary's target ids (ascending: draft id d is target id draft_ids[d]).
     ids: [B, W] int32 right-padded rows; lengths: [B] int32 real tokens per row; starts: [B] int32 prompt lengths.
   """
   batch, width = ids.shape
-  cache, _ = decoder.prefill(target_params, ids[:, :1], jnp.ones((batch,), jnp.int32), width)
-  logits, features, _ = decoder.step_features(target_params, cache, ids, layers)  # [B, W, V], [B, W, F]
+  cache = decoder.prefill(target_params, ids[:, :1], jnp.ones((batch,), jnp.int32), width).cache
+  res = decoder.step(target_params, cache, ids, layers=layers)
+  logits, features = res.logits, res.features  # [B, W, V], [B, W, F]
   return _labels(logits, features, ids, lengths, starts, draft_ids)
 
 
@@ -247,8 +248,10 @@ def capture_encdec(decoder, target_params, layers: tuple[int, ...], draft_ids: j
   the decoder rows (start token first) and lengths [B] their real tokens. Every position after the start token
   is a response token (starts = 1)."""
   batch, width = ids.shape
-  cache, _, _, (encoded, mask) = decoder.prefill_encoder_features(
-      target_params, encoder_ids, jnp.sum(encoder_ids != decoder.config.pad_token_id, axis=1), width, layers)
-  logits, features, _ = decoder.step_features(target_params, cache, ids, layers)  # [B, W, V], [B, W, F]
+  out = decoder.prefill(target_params, encoder_ids, jnp.sum(encoder_ids != decoder.config.pad_token_id, axis=1),
+                        width, layers=layers, encoder=True)
+  encoded, mask = out.encoder
+  res = decoder.step(target_params, out.cache, ids, layers=layers)
+  logits, features = res.logits, res.features  # [B, W, V], [B, W, F]
   return _labels(logits, features, ids, lengths, jnp.ones((batch,), jnp.int32), draft_ids,
                  encoded=jax.lax.stop_gradient(encoded), encoder_mask=mask)

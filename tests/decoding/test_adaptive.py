@@ -206,7 +206,8 @@ def _same_cache(decoder, params, got, want, sequences):
   valid entries agree (compared through the model, whatever its cache layout)."""
   np.testing.assert_array_equal(got.positions, want.positions)
   block = jnp.take_along_axis(sequences, got.positions[:, None] + jnp.arange(3)[None], axis=1)
-  np.testing.assert_allclose(decoder.step(params, got, block)[0], decoder.step(params, want, block)[0], atol=1e-5)
+  np.testing.assert_allclose(decoder.step(params, got, block).logits, decoder.step(params, want, block).logits,
+                             atol=1e-5)
 
 
 # --- exactness in the loop ---------------------------------------------------------------------------------------
@@ -251,15 +252,16 @@ def test_catch_up_matches_a_fresh_prefill():
   for lags in ([0, 1, 0, 1], [0, gamma, 1, 2], [1, gamma + 4, 0, 9]):
     lengths = jnp.asarray([12, 9, 15, 13], jnp.int32)
     dlen = lengths - 1 - jnp.asarray(lags, jnp.int32)
-    cache, _ = decoder.prefill(params, ids, input_lengths, settings.cache_len)
-    _, cache = decoder.step(params, cache, sequences[:, :16])  # stale entries beyond dlen, as in the loop
+    cache = decoder.prefill(params, ids, input_lengths, settings.cache_len).cache
+    cache = decoder.step(params, cache, sequences[:, :16]).cache  # stale entries beyond dlen, as in the loop
     cache = cache.rollback(dlen)
     logits, caught, base = catch_up(decoder, settings.proposal, params, cache, sequences, lengths,
                                     jnp.ones((4,), bool), True)
     np.testing.assert_array_equal(base, lengths)
     np.testing.assert_array_equal(caught.positions, lengths)
-    fresh, _ = decoder.prefill(params, ids, input_lengths, settings.cache_len)
-    fresh_logits, fresh = decoder.step(params, fresh, sequences[:, :16])
+    fresh = decoder.prefill(params, ids, input_lengths, settings.cache_len).cache
+    res = decoder.step(params, fresh, sequences[:, :16])
+    fresh_logits, fresh = res.logits, res.cache
     want = jnp.take_along_axis(fresh_logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
     np.testing.assert_allclose(logits, want, atol=1e-5)
     _same_cache(decoder, params, caught, fresh.rollback(lengths), sequences)
@@ -295,8 +297,8 @@ def test_draft_cache_is_consistent_after_long_fallback(pair, probe_interval):
   positions = np.asarray(state.draft_state.positions)
   assert np.all(positions <= lengths - 1)
   decoder = good.decoder()
-  fresh, _ = decoder.prefill(good.params, ids, input_lengths, settings.cache_len)
-  _, fresh = decoder.step(good.params, fresh, state.sequences[:, :int(positions.max())])
+  fresh = decoder.prefill(good.params, ids, input_lengths, settings.cache_len).cache
+  fresh = decoder.step(good.params, fresh, state.sequences[:, :int(positions.max())]).cache
   _same_cache(decoder, good.params, state.draft_state, fresh.rollback(state.draft_state.positions), state.sequences)
 
 

@@ -59,9 +59,8 @@ def _padded(rows: list[list[int]]) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def _teacher_forced_fn(decoder, layers, params, inputs, decoded):
-  cache, _, _, encoded = decoder.prefill_encoder_features(params, inputs, jnp.sum(inputs != 0, axis=1),
-                                                          decoded.shape[1], layers)
-  return encoded, decoder.step_features(params, cache, decoded, layers)[1]
+  out = decoder.prefill(params, inputs, jnp.sum(inputs != 0, axis=1), decoded.shape[1], layers=layers, encoder=True)
+  return out.encoder, decoder.step(params, out.cache, decoded, layers=layers).features
 
 
 def _teacher_forced(target: jaxspec.Model, inputs: list[list[int]], decoded: list[list[int]],

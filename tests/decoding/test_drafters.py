@@ -30,7 +30,7 @@ def _propose(drafter, params, state, history, limit=None, settings=GREEDY):
 
 
 def test_every_drafter_implements_the_protocol():
-  for drafter in (PlainDrafter(), ngram.NGramDraft(), ModelDrafter(MarkovDecoder())):
+  for drafter in (PlainDrafter(), ngram.NGramDrafter(), ModelDrafter(MarkovDecoder())):
     assert isinstance(drafter, Drafter) and hash(drafter) == hash(drafter)  # hashable: a static argument
 
 
@@ -43,7 +43,7 @@ def test_plain_drafter_proposes_nothing():
 
 
 def test_ngram_proposes_the_continuation_within_its_limit_and_settles_on_what_was_emitted():
-  draft = ngram.NGramDraft(max_ngram=2)
+  draft = ngram.NGramDraft(max_ngram=2).drafter()  # the setting makes the drafter
   ids = jnp.asarray([[5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 9, 9]], jnp.int32)  # row 0 repeats "5 6": then 7 8 5
   state = draft.init(None, ids, jnp.asarray([6, 6], jnp.int32), CACHE_LEN)
   history = _history(np.zeros((2, 8)), [1, 1])

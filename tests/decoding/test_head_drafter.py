@@ -145,8 +145,9 @@ def test_head_cache_equals_a_fresh_prefill(schedule):
     full = list(prompt) + seqs[b, 1:lens[b]].tolist()  # the loop's token 0 is the prompt's last token
     n = len(full)
     ids, length = jnp.asarray([full], jnp.int32), jnp.asarray([n], jnp.int32)
-    _, _, features = decoder.prefill_features(target.params, ids, length, 4, settings.drafter.feature_layers)
-    fresh, prenorm = h.prefill_hidden(params["head"], params["embed"], features, ids, length, 4)
+    features = decoder.prefill(target.params, ids, length, 4, layers=settings.drafter.feature_layers).features
+    out = h.prefill(params, eagle3.HeadInput(ids, h.fuse(params["head"], features)), length, 4)
+    fresh, prenorm = out.cache, out.features
     assert int(cache.lengths[b]) == int(fresh.lengths[0]) == n - 1
     np.testing.assert_allclose(np.asarray(cache.k[b, :n - 1]), np.asarray(fresh.k[0, :n - 1]), atol=2e-4, rtol=0)
     np.testing.assert_allclose(np.asarray(cache.v[b, :n - 1]), np.asarray(fresh.v[0, :n - 1]), atol=2e-4, rtol=0)

@@ -153,7 +153,7 @@ def _lookup_inputs(kind: str, rows=ROWS, width=6):
 def test_lossless_with_ngram_draft(schedule, gamma, inputs):
   """Prompt lookup: q is one-hot on each proposal (accepted with probability p(x), residual p without x)."""
   target = _markov_params(0, scale=1.0)
-  samples, state = _run(target, None, gamma, drafter=ngram.NGramDraft(max_ngram=2),
+  samples, state = _run(target, None, gamma, drafter=ngram.NGramDrafter(max_ngram=2),
                         input_ids=_lookup_inputs(inputs), schedule=schedule,
                         spec=ADAPTIVE_KNOBS if schedule != "constant" else None)
   _assert_matches(samples, _markov_exact(target))
@@ -170,7 +170,7 @@ def test_a_broken_rule_is_caught(monkeypatch, drafter):
     target, draft = _markov_params(0, scale=1.0), None
     # Fixed inputs: with proposals spread evenly over the vocabulary (random inputs), drawing from p after
     # rejecting a one-hot proposal happens to leave the marginal unbiased.
-    kw = dict(drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"))
+    kw = dict(drafter=ngram.NGramDrafter(max_ngram=2), input_ids=_lookup_inputs("fixed"))
   exact = _markov_exact(target)
   jax.clear_caches()
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
@@ -333,7 +333,7 @@ def test_a_broken_tree_rule_is_caught(monkeypatch, drafter):
     samples, _ = _run(target, _markov_params(1), gamma=2, tree=Tree(top_k=2, nodes=4))
   else:
     target = _markov_params(0, scale=1.0)
-    samples, _ = _run(target, None, 2, drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs("fixed"),
+    samples, _ = _run(target, None, 2, drafter=ngram.NGramDrafter(max_ngram=2), input_ids=_lookup_inputs("fixed"),
                       tree=Tree(top_k=3, nodes=6))  # fixed inputs: see test_a_broken_rule_is_caught
   stat, dof = chi_square(samples, _markov_exact(target))
   assert stat > chi_square_limit(dof), (stat, dof)
@@ -343,7 +343,7 @@ def test_a_broken_tree_rule_is_caught(monkeypatch, drafter):
 def test_lossless_with_lookup_trees(inputs):
   """Prompt-lookup trees: several earlier matches become branches (deterministic candidates)."""
   target = _markov_params(0, scale=1.0)
-  samples, state = _run(target, None, 2, drafter=ngram.NGramDraft(max_ngram=2), input_ids=_lookup_inputs(inputs),
+  samples, state = _run(target, None, 2, drafter=ngram.NGramDrafter(max_ngram=2), input_ids=_lookup_inputs(inputs),
                         tree=Tree(top_k=3, nodes=6))
   _assert_matches(samples, _markov_exact(target))
   assert 0 < int(state.stats.accepted.sum())

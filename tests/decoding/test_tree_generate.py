@@ -119,7 +119,7 @@ def test_the_cache_after_tree_iterations_is_a_fresh_prefill(tmp_path_factory):
   for row, prompt in enumerate(prompts):
     n = int(state.lengths[row])
     full = prompt + np.asarray(state.sequences[row, 1:n]).tolist()  # prompt, then every output token
-    fresh, _ = target.decoder().prefill(target.params, jnp.asarray([full]), jnp.asarray([len(full)]), 4)
+    fresh = target.decoder().prefill(target.params, jnp.asarray([full]), jnp.asarray([len(full)]), 4).cache
     fed = len(full) - 1  # the newest token is fed by the next iteration
     assert int(cache.lengths[row]) == fed
     for got, want in zip(cache.k + cache.v, fresh.k + fresh.v):

@@ -108,10 +108,12 @@ def test_incremental_decoding_matches_full_pass(dirs, variant):
 
   gamma = 3
   decoder = do.CausalDecoder(cfg)
-  cache, first = jax.jit(decoder.prefill, static_argnums=3)(params, jnp.asarray(padded(prompts, 16)),
-                                                            jnp.asarray(lens, jnp.int32), n_new + gamma + 2)
+  out = jax.jit(decoder.prefill, static_argnums=3)(params, jnp.asarray(padded(prompts, 16)),
+                                                   jnp.asarray(lens, jnp.int32), n_new + gamma + 2)
+  cache, first = out.cache, out.first
   assert first.tolist() == [p[-1] for p in prompts] and cache.positions.tolist() == [0, 0, 0]
-  step = jax.jit(decoder.step)
+  jitted = jax.jit(decoder.step)
+  step = lambda p, c, t: (lambda r: (r.logits, r.cache))(jitted(p, c, t))  # (logits, cache)
   got = [[] for _ in range(3)]
   for t in range(3):  # 1-token steps
     logits, cache = step(params, cache, jnp.asarray([[toks[b][t]] for b in range(3)]))

@@ -76,6 +76,14 @@ def heads(tmp_path_factory):
   return {name: (str(root / name), write_reference_head(str(root / name), name)) for name in HEADS}
 
 
+def _head_step(head):
+  """(params, embed, cache, hidden, tokens) -> (logits, prenorm, cache): the head's `Decoder.step`, jitted."""
+  def call(p, e, c, h, t):
+    res = head.step({"head": p, "embed": e}, c, eagle3.HeadInput(t, h))
+    return res.logits, res.features, res.cache
+  return jax.jit(call)
+
+
 @pytest.mark.parametrize("name", sorted(HEADS))
 def test_logits_match_specforge(heads, name):
   """First step over 6 entries (feature t, token t + 1) and a second step fed with the head's own pre-norm output
@@ -102,7 +110,7 @@ def test_logits_match_specforge(heads, name):
 
   head = eagle3.Eagle3Head(cfg)
   embed = eagle3.embedding_table(params, None)
-  step = jax.jit(head.step)
+  step = _head_step(head)
   cache = eagle3.init_cache(cfg, batch, width + 2, jnp.float32)
   g_ours = head.fuse(params, jnp.asarray(features))
   np.testing.assert_allclose(np.asarray(g_ours), g.numpy(), atol=1e-5 * np.abs(g.numpy()).max(), rtol=0)
@@ -240,10 +248,10 @@ def test_cache_rollback_equals_fresh_prefill():
   features = rng.randn(2, 12, 3 * HIDDEN).astype(np.float32)
   ids = rng.randint(0, VOCAB, size=(2, 12))
   g = np.asarray(head.fuse(params, jnp.asarray(features)))
-  step = jax.jit(head.step)
+  step = _head_step(head)
 
-  cache = jax.jit(head.prefill, static_argnums=5)(params, embed, jnp.asarray(features[:, :6]),
-                                                  jnp.asarray(ids[:, :6]), jnp.asarray(lens), 6)
+  cache = jax.jit(lambda p, e, f, i, n: eagle3.prefill(p, cfg, e, f, i, n, 6))(
+      params, embed, jnp.asarray(features[:, :6]), jnp.asarray(ids[:, :6]), jnp.asarray(lens))
   assert cache.positions.tolist() == [0, 0] and cache.lengths.tolist() == (lens - 1).tolist()
   junk = rng.randn(2, 3, HIDDEN).astype(np.float32)
   _, _, cache = step(params, embed, cache, jnp.asarray(junk), jnp.asarray(rng.randint(0, VOCAB, size=(2, 3))))
@@ -253,8 +261,8 @@ def test_cache_rollback_equals_fresh_prefill():
   last = (jnp.asarray(_rows(g, lens + 2, 1)), jnp.asarray(_rows(ids, lens + 3, 1)))
   got, _, cache = step(params, embed, cache, *last)
 
-  fresh = head.prefill(params, embed, jnp.asarray(features[:, :9]), jnp.asarray(ids[:, :9]), jnp.asarray(lens + 3),
-                       6)
+  fresh = eagle3.prefill(params, cfg, embed, jnp.asarray(features[:, :9]), jnp.asarray(ids[:, :9]),
+                         jnp.asarray(lens + 3), 6)
   want, _, fresh = step(params, embed, fresh, *last)
   assert cache.lengths.tolist() == fresh.lengths.tolist() == (lens + 3).tolist()
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5 * np.abs(np.asarray(want)[
@@ -264,8 +272,8 @@ def test_cache_rollback_equals_fresh_prefill():
 
 
 def test_target_features_feed_the_head(own_heads):
-  """The pieces a drafter chains: check_fits gives the layers, the target's prefill_features fill the head's cache,
-  the target's step_features of the loop's first tokens feed the head's first draft step, whose pre-norm output
+  """The pieces a drafter chains: check_fits gives the layers, the target's prefill(layers=...) fills the head's cache,
+  the target's step(layers=...) of the loop's first tokens feed the head's first draft step, whose pre-norm output
   feeds the next."""
   from jaxspec.models import decoder_only as do
   cfg, params = eagle3.load(own_heads["plain"])
@@ -276,14 +284,18 @@ def test_target_features_feed_the_head(own_heads):
   embed = eagle3.embedding_table(params, target_params["embedding"])
   ids = jnp.asarray(np.random.RandomState(4).randint(0, VOCAB, size=(2, 5)))
   lens = jnp.asarray([3, 5])
-  t_cache, first, feats = target.prefill_features(target_params, ids, lens, 4, layers)
-  h_cache = head.prefill(params, embed, feats, ids, lens, 4)
-  logits, feats, t_cache = target.step_features(target_params, t_cache, first[:, None], layers)
+  out = target.prefill(target_params, ids, lens, 4, layers=layers)
+  t_cache, first, feats = out.cache, out.first, out.features
+  h_cache = head.prefill({"head": params, "embed": embed}, eagle3.HeadInput(ids, head.fuse(params, feats)), lens,
+                         4).cache
+  res = target.step(target_params, t_cache, first[:, None], layers=layers)
+  logits, feats, t_cache = res.logits, res.features, res.cache
   emitted = jnp.argmax(logits[:, -1], axis=-1)
-  q, prenorm, h_cache = head.step(params, embed, h_cache, head.fuse(params, feats), emitted[:, None])
+  step = _head_step(head)
+  q, prenorm, h_cache = step(params, embed, h_cache, head.fuse(params, feats), emitted[:, None])
   drafted = jnp.argmax(q[:, -1], axis=-1)
   assert bool(jnp.all(params["t2d"][drafted]))
-  q2, _, h_cache = head.step(params, embed, h_cache, prenorm, drafted[:, None])
+  q2, _, h_cache = step(params, embed, h_cache, prenorm, drafted[:, None])
   assert q2.shape == (2, 1, VOCAB) and h_cache.positions.tolist() == [2, 2]
   # The target has fed the loop's first token (position len - 1); the head one entry more (its draft).
   assert t_cache.lengths.tolist() == [3, 5] and h_cache.lengths.tolist() == [4, 6]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxspec.models import eagle3
+from jaxspec.models.contract import TreeNodes
 
 from test_tree_step import path_to, tree_arrays
 
@@ -19,6 +20,16 @@ CFG = eagle3.Eagle3Config(vocab_size=V, draft_vocab_size=12, hidden_size=H, targ
 PARENTS = np.array([[-1, 0, 0, 1, 1, 3], [-1, 0, 0, 2, 3, 4]], np.int32)
 
 
+def _step(head, params, embed, cache, hidden, tokens, tree=None):
+  """(logits, prenorm, cache) of the head's `Decoder.step` (a chain, or tree nodes with `tree`)."""
+  res = head.step({"head": params, "embed": embed}, cache, eagle3.HeadInput(tokens, hidden), tree=tree)
+  return res.logits, res.features, res.cache
+
+
+def _step_tree(head, params, embed, cache, hidden, tokens, depths, ancestors):
+  return _step(head, params, embed, cache, hidden, tokens, tree=TreeNodes(depths, ancestors))
+
+
 def _setup():
   """(head, params, embed, a cache with ragged prompt prefills of 5 and 8 entries, hidden [B, N, H])."""
   head = eagle3.Eagle3Head(CFG)
@@ -27,7 +38,7 @@ def _setup():
   embed = jnp.asarray(rng.randn(V, H), jnp.float32)
   features = jnp.asarray(rng.randn(2, 9, F), jnp.float32)
   ids = jnp.asarray(rng.randint(0, V, size=(2, 9)), jnp.int32)
-  cache = head.prefill(params, embed, features, ids, jnp.asarray([6, 9], jnp.int32), 16)
+  cache = eagle3.prefill(params, CFG, embed, features, ids, jnp.asarray([6, 9], jnp.int32), 16)
   hidden = jnp.asarray(rng.randn(2, PARENTS.shape[1], H), jnp.float32)
   return head, params, embed, cache, hidden
 
@@ -37,8 +48,8 @@ def test_a_chain_tree_is_step():
   tokens = jnp.asarray(np.random.RandomState(1).randint(0, V, size=(2, 4)), jnp.int32)
   depths = jnp.broadcast_to(jnp.arange(4, dtype=jnp.int32), (2, 4))
   ancestors = jnp.broadcast_to(jnp.tril(jnp.ones((4, 4), bool)), (2, 4, 4))
-  want = head.step(params, embed, cache, hidden[:, :4], tokens)
-  got = head.step_tree(params, embed, cache, hidden[:, :4], tokens, depths, ancestors)
+  want = _step(head, params, embed, cache, hidden[:, :4], tokens)
+  got = _step_tree(head, params, embed, cache, hidden[:, :4], tokens, depths, ancestors)
   for g, w in zip(got[:2], want[:2]):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
   np.testing.assert_array_equal(got[2].lengths, want[2].lengths)
@@ -56,7 +67,7 @@ def test_each_node_sees_its_path_when_fed_depth_by_depth():
   #                        child of node 3 in the same call)
   logits, prenorm, c = [], [], cache
   for a, b in zip(cuts[:-1], cuts[1:]):
-    lg, pn, c = head.step_tree(params, embed, c, hidden[:, a:b], tokens[:, a:b], jnp.asarray(depths[:, :b]),
+    lg, pn, c = _step_tree(head, params, embed, c, hidden[:, a:b], tokens[:, a:b], jnp.asarray(depths[:, :b]),
                                jnp.asarray(ancestors[:, a:b, :b]))
     logits.append(lg)
     prenorm.append(pn)
@@ -67,10 +78,10 @@ def test_each_node_sees_its_path_when_fed_depth_by_depth():
     for r in range(2):
       path = path_to(PARENTS[r], node)
       row = jax.tree.map(lambda x: x[r:r + 1], cache)
-      want_logits, want_prenorm, _ = head.step(params, embed, row, hidden[r:r + 1, path], tokens[r:r + 1, path])
+      want_logits, want_prenorm, _ = _step(head, params, embed, row, hidden[r:r + 1, path], tokens[r:r + 1, path])
       np.testing.assert_allclose(prenorm[r, node], want_prenorm[0, -1], rtol=1e-4, atol=1e-4,
                                  err_msg=f"node {node} row {r}")
       np.testing.assert_allclose(logits[r, node], want_logits[0, -1], rtol=1e-4, atol=1e-4)
-  alone = head.step_tree(params, embed, cache, hidden[:, 3:5], tokens[:, 3:5], jnp.asarray(depths[:, 3:5]),
+  alone = _step_tree(head, params, embed, cache, hidden[:, 3:5], tokens[:, 3:5], jnp.asarray(depths[:, 3:5]),
                          jnp.asarray(ancestors[:, 3:5, 3:5]))[1]
   assert not np.allclose(alone, prenorm[:, 3:5], rtol=1e-3, atol=1e-3)

@@ -1,5 +1,5 @@
 """Target features for feature-head drafting (EAGLE-3): the hidden states entering chosen decoder layers, from
-`prefill_features` and `step_features` of every family, against transformers' `output_hidden_states=True`; and
+`prefill(..., layers=...)` and `step(..., layers=...)` of every family, against transformers' `output_hidden_states=True`; and
 the plain `prefill` / `step` unchanged by them (their jaxprs' operation counts, recorded before features existed).
 
 Feature index i is transformers' hidden_states[i] (the input of layer i) for i < L; index L is the final pre-norm
@@ -48,7 +48,7 @@ def _concat(states, layers):
 
 @pytest.mark.parametrize("variant", ["llama2", "qwen3", "gemma2"])
 def test_decoder_only_features_match_transformers(tmp_path, variant):
-  """Prompt features from prefill_features, then a block of 3 tokens at per-row offsets from step_features."""
+  """Prompt features from prefill(layers=...), then a block of 3 tokens at per-row offsets from step(layers=...)."""
   directory = write_hf_decoder(str(tmp_path / variant), variant, with_tokenizer=False)
   model = jaxspec.load(directory, dtype=jnp.float32)
   cfg, params = model.config, model.params
@@ -65,18 +65,20 @@ def test_decoder_only_features_match_transformers(tmp_path, variant):
   scale = np.abs(want).max()
 
   decoder = do.CausalDecoder(cfg)
-  assert isinstance(decoder, contract.FeatureDecoder)
-  cache, first, feats = jax.jit(decoder.prefill_features, static_argnums=(3, 4))(
-      params, jnp.asarray(padded(prompts)), jnp.asarray(lens, jnp.int32), 4, layers)
+  assert isinstance(decoder, contract.Decoder)
+  out = jax.jit(decoder.prefill, static_argnums=3, static_argnames="layers")(
+      params, jnp.asarray(padded(prompts)), jnp.asarray(lens, jnp.int32), 4, layers=layers)
+  cache, feats = out.cache, out.features
   assert feats.shape == (3, padded(prompts).shape[1], len(layers) * cfg.hidden_size)
   for b, n in enumerate(lens):
     np.testing.assert_allclose(np.asarray(feats[b, :n]), want[b, :n], atol=1e-5 * scale, rtol=0)
 
   # The loop's first block: each prompt's last token (at position len - 1) and the two continuation tokens.
   block = np.stack([np.asarray(rows[b][n - 1:n + 2]) for b, n in enumerate(lens)])
-  logits, feats, cache = jax.jit(decoder.step_features, static_argnums=3)(params, cache, jnp.asarray(block), layers)
-  plain, _ = decoder.step(params, decoder.prefill(params, jnp.asarray(padded(prompts)), jnp.asarray(lens), 4)[0],
-                          jnp.asarray(block))  # the same logits as the plain step (up to jit's float reordering)
+  res = jax.jit(decoder.step, static_argnames="layers")(params, cache, jnp.asarray(block), layers=layers)
+  logits, feats, cache = res.logits, res.features, res.cache
+  plain = decoder.step(params, decoder.prefill(params, jnp.asarray(padded(prompts)), jnp.asarray(lens), 4).cache,
+                       jnp.asarray(block)).logits  # the same logits as the plain step (up to jit's float reordering)
   np.testing.assert_allclose(np.asarray(logits), np.asarray(plain), atol=1e-5 * np.abs(plain).max(), rtol=0)
   assert cache.positions.tolist() == [3, 3, 3]
   for b, n in enumerate(lens):
@@ -84,8 +86,8 @@ def test_decoder_only_features_match_transformers(tmp_path, variant):
 
 
 def test_t5_decoder_features_match_transformers(tmp_path):
-  """T5's decoder features from step_features at per-row offsets (a block fed, rolled back to [1, 2, 0], then
-  another); prefill_features has none (the decoder starts empty)."""
+  """T5's decoder features from step(layers=...) at per-row offsets (a block fed, rolled back to [1, 2, 0], then
+  another); prefill(layers=...) has none (the decoder starts empty)."""
   directory = write_hf_t5(str(tmp_path / "t5"), "t5_v1_1")
   model = jaxspec.load(directory, dtype=jnp.float32)
   cfg, params = model.config, model.params
@@ -101,10 +103,12 @@ def test_t5_decoder_features_match_transformers(tmp_path):
   scale = np.abs(want).max()
 
   decoder = t5.T5Decoder(cfg)
-  assert isinstance(decoder, contract.FeatureDecoder)
-  cache, _, none = decoder.prefill_features(params, jnp.asarray(ids), jnp.asarray([9, 5, 9]), 8, layers)
+  assert isinstance(decoder, contract.Decoder)
+  out = decoder.prefill(params, jnp.asarray(ids), jnp.asarray([9, 5, 9]), 8, layers=layers)
+  cache, none = out.cache, out.features
   assert none.shape == (3, 0, len(layers) * cfg.d_model)
-  step = jax.jit(decoder.step_features, static_argnums=3)
+  jitted = jax.jit(decoder.step, static_argnames="layers")
+  step = lambda p, c, t, l: (lambda r: (r.logits, r.features, r.cache))(jitted(p, c, t, layers=l))
   _, feats, cache = step(params, cache, jnp.asarray(dec[:, :3]), layers)
   np.testing.assert_allclose(np.asarray(feats), want[:, :3], atol=1e-5 * scale, rtol=0)
   kept = np.array([1, 2, 0])
@@ -120,9 +124,10 @@ def test_feature_layers_are_checked():
                     head_dim=4)
   params = do.init_params(cfg, jax.random.PRNGKey(0))
   cache = do.init_cache(cfg, 1, 4, jnp.float32)
-  for bad in ((), (3,), (-1,)):
+  for bad in ((3,), (-1,), (0, 3)):
     with pytest.raises(ValueError, match="feature layers"):
-      do.decode_features(params, cfg, cache, jnp.ones((1, 1), jnp.int32), bad)
+      do.CausalDecoder(cfg).step(params, cache, jnp.ones((1, 1), jnp.int32), layers=bad)
+  assert do.CausalDecoder(cfg).step(params, cache, jnp.ones((1, 1), jnp.int32)).features is None  # () : none
 
 
 def _op_counts(fn, *args) -> collections.Counter:
@@ -169,10 +174,10 @@ def _plain_calls():
   for name, decoder, params in (("llama", do.CausalDecoder(llama), do.init_params(llama, jax.random.PRNGKey(0))),
                                 ("gemma2", do.CausalDecoder(gemma), do.init_params(gemma, jax.random.PRNGKey(0))),
                                 ("t5", t5.T5Decoder(t5cfg), t5.init_params(t5cfg, jax.random.PRNGKey(0)))):
-    cache, _ = decoder.prefill(params, ids, lens, 6)
+    cache = decoder.prefill(params, ids, lens, 6).cache
     calls[f"{name} step"] = (decoder.step, params, cache, block)
     calls[f"{name} prefill"] = (lambda p, i, n, d=decoder: d.prefill(p, i, n, 6), params, ids, lens)
-    calls[f"{name} step_features"] = (lambda p, c, t, d=decoder: d.step_features(p, c, t, (0, 2)), params, cache,
+    calls[f"{name} step_features"] = (lambda p, c, t, d=decoder: d.step(p, c, t, layers=(0, 2)), params, cache,
                                       block)
   return calls
 

@@ -1,4 +1,4 @@
-"""Token trees in the Decoder contract (docs/trees.md): `step_tree` and `cache.compact` for every family.
+"""Token trees in the Decoder contract (docs/trees.md): `step(..., tree=...)` and `cache.compact` for every family.
 
 Each family's tiny random model is checked against its own plain `step`:
 (a) a chain tree (depths 0..N-1, lower-triangular ancestors) gives step's logits and cache;
@@ -88,21 +88,30 @@ def setup(family: str):
   inputs = np.zeros((2, max(PROMPT_LENGTHS)), np.int32)
   for r, n in enumerate(PROMPT_LENGTHS):
     inputs[r, :n] = rng.randint(3, vocab, size=n)
-  cache, first = decoder.prefill(params, jnp.asarray(inputs), jnp.asarray(PROMPT_LENGTHS, jnp.int32), CACHE_LEN)
+  out = decoder.prefill(params, jnp.asarray(inputs), jnp.asarray(PROMPT_LENGTHS, jnp.int32), CACHE_LEN)
+  cache, first = out.cache, out.first
   history = jnp.concatenate([first[:, None], jnp.asarray(rng.randint(3, vocab, size=(2, HISTORY - 1)))], axis=1)
   _, cache = step(decoder)(params, cache, history.astype(jnp.int32))
   cache = cache.rollback(jnp.asarray(KEEP, jnp.int32))
   return decoder, params, cache, vocab
 
 
+def _pair(res):
+  return res.logits, res.cache
+
+
 @functools.lru_cache(maxsize=None)
 def step(decoder):
-  return jax.jit(decoder.step)
+  """(params, cache, tokens) -> (logits, cache): a chain's `Decoder.step`, jitted."""
+  jitted = jax.jit(decoder.step)
+  return lambda params, cache, tokens: _pair(jitted(params, cache, tokens))
 
 
 @functools.lru_cache(maxsize=None)
 def step_tree(decoder):
-  return jax.jit(decoder.step_tree)
+  """(params, cache, tokens, depths, ancestors) -> (logits, cache): `Decoder.step` over tree nodes, jitted."""
+  jitted = jax.jit(lambda p, c, t, d, a: decoder.step(p, c, t, tree=contract.TreeNodes(d, a)))
+  return lambda *args: _pair(jitted(*args))
 
 
 compact = jax.jit(lambda cache, base, path, path_len: cache.compact(base, path, path_len))
@@ -253,7 +262,7 @@ def test_greedy_tree_rounds_are_greedy_decoding(family):
 def test_every_family_is_a_tree_decoder():
   for family in ("llama2", "t5_v1_0"):
     decoder, _, cache, _ = setup(family)
-    assert isinstance(decoder, contract.TreeDecoder) and isinstance(cache, contract.DecoderCache)
+    assert isinstance(decoder, contract.Decoder) and isinstance(cache, contract.DecoderCache)
     assert set(type(cache).position_fields) <= {f for f in type(cache).__dataclass_fields__}
 
 
@@ -284,21 +293,23 @@ FEATURE_LAYERS = (0, 1, 2)  # the embedding, the input of layer 1, the input of 
 
 @pytest.mark.parametrize("family", ["llama2", "mistral", "qwen3", "gemma2", "t5_v1_1"])
 def test_tree_features_are_each_nodes_path_features(family):
-  """`step_tree_features` (a feature head's verify call): the logits and cache of `step_tree`, and node n's
-  features those of `step_features` fed n's root-to-node path, at n's depth (rows of different trees and
+  """`step(tree=..., layers=...)` (a feature head's verify call): the logits and cache of a tree step, and node
+  n's features those of `step(layers=...)` fed n's root-to-node path, at n's depth (rows of different trees and
   prefixes)."""
   decoder, params, cache, vocab = setup(family)
   layers = FEATURE_LAYERS
-  assert isinstance(decoder, contract.TreeFeatureDecoder)
+  assert isinstance(decoder, contract.Decoder)
   depths, ancestors = tree_arrays(PARENTS)
   tokens = jnp.asarray(np.random.RandomState(6).randint(3, vocab, size=PARENTS.shape), jnp.int32)
   tree_args = (jnp.asarray(depths), jnp.asarray(ancestors))
-  logits, features, got_cache = jax.jit(decoder.step_tree_features, static_argnums=5)(params, cache, tokens,
-                                                                                      *tree_args, layers)
+  res = jax.jit(lambda p, c, t, d, a: decoder.step(p, c, t, tree=contract.TreeNodes(d, a), layers=layers))(
+      params, cache, tokens, *tree_args)
+  logits, features, got_cache = res.logits, res.features, res.cache
   want_logits, want_cache = step_tree(decoder)(params, cache, tokens, *tree_args)
   np.testing.assert_allclose(logits, want_logits, rtol=1e-5, atol=1e-5)
   assert_same_cache(got_cache, want_cache, np.asarray(want_cache.lengths))
-  step_features = jax.jit(decoder.step_features, static_argnums=3)
+  jitted = jax.jit(decoder.step, static_argnames="layers")
+  step_features = lambda p, c, t, l: (lambda r: (r.logits, r.features, r.cache))(jitted(p, c, t, layers=l))
   width = int(depths.max()) + 1
   tokens = np.asarray(tokens)
   for node in range(PARENTS.shape[1]):

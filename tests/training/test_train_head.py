@@ -124,13 +124,15 @@ def test_the_unroll_is_the_drafter_chain():
   @jax.jit
   def both():  # one program: the unroll, and for each t the prefill and the chain
     logits, out = head_steps.unroll(params, cfg, embed, features, tokens, steps)
-    full, prenorm = head.prefill_hidden(params, embed, features, tokens, jnp.full((batch,), width, jnp.int32), 4)
+    out = head.prefill({"head": params, "embed": embed}, eagle3.HeadInput(tokens, head.fuse(params, features)),
+                       jnp.full((batch,), width, jnp.int32), 4)
+    full, prenorm = out.cache, out.features
     chains = []
     for t in ts:
       cache = full.replace(lengths=jnp.full((batch,), t + 1, jnp.int32))  # entries 0..t
       hidden, chain = prenorm[:, t], [prenorm[:, t]]
       for i in range(1, steps):
-        pre, cache = head.feed(params, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
+        pre, cache = eagle3.feed(params, cfg, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
         hidden = pre[:, 0]
         chain.append(hidden)
       chain = jnp.stack(chain)  # [S, B, H]

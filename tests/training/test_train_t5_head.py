@@ -131,7 +131,7 @@ def test_the_unroll_with_cross_attention_is_the_drafter_chain():
       cache = full.replace(lengths=jnp.full((batch,), t + 1, jnp.int32))
       hidden, chain = prenorm[:, t], [prenorm[:, t]]
       for i in range(1, steps):
-        pre, cache = head.feed(params, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
+        pre, cache = eagle3.feed(params, cfg, embed, cache, hidden[:, None], tokens[:, t + 1 + i][:, None])
         hidden = pre[:, 0]
         chain.append(hidden)
       chains.append(jnp.stack(chain))

@@ -51,7 +51,7 @@ def cache_copies(schedule: str | None, gamma: int = 2) -> int:
   hlo = jaxspec.lower(target, texts[:1], spec, max_new_tokens=64).loop_hlo()
   cache_len = 64 + (0 if spec is None else gamma) + 1
   leaf = next(x for x in jax.tree.leaves(jax.eval_shape(lambda: target.decoder().prefill(
-      target.params, np.zeros((1, 16), np.int32), np.ones((1,), np.int32), cache_len)[0]))
+      target.params, np.zeros((1, 16), np.int32), np.ones((1,), np.int32), cache_len).cache))
               if x.ndim == 4 and x.shape[2] == cache_len)
   shape = "f32[" + ",".join(map(str, leaf.shape)) + "]"
   return len(re.findall(re.escape(shape) + r"\{[0-9,]+\} copy\(", hlo))

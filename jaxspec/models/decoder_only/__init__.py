@@ -6,10 +6,8 @@ registers itself. docs/families.md says what each family adds and how to add one
 """
 
 from jaxspec.models.decoder_only.config import FULL, SLIDING, DecoderOnlyConfig, Rope
-from jaxspec.models.decoder_only.model import (CausalDecoder, DecoderOnlyCache, cache_axes, decode, decode_features,
-                                               decode_tree, forward, init_cache, init_params, param_axes,
-                                               param_shapes, prefill, prefill_features)
+from jaxspec.models.decoder_only.model import (CausalDecoder, DecoderOnlyCache, cache_axes, decode, forward,
+                                               init_cache, init_params, param_axes, param_shapes, prefill)
 
 __all__ = ["FULL", "SLIDING", "CausalDecoder", "DecoderOnlyCache", "DecoderOnlyConfig", "Rope", "cache_axes",
-           "decode", "decode_features", "decode_tree", "forward", "init_cache", "init_params", "param_axes",
-           "param_shapes", "prefill", "prefill_features"]
+           "decode", "forward", "init_cache", "init_params", "param_axes", "param_shapes", "prefill"]

@@ -27,8 +27,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import (CachePositions, check_feature_layers, shapes_from_axes, tree_attention,
-                                     write_rows)
+from jaxspec.models.contract import (CachePositions, Prefilled, StepResult, TreeNodes, check_feature_layers,
+                                     shapes_from_axes, tree_attention, write_rows)
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig
 
@@ -149,7 +149,7 @@ def _run(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: 
   Returns (logits [B, T, V] or None, features [B, T, len(feature_layers) * D] or None, cache). Features are the
   hidden states entering the decoder layers `feature_layers` (a static tuple; () collects nothing and adds no
   operation to the computation). `tree` (depths [B, T], ancestors [B, T, T]) feeds the tokens as tree nodes
-  (`decode_tree`); None is the plain causal step, whose computation it leaves untouched.
+  (`CausalDecoder.step`'s `tree`); None is the plain causal step, whose computation it leaves untouched.
   """
   starts = cache.lengths
   if tree is None:
@@ -211,27 +211,6 @@ def decode(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache,
   return logits, cache
 
 
-def decode_tree(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
-                depths: jax.Array, ancestors: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
-  """Feeds a token tree of N nodes per row in one call (`jaxspec.models.contract.TreeDecoder.step_tree`).
-
-  Node n is at position cache.lengths + depths[:, n] (its RoPE angle, its sliding window) and its keys and
-  values are written at slot cache.lengths + n; it attends to the cached prefix and to its ancestors
-  (`contract.tree_attention`). lengths advances by N; `cache.compact(base, path, path_len)` keeps one path.
-  The caller leaves room: lengths + N <= cache.max_length.
-
-  Args:
-    tokens: [B, N] int token ids; depths: [B, N] int32; ancestors: [B, N, N] bool (a node is its own ancestor).
-      With P nodes of the same tree fed by earlier calls: depths [B, P + N], ancestors [B, N, P + N]
-      (`contract.TreeDecoder.step_tree`).
-  Returns:
-    logits [B, N, V] float32 and the cache.
-  """
-  logits, _, cache = _run(params, cfg, cache, tokens, cache.max_length, with_logits=True,
-                          tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
-  return logits, cache
-
-
 def prefill(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array,
             cache_len: int) -> tuple[DecoderOnlyCache, jax.Array]:
   """Writes right-padded prompts [B, S] in one call; returns (cache, each prompt's last token [B]).
@@ -254,53 +233,6 @@ def _prefill(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_l
   return cache.replace(lengths=last, offsets=last), first, features
 
 
-def decode_features(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
-                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
-  """`decode` that also returns the hidden states entering the decoder layers `layers` (static).
-
-  Layer i's feature is the residual stream before layer i's norm: index 0 is the (scaled) token embedding, index
-  num_layers the final pre-norm output. transformers' `output_hidden_states=True` gives the same tensors as
-  hidden_states[i] for i < num_layers (its last entry, hidden_states[num_layers], is after the final norm).
-  EAGLE-3's aux layer id j (specforge, sglang: the OUTPUT of layer j) is index j + 1 here.
-
-  Args:
-    tokens: [B, T] int token ids, fed at the per-row positions cache.lengths.
-    layers: static tuple of indices in [0, num_layers].
-  Returns:
-    logits [B, T, V] float32, features [B, T, len(layers) * D] (concatenated in the order of `layers`, in the
-    parameter dtype) and the cache advanced by T.
-  """
-  layers = check_feature_layers(layers, cfg.num_layers)
-  return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True, feature_layers=layers)
-
-
-def decode_tree_features(params: dict, cfg: DecoderOnlyConfig, cache: DecoderOnlyCache, tokens: jax.Array,
-                         depths: jax.Array, ancestors: jax.Array, layers: tuple[int, ...]
-                         ) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
-  """`decode_tree` that also returns the features of the N nodes (`decode_features` for what layer i means):
-  node n's are those a plain step of n's path computes at its last position.
-
-  Returns:
-    logits [B, N, V] float32, features [B, N, len(layers) * D] and the cache advanced by N.
-  """
-  layers = check_feature_layers(layers, cfg.num_layers)
-  return _run(params, cfg, cache, tokens, cache.max_length, with_logits=True, feature_layers=layers,
-              tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
-
-
-def prefill_features(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array, input_lengths: jax.Array,
-                     cache_len: int, layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:
-  """`prefill` that also returns the prompt's features (see `decode_features` for what layer i means).
-
-  Returns:
-    (cache, first tokens [B], features [B, S, len(layers) * D]). Feature s is that of prompt position s, for
-    every s < input_lengths (the last real position included: the pass runs over all S tokens even though the
-    cache keeps len - 1 positions); positions past a row's length hold the padding's features.
-  """
-  layers = check_feature_layers(layers, cfg.num_layers)
-  return _prefill(params, cfg, input_ids, input_lengths, cache_len, layers)
-
-
 def forward(params: dict, cfg: DecoderOnlyConfig, input_ids: jax.Array) -> jax.Array:
   """Logits [B, S, V] of a full causal pass over input_ids [B, S] (right padding never affects real positions)."""
   cache = init_cache(cfg, input_ids.shape[0], input_ids.shape[1], params["embedding"].dtype)
@@ -313,39 +245,36 @@ class CausalDecoder:
   """`jaxspec.models.contract.Decoder` for decoder-only models, bound to a config (hashable: a static argument).
 
   `prefill` writes the prompts in one call; the loop's first token is each prompt's last token, at position
-  len - 1, so the first logits the loop sees predict the first new token. `step` feeds [B, T] tokens at the
-  per-row positions `cache.lengths`.
+  len - 1, so the first logits the loop sees predict the first new token. `step` feeds [B, T] tokens (or tree
+  nodes) at the per-row positions `cache.lengths`.
   """
 
   config: DecoderOnlyConfig
 
-  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array,
-              cache_len: int) -> tuple[DecoderOnlyCache, jax.Array]:
-    return prefill(params, self.config, input_ids, input_lengths, cache_len)
+  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int, *,
+              layers: tuple[int, ...] = (), encoder: bool = False) -> Prefilled:
+    """`contract.Decoder.prefill`: the prompts written in one call; with `layers`, the prompt's features
+    [B, S, len(layers) * D] too: feature s is that of prompt position s, for every s < input_lengths (the last
+    real position included: the pass runs over all S tokens even though the cache keeps len - 1 positions);
+    positions past a row's length hold the padding's features. Layer i's feature is the residual stream before
+    layer i's norm (index num_layers: the final pre-norm output; transformers' hidden_states[i] for i < L)."""
+    if encoder:
+      raise ValueError("a decoder-only model has no encoder output (prefill(..., encoder=True) is for "
+                       "encoder-decoder targets).")
+    layers = check_feature_layers(layers, self.config.num_layers) if layers else ()
+    cache, first, features = _prefill(params, self.config, input_ids, input_lengths, cache_len, layers)
+    return Prefilled(cache=cache, first=first, features=features)
 
-  def step(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
-    return decode(params, self.config, cache, tokens)
-
-  def step_tree(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array, depths: jax.Array,
-                ancestors: jax.Array) -> tuple[jax.Array, DecoderOnlyCache]:
-    """N tree nodes [B, N] in one call (see `decode_tree`)."""
-    return decode_tree(params, self.config, cache, tokens, depths, ancestors)
-
-  def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
-                       layers: tuple[int, ...]) -> tuple[DecoderOnlyCache, jax.Array, jax.Array]:
-    """`prefill` plus the prompt's features [B, S, len(layers) * D] (see `prefill_features`)."""
-    return prefill_features(params, self.config, input_ids, input_lengths, cache_len, layers)
-
-  def step_features(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array,
-                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
-    """`step` plus the features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
-    return decode_features(params, self.config, cache, tokens, layers)
-
-  def step_tree_features(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array, depths: jax.Array,
-                         ancestors: jax.Array, layers: tuple[int, ...]
-                         ) -> tuple[jax.Array, jax.Array, DecoderOnlyCache]:
-    """`step_tree` plus the features [B, N, len(layers) * D] of the nodes (see `decode_tree_features`)."""
-    return decode_tree_features(params, self.config, cache, tokens, depths, ancestors, layers)
+  def step(self, params: dict, cache: DecoderOnlyCache, tokens: jax.Array, *, tree: TreeNodes | None = None,
+           layers: tuple[int, ...] = ()) -> StepResult:
+    """`contract.Decoder.step`: tokens [B, T] at the per-row positions cache.lengths (see `decode`), or T nodes
+    of a token tree (`tree`: node n at position lengths - P + depths[:, P + n], RoPE and sliding window by that
+    position, written at slot lengths + n; `contract.tree_attention`), with the features entering `layers`."""
+    layers = check_feature_layers(layers, self.config.num_layers) if layers else ()
+    nodes = None if tree is None else (tree.depths.astype(jnp.int32), tree.ancestors.astype(bool))
+    logits, features, cache = _run(params, self.config, cache, tokens, cache.max_length, with_logits=True,
+                                   feature_layers=layers, tree=nodes)
+    return StepResult(logits=logits, features=features, cache=cache)
 
   @property
   def num_feature_layers(self) -> int:

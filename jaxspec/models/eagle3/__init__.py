@@ -8,13 +8,13 @@ and how a drafter calls these pieces.
 
 from jaxspec.models.eagle3.config import Eagle3Config
 from jaxspec.models.eagle3.cross import EncoderKV, encoder_kv
-from jaxspec.models.eagle3.model import (Eagle3Cache, Eagle3Head, attention_inputs, draft_logits, embedding_table,
+from jaxspec.models.eagle3.model import (Eagle3Cache, Eagle3Head, HeadInput, attention_inputs, draft_logits, embedding_table,
                                          feed, fuse, init_cache, init_params, layer_output, logits, param_shapes,
                                          prefill, prefill_hidden, step, vocab_maps)
 from jaxspec.models.eagle3.weights import (check_fits, check_vocab_map, load, same_target, save, target_signature,
                                            warn_if_other_target)
 
-__all__ = ["Eagle3Cache", "Eagle3Config", "Eagle3Head", "EncoderKV", "attention_inputs", "check_fits",
+__all__ = ["Eagle3Cache", "Eagle3Config", "Eagle3Head", "EncoderKV", "HeadInput", "attention_inputs", "check_fits",
            "check_vocab_map", "draft_logits", "embedding_table", "encoder_kv", "feed", "fuse", "init_cache",
            "init_params", "layer_output", "load", "logits", "param_shapes", "prefill", "prefill_hidden", "same_target",
            "save", "step", "target_signature", "vocab_maps", "warn_if_other_target"]

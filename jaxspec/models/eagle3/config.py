@@ -117,7 +117,7 @@ class Eagle3Config:
     return 3
 
   def feature_layers(self, num_target_layers: int) -> tuple[int, ...]:
-    """The target feature indices to ask a `FeatureDecoder` for (index i: the hidden state entering layer i).
+    """The target feature indices to ask a `Decoder` for (index i: the hidden state entering layer i).
 
     Aux id j (the output of layer j) is index j + 1; without ids, EAGLE-3's default (2, L // 2, L - 3). Call
     `check_fits` first: it says which ids the target lacks.

@@ -41,7 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.models.contract import CachePositions, shapes_from_axes, tree_attention, write_rows
+from jaxspec.models.contract import (CachePositions, Prefilled, StepResult, TreeNodes, shapes_from_axes,
+                                     tree_attention, write_rows)
 from jaxspec.models.decoder_only import layers
 from jaxspec.models.eagle3 import cross
 from jaxspec.models.eagle3.config import Eagle3Config
@@ -301,47 +302,88 @@ def prefill_hidden(params: dict, cfg: Eagle3Config, embed: jax.Array, features: 
   return cache.replace(lengths=last, offsets=last), prenorm
 
 
+@struct.dataclass
+class HeadInput:
+  """What one head call feeds per entry (the head's `tokens` in the `contract.Decoder` calls): entry t pairs
+  hidden[:, t] (a fused target feature g of position p, `fuse`, or the head's own pre-norm output at p - 1) with
+  the token tokens[:, t] at position p + 1 (prefill: entry s pairs hidden[:, s] with tokens[:, s + 1])."""
+
+  tokens: jax.Array  # [B, T] int
+  hidden: jax.Array  # [B, T, H]
+
+
 @dataclasses.dataclass(frozen=True)
 class Eagle3Head:
-  """The head bound to its config (hashable: a static argument), with the calls a drafter makes in the loop.
+  """The head bound to its config (hashable: a static argument), behind `contract.Decoder` (its `params` are
+  {"head": the head's parameters, "embed": [V, H] the table it embeds tokens with, `embedding_table`}; its
+  `tokens` a `HeadInput`; its features its pre-norm output) plus the calls only a head makes:
 
-      g = head.fuse(params, features)                                   # [B, T, 3 Ht] -> [B, T, H]
-      cache = head.prefill(params, embed, features, input_ids, input_lengths, cache_len)
-      logits, prenorm, cache = head.step(params, embed, cache, hidden, tokens)
-      prenorm, cache = head.feed(params, embed, cache, hidden, tokens)    # step without the logits
-      logits, prenorm, cache = head.step_tree(params, embed, cache, hidden, tokens, depths, ancestors)  # tree nodes
-      logits = head.logits(params, prenorm)                               # the logits of given pre-norm outputs
+      out = head.prefill(params, HeadInput(ids, head.fuse(hp, features)), lengths, cache_len)  # Prefilled
+      res = head.step(params, cache, HeadInput(tokens, hidden), tree=None)                     # StepResult
+      res.logits [B, T, V], res.features [B, T, H] (pre-norm outputs: the next draft step's hidden), res.cache
+      g = head.fuse(hp, features)                                        # [B, T, 3 Ht] -> [B, T, H]
+      logits = head.logits(hp, prenorm)                                  # the logits of given pre-norm outputs
+      cache = head.init_cache(batch, length, dtype, encoder=head.encoder_kv(hp, encoded, mask))  # empty
   """
 
   config: Eagle3Config
 
+  @property
+  def num_feature_layers(self) -> int:
+    """One layer: its pre-norm output is the head's only feature."""
+    return 1
+
+  @property
+  def feature_size(self) -> int:
+    """H: the width of the pre-norm output."""
+    return self.config.hidden_size
+
+  def prefill(self, params: dict, input_ids: HeadInput, input_lengths: jax.Array, cache_len: int, *,
+              layers: tuple[int, ...] = (), encoder: bool = False) -> Prefilled:
+    """The prompt's entries in one call (`prefill_hidden`): entry s pairs input_ids.hidden[:, s] (the fused
+    target feature of prompt position s) with input_ids.tokens[:, s + 1]. Returns the cache (lengths = offsets
+    = len - 1), first = each prompt's last token, and features = the pre-norm outputs [B, S, H] of the S entries
+    (entry len - 2's give the logits of the token after the prompt). `layers` is ignored (one layer); a head has
+    no encoder output (a T5 target's head starts empty: `init_cache` with its `encoder_kv`)."""
+    del layers
+    if encoder:
+      raise ValueError("an EAGLE-3 head has no encoder output of its own (its T5 cross-attention reads the "
+                       "target's: init_cache(..., encoder=encoder_kv(...))).")
+    head, embed = params["head"], params["embed"]
+    batch, width = input_ids.tokens.shape
+    ids = input_ids.tokens
+    next_tokens = jnp.concatenate([ids[:, 1:], jnp.zeros((batch, 1), ids.dtype)], axis=1)  # [B, S]
+    g = input_ids.hidden
+    cache = init_cache(self.config, batch, width + cache_len, g.dtype)
+    prenorm, cache = _layer(head, self.config, embed, cache, g, next_tokens, width)
+    last = (input_lengths - 1).astype(jnp.int32)
+    first = jnp.take_along_axis(ids, last[:, None], axis=1)[:, 0].astype(jnp.int32)
+    return Prefilled(cache=cache.replace(lengths=last, offsets=last), first=first, features=prenorm)
+
+  def step(self, params: dict, cache: Eagle3Cache, tokens: HeadInput, *, tree: TreeNodes | None = None,
+           layers: tuple[int, ...] = ()) -> StepResult:
+    """T entries per row (`step`; tree nodes with `tree`: `step_tree`): logits [B, T, V] over the TARGET
+    vocabulary (-inf outside the draft vocabulary), features = the pre-norm outputs [B, T, H], the cache advanced
+    by T. `layers` is ignored (the pre-norm output is always returned; unread logits compile away)."""
+    del layers
+    head, embed = params["head"], params["embed"]
+    if tree is None:
+      logits_, prenorm, cache = step(head, self.config, embed, cache, tokens.hidden, tokens.tokens)
+    else:
+      logits_, prenorm, cache = step_tree(head, self.config, embed, cache, tokens.hidden, tokens.tokens,
+                                          tree.depths, tree.ancestors)
+    return StepResult(logits=logits_, features=prenorm, cache=cache)
+
   def fuse(self, params: dict, features: jax.Array) -> jax.Array:
+    """g [B, T, H] from the target's features [B, T, 3 Ht] (`fuse`); params: the head's own."""
     return fuse(params, self.config, features)
 
-  def prefill(self, params: dict, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
-              input_lengths: jax.Array, cache_len: int) -> Eagle3Cache:
-    return prefill(params, self.config, embed, features, input_ids, input_lengths, cache_len)
-
-  def prefill_hidden(self, params: dict, embed: jax.Array, features: jax.Array, input_ids: jax.Array,
-                     input_lengths: jax.Array, cache_len: int) -> tuple[Eagle3Cache, jax.Array]:
-    return prefill_hidden(params, self.config, embed, features, input_ids, input_lengths, cache_len)
-
-  def step(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
-           tokens: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
-    return step(params, self.config, embed, cache, hidden, tokens)
-
-  def step_tree(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array, tokens: jax.Array,
-                depths: jax.Array, ancestors: jax.Array) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
-    return step_tree(params, self.config, embed, cache, hidden, tokens, depths, ancestors)
-
-  def feed(self, params: dict, embed: jax.Array, cache: Eagle3Cache, hidden: jax.Array,
-           tokens: jax.Array) -> tuple[jax.Array, Eagle3Cache]:
-    return feed(params, self.config, embed, cache, hidden, tokens)
-
   def logits(self, params: dict, prenorm: jax.Array) -> jax.Array:
+    """[B, T, V] the target-vocabulary logits of pre-norm outputs [B, T, H] (`logits`); params: the head's own."""
     return logits(params, self.config, prenorm)
 
   def init_cache(self, batch: int, length: int, dtype, encoder: cross.EncoderKV | None = None) -> Eagle3Cache:
+    """An empty cache (`init_cache`)."""
     return init_cache(self.config, batch, length, dtype, encoder)
 
   def encoder_kv(self, params: dict, encoded: jax.Array, mask: jax.Array) -> cross.EncoderKV:

@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.models.contract import (CachePositions, check_feature_layers, shapes_from_axes, tree_attention,
-                                     write_rows)
+from jaxspec.models.contract import (CachePositions, Prefilled, StepResult, TreeNodes, check_feature_layers,
+                                     shapes_from_axes, tree_attention, write_rows)
 from jaxspec.models.t5 import layers
 from jaxspec.models.t5.config import T5Config
 
@@ -230,60 +230,11 @@ def decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, *,
   return logits, cache
 
 
-def decode_features(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array,
-                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
-  """`decode` that also returns the hidden states entering the DECODER layers `layers` (static).
-
-  Index i is the decoder's residual stream before layer i's first norm: 0 the token embedding, num_decoder_layers
-  the final pre-norm output. transformers' `output_hidden_states=True` gives the same tensors as
-  decoder_hidden_states[i] for i < num_decoder_layers (its last entry is after the final norm).
-
-  Returns:
-    logits [B, T, V] float32, features [B, T, len(layers) * D] (in the order of `layers`) and the cache.
-  """
-  layers = check_feature_layers(layers, cfg.num_decoder_layers)
-  return _decode(params, cfg, cache, tokens, None, layers)
-
-
-def decode_tree(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
-                ancestors: jax.Array) -> tuple[jax.Array, T5Cache]:
-  """Feeds a token tree of N nodes per row in one call (`jaxspec.models.contract.TreeDecoder.step_tree`).
-
-  Node n is at decoder position cache.lengths + depths[:, n]: its relative position bias to a key is computed
-  from that position and the key's (the prefix's slot, or lengths + depth of an ancestor node), exactly the
-  bias of a plain step of n's path. Its keys and values are written at slot cache.lengths + n; it attends to the
-  cached prefix and to its ancestors (`contract.tree_attention`). lengths advances by N;
-  `cache.compact(base, path, path_len)` keeps one path. The caller leaves room: lengths + N <= cache.max_length.
-
-  Args:
-    tokens: [B, N] int decoder ids; depths: [B, N] int32; ancestors: [B, N, N] bool (a node is its own ancestor).
-      With P nodes of the same tree fed by earlier calls: depths [B, P + N], ancestors [B, N, P + N]
-      (`contract.TreeDecoder.step_tree`).
-  Returns:
-    logits [B, N, V] float32 and the cache.
-  """
-  logits, _, cache = _decode(params, cfg, cache, tokens, None, (),
-                             tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
-  return logits, cache
-
-
-def decode_tree_features(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
-                         ancestors: jax.Array, layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
-  """`decode_tree` that also returns the decoder features of the N nodes (`decode_features` for what layer i
-  means): node n's are those a plain step of n's path computes at its last position.
-
-  Returns:
-    logits [B, N, V] float32, features [B, N, len(layers) * D] and the cache advanced by N.
-  """
-  layers = check_feature_layers(layers, cfg.num_decoder_layers)
-  return _decode(params, cfg, cache, tokens, None, layers, tree=(depths.astype(jnp.int32), ancestors.astype(bool)))
-
-
 def _decode(params: dict, cfg: T5Config, cache: T5Cache, tokens: jax.Array, dropout: Dropout | None,
             feature_layers: tuple[int, ...], tree: tuple[jax.Array, jax.Array] | None = None
             ) -> tuple[jax.Array, jax.Array | None, T5Cache]:
   """`decode`, collecting the hidden states entering `feature_layers` (static; () collects nothing). `tree`
-  (depths [B, T], ancestors [B, T, T]) feeds the tokens as tree nodes (`decode_tree`); None is the plain causal
+  (depths [B, T], ancestors [B, T, T]) feeds the tokens as tree nodes (`T5Decoder.step`'s `tree`); None is the plain causal
   step, whose computation it leaves untouched."""
   dec = params["decoder"]
   starts = cache.lengths  # [B] where this call writes
@@ -360,51 +311,33 @@ class T5Decoder:
 
   config: T5Config
 
-  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array,
-              cache_len: int) -> tuple[T5Cache, jax.Array]:
+  def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int, *,
+              layers: tuple[int, ...] = (), encoder: bool = False) -> Prefilled:
+    """`contract.Decoder.prefill`: the encoder once, the cross-attention keys and values from its output, an
+    empty decoder cache. With `layers`, the decoder features of the positions it processed: none, [B, 0,
+    len(layers) * D] (the decoder starts empty; its first features come from the loop's first step); with
+    `encoder`, the encoder's output (encoded [B, S, D], mask [B, S] bool) for a drafter that reads it (a T5
+    target's feature head)."""
     del input_lengths  # The encoder masks pad ids, as transformers' attention mask from padded inputs does.
-    cache = init_cache(params, self.config, input_ids, cache_len)
-    return cache, jnp.full((input_ids.shape[0],), self.config.decoder_start_token_id, jnp.int32)
-
-  def step(self, params: dict, cache: T5Cache, tokens: jax.Array) -> tuple[jax.Array, T5Cache]:
-    return decode(params, self.config, cache, tokens)
-
-  def step_tree(self, params: dict, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
-                ancestors: jax.Array) -> tuple[jax.Array, T5Cache]:
-    """N tree nodes [B, N] in one call (see `decode_tree`)."""
-    return decode_tree(params, self.config, cache, tokens, depths, ancestors)
-
-  def prefill_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
-                       layers: tuple[int, ...]) -> tuple[T5Cache, jax.Array, jax.Array]:
-    """`prefill` plus the decoder features of the positions it processed: none, [B, 0, len(layers) * D] (the
-    decoder starts empty; its first features come from the loop's first `step_features`)."""
-    layers = check_feature_layers(layers, self.config.num_decoder_layers)
-    cache, first = self.prefill(params, input_ids, input_lengths, cache_len)
-    dtype = params["shared"]["embedding"].dtype
-    return cache, first, jnp.zeros((input_ids.shape[0], 0, len(layers) * self.config.d_model), dtype)
-
-  def prefill_encoder_features(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int,
-                               layers: tuple[int, ...]):
-    """`prefill_features` that also returns the encoder's output, for a drafter that reads it (a T5 target's
-    feature head): (cache, first, features [B, 0, F], (encoded [B, S, D], mask [B, S] bool)). The encoder runs
-    once: the cache's cross-attention keys and values are made from the same output."""
-    layers = check_feature_layers(layers, self.config.num_decoder_layers)
-    del input_lengths  # The encoder masks pad ids (as `prefill`).
+    layers = check_feature_layers(layers, self.config.num_decoder_layers) if layers else ()
     encoded, mask = encode(params, self.config, input_ids)
     cache = cache_from_encoded(params, self.config, encoded, mask, cache_len)
-    first = jnp.full((input_ids.shape[0],), self.config.decoder_start_token_id, jnp.int32)
-    features = jnp.zeros((input_ids.shape[0], 0, len(layers) * self.config.d_model), encoded.dtype)
-    return cache, first, features, (encoded, mask)
+    batch = input_ids.shape[0]
+    first = jnp.full((batch,), self.config.decoder_start_token_id, jnp.int32)
+    features = jnp.zeros((batch, 0, len(layers) * self.config.d_model), encoded.dtype) if layers else None
+    return Prefilled(cache=cache, first=first, features=features, encoder=(encoded, mask) if encoder else None)
 
-  def step_features(self, params: dict, cache: T5Cache, tokens: jax.Array,
-                    layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
-    """`step` plus the decoder features [B, T, len(layers) * D] of the fed positions (see `decode_features`)."""
-    return decode_features(params, self.config, cache, tokens, layers)
-
-  def step_tree_features(self, params: dict, cache: T5Cache, tokens: jax.Array, depths: jax.Array,
-                         ancestors: jax.Array, layers: tuple[int, ...]) -> tuple[jax.Array, jax.Array, T5Cache]:
-    """`step_tree` plus the decoder features [B, N, len(layers) * D] of the nodes (see `decode_tree_features`)."""
-    return decode_tree_features(params, self.config, cache, tokens, depths, ancestors, layers)
+  def step(self, params: dict, cache: T5Cache, tokens: jax.Array, *, tree: TreeNodes | None = None,
+           layers: tuple[int, ...] = ()) -> StepResult:
+    """`contract.Decoder.step`: tokens [B, T] at the per-row offsets cache.lengths (see `decode`), or T nodes of
+    a token tree (`tree`: node n at decoder position lengths - P + depths[:, P + n], its relative position bias
+    computed from that position and each key's, written at slot lengths + n; `contract.tree_attention`), with
+    the decoder features entering `layers` (index i: the residual stream before decoder layer i's first norm;
+    num_decoder_layers the final pre-norm output; transformers' decoder_hidden_states[i] for i < L)."""
+    layers = check_feature_layers(layers, self.config.num_decoder_layers) if layers else ()
+    nodes = None if tree is None else (tree.depths.astype(jnp.int32), tree.ancestors.astype(bool))
+    logits, features, cache = _decode(params, self.config, cache, tokens, None, layers, tree=nodes)
+    return StepResult(logits=logits, features=features, cache=cache)
 
   @property
   def num_feature_layers(self) -> int:

@@ -1,0 +1,124 @@
+"""generate's memory check (jaxspec.decoding.memory_guard) counts what every drafter adds to the loop (issue 33 M1):
+a feature head (its cache; a T5 head's encoder keys and values), prompt lookup (its context), token trees (the
+[B, N + 1, V] logits and the [B, N, C] mask of the verify call), chains (the [B, gamma + 1, V] logits) and the
+sampled distributions. A call that does not fit is refused with the one-line CacheTooLargeError before anything is
+placed or allocated, whatever drafts; plain decoding of the same call fits the same budget (so the refusal comes
+from what the drafter adds). The estimate stays within a stated factor of XLA's `memory_analysis()` of the loop.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.decoding import engine, memory_guard, placement
+from jaxspec.models import decoder_only as do
+from jaxspec.models import eagle3, t5
+from jaxspec.models.decoder_only.llama import LlamaConfig
+
+V, H = 512, 32  # a vocabulary large enough that the loop's [B, T, V] buffers matter
+PROMPTS = [[5, 6, 7, 8, 5, 6, 1], [9, 10, 11, 1]]
+NEW = 96
+
+
+@functools.lru_cache(maxsize=None)
+def _models():
+  """(llama target, its head, T5 target, its cross head, a T5 draft), random weights (shapes are what count)."""
+  llama = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_layers=3, num_heads=4, num_kv_heads=2,
+                      head_dim=8, eos_ids=(1,), pad_token_id=0, bos_token_id=None)
+  target = jaxspec.Model(llama, do.init_params(llama, jax.random.PRNGKey(0)), name="tiny-llama")
+  hcfg = eagle3.Eagle3Config(vocab_size=V, draft_vocab_size=128, hidden_size=H, target_hidden_size=H,
+                             intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 1, 2))
+  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.PRNGKey(1)), name="tiny-head")
+  tcfg = t5.T5Config(vocab_size=V, d_model=H, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=3, num_heads=4,
+                     eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
+  t5_target = jaxspec.Model(tcfg, t5.init_params(tcfg, jax.random.PRNGKey(2)), name="tiny-t5")
+  dcfg = t5.T5Config(vocab_size=V, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1, num_heads=2,
+                     eos_token_id=1, pad_token_id=0, decoder_start_token_id=0)
+  t5_draft = jaxspec.Model(dcfg, t5.init_params(dcfg, jax.random.PRNGKey(3)), name="tiny-t5-draft")
+  ccfg = eagle3.Eagle3Config(vocab_size=V, draft_vocab_size=128, hidden_size=H, target_hidden_size=H,
+                             intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 1, 2),
+                             encoder_hidden_size=H)
+  t5_head = jaxspec.FeatureHead(ccfg, eagle3.init_params(ccfg, jax.random.PRNGKey(4)), name="tiny-t5-head")
+  return target, head, t5_target, t5_head, t5_draft
+
+
+def _cases():
+  target, head, t5_target, t5_head, t5_draft = _models()
+  greedy, sampled = jaxspec.Sampling(), jaxspec.Sampling(1.0)
+  return {
+      "head": (target, jaxspec.Speculation(head, gamma=4), greedy),
+      "head tree": (target, jaxspec.Speculation(head, gamma=4, tree=jaxspec.Tree(4, 12)), greedy),
+      "lookup": (target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=4), sampled),
+      "lookup tree": (target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=4, tree=jaxspec.Tree(3, 12)), greedy),
+      "T5 head": (t5_target, jaxspec.Speculation(t5_head, gamma=4), greedy),
+      "draft-model tree": (t5_target, jaxspec.Speculation(t5_draft, gamma=4, tree=jaxspec.Tree(4, 12)), sampled),
+      "draft-model chain": (t5_target, jaxspec.Speculation(t5_draft, gamma=4), sampled),
+  }
+
+
+def _plan(monkeypatch, target, speculation, sampling):
+  """The plan generate's check builds (bytes per device), with a budget it always fits."""
+  seen = []
+  real = memory_guard.memory_plan
+  monkeypatch.setattr(memory_guard, "memory_plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
+  monkeypatch.setattr(memory_guard, "_least_free", lambda where: 2**40)
+  engine._placed(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False), target, 0)
+  monkeypatch.setattr(memory_guard, "memory_plan", real)
+  return seen[-1]
+
+
+def _need(monkeypatch, target, speculation, sampling) -> int:
+  plan = _plan(monkeypatch, target, speculation, sampling)
+  return plan.caches + plan.state + plan.activations
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatch, name):
+  target, speculation, sampling = _cases()[name]
+  plain_plan, plan = _plan(monkeypatch, target, None, sampling), _plan(monkeypatch, target, speculation, sampling)
+  plain, need = (p.caches + p.state + p.activations for p in (plain_plan, plan))
+  drafter, _, head_params = engine._drafter(target, speculation)
+  state = memory_guard.loop_shape(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False).settings,
+                                  target.params, head_params, isinstance(speculation.draft, jaxspec.Model),
+                                  len(PROMPTS), 16).drafter_state
+  # The drafter's own state in the loop's state, and the verify call's logits [B, T, V] float32 (T = gamma + 1, or
+  # a tree's N + 1 nodes) among the activations.
+  tokens = (speculation.tree.nodes if speculation.tree is not None else speculation.gamma) + 1
+  assert plan.state - plain_plan.state >= state, (name, plan.state, plain_plan.state, state)
+  assert plan.activations >= len(PROMPTS) * tokens * V * 4, (name, plan.activations)
+  assert need > plain
+  if not isinstance(speculation.draft, jaxspec.Model):
+    assert state > 0  # a head's cache (and a T5 head's encoder keys / values), the lookup context
+
+  budget = (plain + need) / 2 / 0.9  # plain decoding fits it, the speculative call does not
+  monkeypatch.setattr(memory_guard, "_least_free", lambda where: int(budget))
+  moved = []
+  monkeypatch.setattr(placement, "prepare", lambda *a, **k: moved.append(1))
+  with pytest.raises(jaxspec.CacheTooLargeError, match=r"^the decoding caches and activations need [\d.]+ GiB per "
+                                                       r"device .* free: lower max_new_tokens"):
+    jaxspec.generate(target, PROMPTS, speculation, sampling, max_new_tokens=NEW, max_input_length=64)
+  assert not moved  # refused before anything was placed
+  engine._placed(engine._prepare(target, PROMPTS, None, sampling, NEW, 64, False), target, 0)  # plain fits
+  assert moved == [1]
+
+
+@pytest.mark.parametrize("name", ["draft-model chain", "head tree"])
+def test_estimate_is_within_a_factor_of_xla(monkeypatch, name):
+  """The check's bytes (caches, loop state, activations; not the parameters) against XLA's memory_analysis() of
+  the compiled loop (its arguments less the parameters, plus its temporaries): within a factor of 3 either way."""
+  target, speculation, sampling = _cases()[name]
+  need = _need(monkeypatch, target, speculation, sampling)
+  lowered = jaxspec.lower(target, PROMPTS, speculation, sampling, max_new_tokens=NEW, max_input_length=64)
+  analysis = lowered.loop.compile().memory_analysis()
+  params = sum(x.nbytes for x in jax.tree.leaves(target.params))
+  draft = speculation.draft
+  params += sum(x.nbytes for x in jax.tree.leaves(draft.params)) if not isinstance(draft, jaxspec.NGramDraft) else 0
+  if isinstance(draft, jaxspec.FeatureHead):
+    params += target.params["embedding"].nbytes  # the head's params carry the target's embedding table
+  xla = analysis.argument_size_in_bytes - params + analysis.temp_size_in_bytes
+  assert xla / 3 <= need <= 3 * xla, (name, need, xla)
