@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.bench.oracle import OracleDecoder
+from jaxspec.bench.oracle import OracleDecoder, OracleDrafter
 from jaxspec.decoding import arguments, ngram
 from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafter import Drafter, PlainDrafter
@@ -23,12 +23,14 @@ from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.models import contract, eagle3, t5
 from jaxspec.models.decoder_only import CausalDecoder
+from jaxspec.serving import engine as serving_engine
 from jaxspec.sharding.memory_plan import LoopShape
 from stub_models import MarkovDecoder, MarkovEncoderFeatureDecoder, MarkovFeatureDecoder
 
 DECODERS = [CausalDecoder, t5.T5Decoder, arguments.VocabResized, OracleDecoder, MarkovDecoder, MarkovFeatureDecoder,
             MarkovEncoderFeatureDecoder]
-DRAFTERS = [PlainDrafter, ModelDrafter, HeadDrafter, CrossHeadDrafter, ngram.NGramDrafter]
+DRAFTERS = [PlainDrafter, ModelDrafter, HeadDrafter, CrossHeadDrafter, ngram.NGramDrafter, OracleDrafter,
+            serving_engine._CatchingUp]  # pylint: disable=protected-access
 
 
 def _declared(protocol) -> dict[str, object]:

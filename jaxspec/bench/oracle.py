@@ -232,10 +232,10 @@ class OracleDrafter:
 
   @property
   def reads_encoder(self) -> bool:
-    return getattr(self.inner, "reads_encoder", False)
+    return self.inner.reads_encoder
 
-  def init(self, params, input_ids, input_lengths, cache_len, features=None, **encoder):
-    return self.inner.init(params["inner"], input_ids, input_lengths, cache_len, features=features, **encoder)
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
+    return self.inner.init(params["inner"], input_ids, input_lengths, cache_len, features=features, encoder=encoder)
 
   def idle(self, state, history, static):
     p = self.inner.idle(state, history, static)

@@ -220,9 +220,9 @@ def draft_step_probe(tiny: bool, repeats: int) -> dict:
   small = jaxspec.Model.random(t5.T5Config(vocab_size=T5_VOCAB, **shape), 1, dtype, name="t5-small")
   decoder = small.decoder()
   ids = jnp.asarray(np.random.RandomState(0).randint(3, 1000, size=(1, 16)), jnp.int32)
-  cache, _ = decoder.prefill(small.params, ids, jnp.full((1,), 16, jnp.int32), 64)
+  cache = decoder.prefill(small.params, ids, jnp.full((1,), 16, jnp.int32), 64).cache
   tokens = jnp.zeros((1, 1), jnp.int32)
-  step = jax.jit(lambda p, c: decoder.step(p, c, tokens)[0])
+  step = jax.jit(lambda p, c: decoder.step(p, c, tokens).logits)
   out["t5_small_step"] = {**kernel_count(step.lower(small.params, cache).compile().as_text()),
                           "ms": costs.decoder_step_time(small, 1, 1, repeats=repeats) * 1e3}
   cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))

@@ -152,13 +152,14 @@ class _CatchingUp:
   inner: ModelDrafter
   may_find_nothing: bool = True  # rows still behind after the catch-up draft nothing that iteration
   feature_layers: tuple[int, ...] = ()
+  reads_encoder: bool = False
 
   @property
   def default_cost(self) -> float:
     return self.inner.default_cost
 
-  def init(self, params, input_ids, input_lengths, cache_len, features=None):
-    return self.inner.init(params, input_ids, input_lengths, cache_len, features=features)
+  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
+    return self.inner.init(params, input_ids, input_lengths, cache_len, features=features, encoder=encoder)
 
   def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
     if limit is None:

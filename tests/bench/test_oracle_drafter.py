@@ -13,7 +13,7 @@ import pytest
 
 from jaxspec.bench import oracle
 from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.ngram import NGramDraft
+from jaxspec.decoding.ngram import NGramDrafter
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.tree import Tree
 from jaxspec.errors import SettingsError
@@ -103,9 +103,9 @@ def test_model_draft_chain(t5_pair, alpha):
 
 
 def test_prompt_lookup_chain(t5_pair):
-  """NGramDraft finds nothing in most rows here; the oracle still proposes gamma tokens a row."""
+  """Prompt lookup finds nothing in most rows here; the oracle still proposes gamma tokens a row."""
   target, _, ids, lengths, greedy = t5_pair
-  state = _run(target, NGramDraft(), None, ids, lengths, greedy, SEEDS, alpha=0.7)
+  state = _run(target, NGramDrafter(), None, ids, lengths, greedy, SEEDS, alpha=0.7)
   _check(state, np.array([_simulate_chain(int(s), 0.7) for s in SEEDS]))
 
 

@@ -29,8 +29,8 @@ def _exact(target: jaxspec.Model, temperature: float, top_k: int, top_p: float) 
 
   def next_logits(rows):
     ids = jnp.asarray(rows, jnp.int32)
-    cache, first = decoder.prefill(target.params, ids, jnp.full((ids.shape[0],), ids.shape[1], jnp.int32), 4)
-    return np.asarray(decoder.step(target.params, cache, first[:, None])[0][:, 0], np.float64)
+    pre = decoder.prefill(target.params, ids, jnp.full((ids.shape[0],), ids.shape[1], jnp.int32), 4)
+    return np.asarray(decoder.step(target.params, pre.cache, pre.first[:, None]).logits[:, 0], np.float64)
 
   p1 = np_warp(next_logits([PROMPT])[0], temperature, top_k, top_p)
   p2 = next_logits([PROMPT + [x] for x in range(V)])
