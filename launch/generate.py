@@ -17,7 +17,6 @@ family) decodes plainly and says so. --gamma takes an integer: the measured choi
 translate.py's.
 """
 
-import sys
 
 from absl import flags
 
@@ -48,15 +47,7 @@ _COMPARE = flags.DEFINE_boolean("compare", True, "Also decode plainly and time b
 def _draft_spec(target: jaxspec.Model) -> str:
   """--draft, or '' (plain decoding, said on stderr) when it is left at its default and cannot draft for target."""
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
-  if FLAGS["draft"].present or not FLAGS.draft:
-    return FLAGS.draft
-  default = jaxspec.load(FLAGS.draft)
-  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
-      and target.tokenizer.same_as(default.tokenizer)):
-    return FLAGS.draft
-  print(f"--draft left at its default {FLAGS.draft!r}, which cannot draft for {FLAGS.target} (another tokenizer or "
-        "family): decoding plainly; pass --draft to speculate.", file=sys.stderr)
-  return ""
+  return jobs.default_draft(target, FLAGS.draft, FLAGS["draft"].present, FLAGS.target, "decoding")
 
 
 def main(argv):

@@ -13,8 +13,6 @@ JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of 
 tuner) in place of the fixed --gamma / --tree. docs/serving.md has the API and the benchmark.
 """
 
-import sys
-
 from absl import flags
 
 from jaxspec.cli import flags as cli_flags, jobs
@@ -43,19 +41,10 @@ flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamm
 def _draft_spec(target) -> str:
   """--draft ('' for 'none'), or '' (plain decoding, said on stderr) when it is left at its default and cannot
   draft for target (as generate.py does)."""
-  import jaxspec  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   if FLAGS.draft.strip().lower() == "none":
     return ""
-  if FLAGS["draft"].present or not FLAGS.draft:
-    return FLAGS.draft
-  default = jaxspec.load(FLAGS.draft)
-  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
-      and target.tokenizer.same_as(default.tokenizer)):
-    return FLAGS.draft
-  print(f"--draft left at its default {FLAGS.draft!r}, which cannot draft for {FLAGS.target} (another tokenizer or "
-        "family): serving plainly; pass --draft to speculate.", file=sys.stderr)
-  return ""
+  return jobs.default_draft(target, FLAGS.draft, FLAGS["draft"].present, FLAGS.target, "serving")
 
 
 def main(argv):

@@ -89,6 +89,21 @@ def _random_head(head: jaxspec.FeatureHead, name: str) -> jaxspec.FeatureHead:
   return jaxspec.FeatureHead(head.config, {**weights, **keep}, name=name)
 
 
+def default_draft(target: jaxspec.Model, draft: str, explicit: bool, target_name: str, doing: str) -> str:
+  """The --draft a launch script uses: `draft` as given when the user named it (`explicit`) or it is empty, else
+  (left at its default) itself when it can draft for `target` (same family kind and tokenizer), or '' (plain
+  decoding, said on stderr, `doing` naming what the script then does plainly: "decoding", "serving")."""
+  if explicit or not draft:
+    return draft
+  default = jaxspec.load(draft)
+  if (target.family.encoder_decoder == default.family.encoder_decoder and target.tokenizer is not None
+      and target.tokenizer.same_as(default.tokenizer)):
+    return draft
+  print(f"--draft left at its default {draft!r}, which cannot draft for {target_name} (another tokenizer or "
+        f"family): {doing} plainly; pass --draft to speculate.", file=sys.stderr)
+  return ""
+
+
 def load_drafts(spec: str, target: jaxspec.Model, mesh=None) -> dict:
   """{name: draft} from comma-separated names: 'ngram' (jaxspec.NGramDraft()), 'random:NAME', or what
   jaxspec.load reads (embedded names, model directories, EAGLE-3 head directories: a `jaxspec.FeatureHead`,
