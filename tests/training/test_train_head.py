@@ -124,9 +124,9 @@ def test_the_unroll_is_the_drafter_chain():
   @jax.jit
   def both():  # one program: the unroll, and for each t the prefill and the chain
     logits, out = head_steps.unroll(params, cfg, embed, features, tokens, steps)
-    out = head.prefill({"head": params, "embed": embed}, eagle3.HeadInput(tokens, head.fuse(params, features)),
-                       jnp.full((batch,), width, jnp.int32), 4)
-    full, prenorm = out.cache, out.features
+    filled = head.prefill({"head": params, "embed": embed}, eagle3.HeadInput(tokens, head.fuse(params, features)),
+                          jnp.full((batch,), width, jnp.int32), 4)
+    full, prenorm = filled.cache, filled.features
     chains = []
     for t in ts:
       cache = full.replace(lengths=jnp.full((batch,), t + 1, jnp.int32))  # entries 0..t
