@@ -10,6 +10,20 @@ import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# One persistent XLA compilation cache for the whole run, fresh each run (a clean clone and a rerun compile the
+# same). Many tests compile the same programs again (new jit closures over the same shapes, and the launch-script
+# tests in subprocesses, which inherit these variables); the cache keys on the optimised program, so a hit is the
+# same executable. Set before jax is imported; pytest-xdist's workers inherit it from the controller.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import atexit
+  import shutil
+  import tempfile
+  _CACHE = tempfile.mkdtemp(prefix="jaxspec-test-xla-cache-")
+  atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
 # Tiny shapes of each public T5 family. "odd": heads * d_kv != d_model and more encoder than decoder layers.
 FAMILIES = {
     "t5_v1_0": dict(feed_forward_proj="relu"),  # tied embeddings, decoder output scaled by d_model**-0.5
