@@ -70,8 +70,11 @@ def tiny_head(directory, target_hidden_size: int = 16) -> str:
 # session share one persistent compilation cache.
 _FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
 _IF_KNOWN = ("--xla_cpu_use_fusion_emitters=false",)  # an XLA that does not know a flag aborts: each is tried first
-_COMPILATION_CACHE = tempfile.mkdtemp(prefix="jaxspec-test-compilation-cache-")
-atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
+# The session's cache (tests/conftest.py's, shared with the in-process tests), or one of our own.
+_COMPILATION_CACHE = os.environ.get("JAX_COMPILATION_CACHE_DIR") or tempfile.mkdtemp(
+    prefix="jaxspec-test-compilation-cache-")
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  atexit.register(shutil.rmtree, _COMPILATION_CACHE, ignore_errors=True)
 
 
 @functools.cache
@@ -79,6 +82,9 @@ def xla_test_flags() -> str:
   """XLA_FLAGS for the tests' JAX subprocesses: _FAST_COMPILE, then each _IF_KNOWN flag that this XLA accepts."""
   flags = list(_FAST_COMPILE)
   for flag in _IF_KNOWN:
+    if flag in os.environ.get("XLA_FLAGS", ""):  # probed already (tests/conftest.py sets the session's)
+      flags.append(flag)
+      continue
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, timeout=300,
                            env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=flag))
     if probe.returncode == 0:
@@ -88,7 +94,9 @@ def xla_test_flags() -> str:
 
 def compile_env() -> dict:
   """`xla_test_flags` (after any XLA_FLAGS set) and the session's compilation cache, as environment variables."""
-  return {"XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {xla_test_flags()}".strip(),
+  current = os.environ.get("XLA_FLAGS", "")
+  extra = " ".join(f for f in xla_test_flags().split() if f not in current.split())
+  return {"XLA_FLAGS": f"{current} {extra}".strip(),
           "JAX_COMPILATION_CACHE_DIR": _COMPILATION_CACHE, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 

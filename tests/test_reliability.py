@@ -235,7 +235,7 @@ def test_per_row_seeds_make_rows_independent_of_their_batch(pair):
     np.testing.assert_array_equal(together[i], alone[i])
     np.testing.assert_array_equal(padded[i], alone[i])
   # Copies of one prompt with one shared seed still differ (the row index is folded in), as documented.
-  copies = jaxspec.generate(target, [PROMPTS[0]] * 8, seed=3, **kw).tokens
+  copies = jaxspec.generate(target, [PROMPTS[0]] * 6, seed=3, **kw).tokens  # the padded call's shape: no compile
   assert len({tuple(r) for r in copies}) > 1
 
 

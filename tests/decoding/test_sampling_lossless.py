@@ -248,8 +248,10 @@ def test_lossless_with_real_tiny_t5_pair():
   prompt = jnp.asarray([[2, 3, 1]], jnp.int32)
   temperature = 0.8
 
+  forward = jax.jit(lambda ids: t5.forward(tparams, tcfg, prompt, ids))  # one program per prefix length
+
   def next_probs(prefix):
-    logits = t5.forward(tparams, tcfg, prompt, jnp.asarray([prefix], jnp.int32))
+    logits = forward(jnp.asarray([prefix], jnp.int32))
     return np_warp(np.asarray(logits[0, -1]), temperature)
 
   with jax.numpy_rank_promotion("allow"):  # the T5 model's code is not rank-strict
