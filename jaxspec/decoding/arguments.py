@@ -17,7 +17,7 @@ import numpy as np
 
 from jaxspec.decoding.settings import MAX_SEED, is_int
 from jaxspec.errors import InputError, SettingsError
-from jaxspec.model import Model
+from jaxspec.models.loaded import Model
 from jaxspec.models.contract import Decoder
 
 MIN_BUCKET = 16

@@ -27,7 +27,7 @@ from jaxspec.decoding.sampling import SamplingKnobs
 from jaxspec.decoding.settings import Sampling, Speculation, is_int
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
-from jaxspec.model import FeatureHead, Model
+from jaxspec.models.loaded import FeatureHead, Model
 from jaxspec.models import eagle3
 from jaxspec.models.hf_table import get_path
 

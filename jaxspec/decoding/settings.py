@@ -25,7 +25,7 @@ from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
   from jaxspec.decoding.ngram import NGramDrafter
-  from jaxspec.model import FeatureHead, Model
+  from jaxspec.models.loaded import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
 MAX_SEED = 2**31 - 1  # seeds are integers in [0, MAX_SEED]
@@ -143,7 +143,7 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
-    from jaxspec.model import FeatureHead, Model  # pylint: disable=import-outside-toplevel
+    from jaxspec.models.loaded import FeatureHead, Model  # pylint: disable=import-outside-toplevel
     _require(isinstance(self.draft, (Model, NGramDraft, FeatureHead)),
              f"Speculation.draft must be a jaxspec.Model or a jaxspec.FeatureHead (from jaxspec.load), or a "
              f"jaxspec.NGramDraft, got {type(self.draft).__name__}.")

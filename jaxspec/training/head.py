@@ -55,10 +55,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxspec
 from jaxspec import sharding
 from jaxspec.checkpoint.atomic import check_replaceable
-from jaxspec.cli.outputs import progress as progress_bar
+from jaxspec.tools.outputs import progress as progress_bar
 from jaxspec.decoding.settings import MAX_SEED
 from jaxspec.errors import ConfigError
-from jaxspec.model import FeatureHead
+from jaxspec.models.loaded import FeatureHead
 from jaxspec.models import eagle3
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig, Rope
 from jaxspec.models.hf_table import get_path

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import jaxspec
-from jaxspec.cli.outputs import progress
+from jaxspec.tools.outputs import progress
 from jaxspec.decoding.arguments import bucket_length
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.decoding.settings import MAX_SEED, is_int
