@@ -61,8 +61,8 @@ def _imports(top_level_only: bool) -> dict[str, set[str]]:
 
 
 def _layer(module: str) -> str:
-  if module in ("jaxspec.errors", "jaxspec.version"):
-    return "base"  # the one error base and the version: below everything
+  if module in ("jaxspec.errors", "jaxspec.version", "jaxspec.checks"):
+    return "base"  # the one error base, the version and the integer / seed checks: below everything
   parts = module.split(".")
   return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYER) else "core"
 

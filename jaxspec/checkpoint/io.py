@@ -24,7 +24,7 @@ from jaxspec.checkpoint import atomic, head_dir, hf_dir, hub
 from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
 from jaxspec.models.loaded import FeatureHead, Model
-from jaxspec.models import eagle3, registry
+from jaxspec.models import registry
 from jaxspec.models.eagle3.config import ARCHITECTURES as EAGLE3_ARCHITECTURES
 from jaxspec.checkpoint.tokenizer import load_tokenizer
 

@@ -22,7 +22,7 @@ from typing import Callable
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxspec.tools.batching import MAX_SEED
+from jaxspec.checks import MAX_SEED
 from jaxspec.errors import JaxspecError, SettingsError
 
 FLAGS = flags.FLAGS

@@ -24,7 +24,8 @@ from jaxspec.decoding.drafter import Drafter, PlainDrafter
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.settings import Sampling, Speculation, is_int
+from jaxspec.checks import check_int
+from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.models.loaded import FeatureHead, Model
@@ -79,8 +80,7 @@ def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
 
 
 def _check_int(name: str, value, upper: int) -> None:
-  if not is_int(value) or not 1 <= value <= upper:
-    raise SettingsError(f"{name} must be an integer in [1, {upper}], got {value!r}.")
+  check_int(value, name, 1, upper)
 
 
 def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, stream: bool) -> _Call:

@@ -6,7 +6,7 @@ re-exports them (docs/layers.md)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +25,12 @@ class Model:
 
   config: ModelConfig
   params: dict
-  tokenizer: "Tokenizer | None" = None  # jaxspec.tokenizer.Tokenizer (read by jaxspec/checkpoint/tokenizer.py)
+  tokenizer: Any = None  # a jaxspec.tokenizer.Tokenizer or None (its module, checkpoint/, is above this layer)
   name: str | None = None
 
   @classmethod
   def random(cls, config: ModelConfig, seed: int = 0, dtype=None, name: str | None = None,
-             tokenizer: "Tokenizer | None" = None) -> "Model":
+             tokenizer: Any = None) -> "Model":
     """A model of `config`'s family and shapes with random weights (the family's initialisation, float32 unless
     `dtype`): for benchmarks of real shapes, demos and a draft that is never right (`random:NAME` drafts)."""
     family = registry.family_of(config)

@@ -73,7 +73,8 @@ from jaxspec.decoding import adaptive, arguments, loop, placement
 from jaxspec.decoding import engine as generate_engine
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.settings import MAX_SEED, Sampling, Speculation, is_int, is_real
+from jaxspec.checks import check_seed, is_int, is_real
+from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
@@ -101,8 +102,7 @@ class RequestSettings:
     if not is_int(self.max_tokens) or self.max_tokens < 1:
       raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
     Sampling(self.temperature, self.top_k, self.top_p)  # raises SettingsError naming the field
-    if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
-      raise SettingsError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}.")
+    check_seed(self.seed)
 
   @property
   def mode(self) -> str:

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from jaxspec.checks import check_int
 from jaxspec.models import contract, registry
 from jaxspec.models.t5 import T5Config
 from jaxspec.models.t5.shapes import T5_SHAPES
@@ -275,8 +276,7 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
     raise ValueError(f"memory_plan: mesh_shape must be (data, model) sizes >= 1, got {mesh_shape}.")
   for name, value in (("batch", batch), ("max_input_length", max_input_length), ("max_new_tokens", max_new_tokens),
                       ("gamma", gamma)):
-    if not isinstance(value, (int, np.integer)) or value < (0 if name == "gamma" else 1):
-      raise ValueError(f"memory_plan: {name} must be a positive integer, got {value!r}.")
+    check_int(value, f"memory_plan: {name}", 0 if name == "gamma" else 1, error=ValueError)
   dtype = jnp.dtype(dtype)
   target = config_of(config_or_model)
   draft = None if draft is None else config_of(draft)
