@@ -334,12 +334,8 @@ class SlotEngine:
         adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                                 tree=speculation.tree),))
     self.table = adaptive
-    drafter, draft_model, head_params = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
-    self.draft_params = draft_model.params if draft_model is not None else head_params
-    if self.mesh is not None and draft_model is not None:  # replicated over `model` (DRAFT_RULES), as generate
-      self.draft_params = placement._draft_params_on(draft_model, self.mesh)  # pylint: disable=protected-access
-    elif self.mesh is not None and head_params is not None:
-      self.draft_params = placement.replicated_on(head_params, self.mesh, owner=speculation.draft)
+    source = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
+    drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
     chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter
