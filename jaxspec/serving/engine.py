@@ -161,16 +161,16 @@ class _CatchingUp:
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return self.inner.init(params, input_ids, input_lengths, cache_len, features=features, encoder=encoder)
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
-    if limit is None:
-      limit = jnp.where(history.done, 0, static.gamma).astype(jnp.int32)
-    return self.inner.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+  def propose(self, request):
+    if request.limit is None:
+      request = request._replace(limit=jnp.where(request.history.done, 0, request.static.gamma).astype(jnp.int32))
+    return self.inner.propose(request)
 
   def idle(self, state, history, static):
     return self.inner.idle(state, history, static)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
-    return self.inner.settle(proposal, history, lengths, accepted, block, emit, params=params, features=features)
+  def settle(self, verdict):
+    return self.inner.settle(verdict)
 
   def propose_tree(self, params, state, history, static, knobs, keys):
     return self.inner.propose_tree(params, state, history, static, knobs, keys)
