@@ -17,7 +17,8 @@ from jaxspec.models.contract import Decoder, DecoderCache, ModelConfig
 from jaxspec.models.t5 import T5Config
 from jaxspec.sharding import (DEFAULT_RULES, DRAFT_RULES, initialize_distributed, is_main_process, make_mesh,
                               mesh_from_flag, shard)
-from jaxspec.sharding.memory_plan import MemoryPlan, memory_plan
+from jaxspec.checkpoint.plan import memory_plan
+from jaxspec.sharding.memory_plan import MemoryPlan
 from jaxspec.version import __version__
 
 

@@ -15,7 +15,7 @@ from absl import flags
 import jaxspec
 from jaxspec.cli import flags as cli_flags
 from jaxspec.data.ende import DOMAINS, default_data_dir, distillation_sources, read_pairs, split_path
-from jaxspec.cli.outputs import LineWriter
+from jaxspec.tools.outputs import LineWriter
 from jaxspec.training.loop import distill
 
 cli_flags.define_models(draft=None)

@@ -17,7 +17,7 @@ import jaxspec
 from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import quality
 from jaxspec.data.ende import default_data_dir, read_splits, split_path
-from jaxspec.cli.outputs import atomic_write_json
+from jaxspec.tools.outputs import atomic_write_json
 
 cli_flags.define_models()
 cli_flags.define_decoding(gamma=3, batch_size=64, max_new_tokens=64, max_input_length=128)

@@ -5,7 +5,7 @@ r"""Text generation with any target and draft jaxspec loads, speculatively, next
         --temperature=0.7 --top_p=0.9 --batch_size=8
 
 Every line of --input (a text file, or '-' for stdin) is one prompt and gives exactly one output line (an empty
-prompt, an empty line); newlines inside an output are written as \n (`jaxspec.cli.outputs.escape_line`). With --chat
+prompt, an empty line); newlines inside an output are written as \n (`jaxspec.tools.outputs.escape_line`). With --chat
 each prompt goes through the target tokenizer's chat template first (decoder-only instruction models). With
 --output, lines are written as they are made and a rerun resumes after the last complete line, only when this
 script wrote the file with the same input lines and settings (`jaxspec.cli.resume`; --resume_with_new_settings
@@ -22,7 +22,7 @@ from absl import flags
 
 import jaxspec
 from jaxspec.cli import flags as cli_flags, jobs, resume
-from jaxspec.cli.inputs import STDIN, InputError, read_texts
+from jaxspec.tools.inputs import STDIN, InputError, read_texts
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
 cli_flags.define_decoding(gamma=4, batch_size=1, max_new_tokens=64, max_input_length=512, auto_gamma=True,

@@ -33,7 +33,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from jaxspec.bench import round3  # noqa: E402
-from jaxspec.cli.outputs import atomic_write_json  # noqa: E402
+from jaxspec.tools.outputs import atomic_write_json  # noqa: E402
 
 _OUT = flags.DEFINE_string("out", os.environ.get("OUT", ""), "Output directory.")
 _TINY = flags.DEFINE_boolean("tiny", False, "Tiny shapes of the same families (the CPU test).")

@@ -19,7 +19,7 @@ from absl import flags
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import hardware
-from jaxspec.cli.outputs import atomic_write, atomic_write_json
+from jaxspec.tools.outputs import atomic_write, atomic_write_json
 
 _TARGET = flags.DEFINE_enum("target", "t5-11b", list(T5_SHAPES), "Target shape.")
 _DRAFTS = flags.DEFINE_multi_enum("drafts", ["t5-small", "t5-base", "t5-large"], list(T5_SHAPES),

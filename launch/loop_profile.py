@@ -20,8 +20,8 @@ import jaxspec
 from jaxspec.cli import flags as cli_flags
 from jaxspec.bench import loop
 from jaxspec.data.ende import split_path
-from jaxspec.cli.inputs import read_corpus_texts
-from jaxspec.cli.outputs import atomic_write, atomic_write_json
+from jaxspec.tools.inputs import read_corpus_texts
+from jaxspec.tools.outputs import atomic_write, atomic_write_json
 
 cli_flags.define_models()
 _INPUT = flags.DEFINE_string("input", "dev", "EN-DE TSV ('en' column; natural sentences first), text file, or "

@@ -20,7 +20,7 @@ from absl import app, flags
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.bench import presets
 from jaxspec.bench import paper_speedups
-from jaxspec.cli.outputs import markdown_table
+from jaxspec.tools.outputs import markdown_table
 
 _ROWS = flags.DEFINE_list("rows", ["ende_small_t0", "ende_base_t0", "ende_large_t0"], "Table 2 rows (temperature 0).")
 _TARGET = flags.DEFINE_enum("target", "t5-11b", list(T5_SHAPES), "Target shape.")

@@ -16,7 +16,8 @@ from absl import flags
 from jaxspec import sharding
 from jaxspec.cli import flags as cli_flags
 from jaxspec.errors import SettingsError
-from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB, memory_plan
+from jaxspec.checkpoint.plan import memory_plan
+from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB
 
 _MODEL = flags.DEFINE_string("model", "t5-11b", "Target: a T5 shape name, an embedded name or a model directory.")
 _DRAFT = flags.DEFINE_string("draft", "t5-small", "Draft ('' = plain decoding).")

@@ -23,8 +23,8 @@ from absl import flags
 
 import jaxspec
 from jaxspec.cli import flags as cli_flags
-from jaxspec.cli.inputs import encode_texts, read_lines
-from jaxspec.cli.batching import MAX_SEED
+from jaxspec.tools.inputs import encode_texts, read_lines
+from jaxspec.checks import MAX_SEED
 from jaxspec.errors import InputError, OutputError
 from jaxspec.training.head import HeadTrainConfig, check_run, train_head
 

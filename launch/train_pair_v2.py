@@ -37,7 +37,7 @@ from jaxspec.bench import quality
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 from jaxspec.data.ende import (DOMAINS, by_domain, distillation_sources, evenly_spaced, read_pairs, read_splits,
                                split_path, write_pairs)
-from jaxspec.cli.outputs import atomic_write_json
+from jaxspec.tools.outputs import atomic_write_json
 from jaxspec.errors import ConfigError, InputError
 from jaxspec.tokenizer import load_tokenizer
 from jaxspec.training.loop import distill, prepare_programs, tokenizer_dir, train_and_evaluate

@@ -8,7 +8,7 @@ r"""The main job: English -> German with a T5 target and a T5 draft, speculative
     python launch/translate.py --draft=ende-draft,ngram --gamma=auto     # a pool: the choice measured first
     python launch/translate.py --target=DIR --draft=HEAD_DIR,DRAFT_DIR --gamma=auto   # a pool with an EAGLE-3 head
 
-Inputs (`jaxspec.cli.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
+Inputs (`jaxspec.tools.inputs`): every line of a text file or stdin, or every row after a TSV's header (its 'en'
 column), is one input and gives exactly one output line (an empty input, an empty line). Prints the
 translations, or writes them to --output as they are made (a rerun resumes after the last complete line, only
 of a file this script wrote with the same input lines and settings: `jaxspec.cli.resume`), then a
@@ -33,7 +33,7 @@ from absl import flags
 import jaxspec
 from jaxspec.bench.tune import TREE_SHAPES
 from jaxspec.cli import flags as cli_flags, jobs, resume
-from jaxspec.cli.inputs import InputError, read_texts
+from jaxspec.tools.inputs import InputError, read_texts
 
 cli_flags.define_models()
 cli_flags.define_decoding(gamma=3, batch_size=1, max_new_tokens=64, max_input_length=128, auto_gamma=True)

@@ -25,8 +25,8 @@ import jaxspec
 from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.bench import report, tune
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.cli.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
-from jaxspec.cli.outputs import atomic_write
+from jaxspec.tools.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
+from jaxspec.tools.outputs import atomic_write
 
 flags.DEFINE_string("target", "ende-target", "Target model: an embedded name or a model directory.")
 _DRAFTS = flags.DEFINE_string("drafts", "ende-draft,ngram", "Comma-separated drafts: embedded names, model "

@@ -129,3 +129,28 @@ def test_typed_values():
   assert [x.shape for x in jax.tree.leaves(head_in)] == [(1, 2), (1, 2, 4)]
   shape = LoopShape(slack=4, verify_tokens=5)
   assert hash(shape) == hash(LoopShape(slack=4, verify_tokens=5)) and not shape.tree and shape.drafter_state == 0
+
+
+def test_the_drafter_typed_values():
+  """`DraftRequest` (propose's one value) and `Verdict` (settle's) hold today's arguments by name, in order;
+  `Proposal.nothing` is the proposal of nothing every drafter's `idle` returns."""
+  from jaxspec.decoding.drafter import DraftRequest, History, Proposal, ProposalSettings, Verdict
+  history = History(sequences=jnp.zeros((2, 6), jnp.int32), lengths=jnp.asarray([1, 3], jnp.int32),
+                    done=jnp.zeros((2,), bool))
+  static = ProposalSettings(gamma=3, cache_len=8, greedy=True, filtering=False)
+  assert DraftRequest._fields == ("params", "state", "history", "limit", "static", "knobs", "confidence", "keys",
+                                  "some_row_drafts")
+  assert Verdict._fields == ("proposal", "history", "lengths", "accepted", "block", "emit", "params", "features")
+  request = DraftRequest(None, "state", history, None, static, None, jnp.float32(0), None, False)
+  assert request.state == "state" and request._replace(limit=1).limit == 1 and request.limit is None
+  nothing = Proposal.nothing(history, static, after="after")
+  assert nothing.tokens.shape == (2, 3) and nothing.counts.tolist() == [0, 0] and nothing.q is None
+  assert Proposal.nothing(history, static, None, counts=False).counts is None
+  verdict = Verdict(nothing, history, history.lengths, jnp.zeros((2,), jnp.int32), None, None)
+  assert verdict.params is None and verdict.features is None and verdict.proposal.after == "after"
+  # a pytree of arrays (a NamedTuple): it passes through jit when its leaves are arrays
+  out = jax.jit(lambda v: v.lengths + v.accepted)(verdict._replace(proposal=nothing.replace(after=None)))
+  assert out.tolist() == [1, 3]
+  for cls in DRAFTERS:  # every drafter's propose and settle take the one value
+    assert list(inspect.signature(cls.propose).parameters) == ["self", "request"], cls
+    assert list(inspect.signature(cls.settle).parameters) == ["self", "verdict"], cls

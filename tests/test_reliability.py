@@ -258,7 +258,7 @@ def test_bad_inputs_name_the_argument(pair, inputs, message):
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(seed=None), "seed must be an integer"), (dict(seed=-1), r"seed must be an integer in \[0, 2147483647\]"),
+    (dict(seed=None), "seed must be an integer"), (dict(seed=-1), r"seed must be an integer in \[0, 2\*\*31 - 1\]"),
     (dict(seed=2**32), "seed must be an integer in"), (dict(seed=[1, 2]), "seed has 2 entries for a batch of 1"),
     (dict(seed=[1.5]), r"seed\[0\] must be an integer"), (dict(seed="7"), "seed must be an integer or a sequence"),
     (dict(max_new_tokens=2.0), "max_new_tokens must be an integer"),

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 
 from jaxspec.decoding import engine
 from jaxspec.decoding.head_drafter import HeadDrafter
-from jaxspec.model import FeatureHead, Model
+from jaxspec.models.loaded import FeatureHead, Model
 from jaxspec.models.contract import Decoder
 from jaxspec.models.eagle3 import HeadInput
 from jaxspec.models.hf_table import get_path

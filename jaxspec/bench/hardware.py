@@ -17,7 +17,7 @@ import jaxspec
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.bench import costs, presets, timing
 from jaxspec.models import t5
-from jaxspec.cli.outputs import markdown_table, progress
+from jaxspec.tools.outputs import markdown_table, progress
 
 COST_HEADER = ["batch", "draft", "gamma", "target step (ms)", "r", "draft step (ms)", "c", "paper alpha",
                "expected (c, r)", "expected (r = 1)", "paper speedup"]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from jaxspec.cli.batching import MAX_INPUT_LENGTH
-from jaxspec.cli.inputs import encode_texts, parse_token_ids, read_corpus_texts, read_lines
+from jaxspec.tools.batching import MAX_INPUT_LENGTH
+from jaxspec.tools.inputs import encode_texts, parse_token_ids, read_corpus_texts, read_lines
 from jaxspec.errors import InputError
 
 

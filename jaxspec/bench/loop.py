@@ -18,7 +18,7 @@ import jaxspec
 from jaxspec.bench import profiling
 from jaxspec.decoding.arguments import bucket_length
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
-from jaxspec.cli.outputs import markdown_table, progress
+from jaxspec.tools.outputs import markdown_table, progress
 
 HEADER = ["gamma", "iterations", "wall ms/iter", "target", "draft", "loop kernels", "idle", "models' share",
           "ms/token", "alpha", "tok/iter", "c in loop", "r in loop", "loop speedup", "Exp (r)", "meas/exp",

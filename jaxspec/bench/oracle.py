@@ -241,19 +241,20 @@ class OracleDrafter:
     p = self.inner.idle(state, history, static)
     return Proposal(tokens=p.tokens, counts=p.counts, q=None, after=p)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
-    return self.inner.settle(proposal.after, history, lengths, accepted, block, emit,
-                             params=None if params is None else params["inner"], features=features)
+  def settle(self, verdict):
+    params = verdict.params
+    return self.inner.settle(verdict._replace(proposal=verdict.proposal.after,
+                                              params=None if params is None else params["inner"]))
 
   @staticmethod
   def _greedy_only(static) -> None:
     if not static.greedy:
       raise SettingsError("the oracle drafter designs acceptance at temperature 0 only.")
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+  def propose(self, request):
+    params, history, limit, static = request.params, request.history, request.limit, request.static
     self._greedy_only(static)
-    p = self.inner.propose(params["inner"], state, history, limit, static, knobs, confidence, keys,
-                           some_row_drafts)
+    p = self.inner.propose(request._replace(params=params["inner"]))
     gamma, greedy = static.gamma, params["greedy"]
     positions = history.lengths[:, None] - 1 + jnp.arange(gamma)  # [B, G] generated positions of the drafts
     want = jnp.take_along_axis(greedy, jnp.clip(positions, 0, greedy.shape[1] - 1), axis=1)

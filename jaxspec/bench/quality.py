@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 import jaxspec
-from jaxspec.cli.batching import generate_all
+from jaxspec.tools.batching import generate_all
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.data.ende import by_domain, evenly_spaced
-from jaxspec.cli.inputs import encode_texts
-from jaxspec.cli.outputs import markdown_table
+from jaxspec.tools.inputs import encode_texts
+from jaxspec.tools.outputs import markdown_table
 
 DECODERS = ("target", "draft", "speculative")
 

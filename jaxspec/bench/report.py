@@ -1,6 +1,6 @@
 """Reports of the benchmark sweep (results.json, results.md, speedup.png), of the tuner (tune.json, tune.md,
 speedup_vs_gamma.png, acceptance.png) and the speed summary of translate.py and generate.py. Tables are markdown
-with every column padded to its widest cell (`jaxspec.cli.outputs`)."""
+with every column padded to its widest cell (`jaxspec.tools.outputs`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 
 import jaxspec
 from jaxspec.bench import costs
-from jaxspec.cli.outputs import atomic_write, atomic_write_json, markdown_table
+from jaxspec.tools.outputs import atomic_write, atomic_write_json, markdown_table
 
 BENCH_HEADER = ["Temp", "Batch", "gamma", "alpha", "tok/iter", "c", "c alt", "r", "plain ms/tok", "spec ms/tok",
                 "Speedup", "Exp", "Exp (r)", "meas/exp", "Exp (workload)", "meas/exp workload", "meas/cost model",

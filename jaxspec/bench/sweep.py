@@ -26,7 +26,7 @@ import jaxspec
 from jaxspec.bench import costs, timing
 from jaxspec.decoding.arguments import bucket_length
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
-from jaxspec.cli.outputs import progress
+from jaxspec.tools.outputs import progress
 
 
 @dataclasses.dataclass(frozen=True)

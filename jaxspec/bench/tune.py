@@ -34,7 +34,7 @@ import numpy as np
 import jaxspec
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
-from jaxspec.cli.inputs import encode_texts
+from jaxspec.tools.inputs import encode_texts
 from jaxspec.errors import CheckpointError, SettingsError
 from jaxspec.models import eagle3
 

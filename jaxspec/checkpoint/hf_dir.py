@@ -12,7 +12,7 @@ import os
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec import sharding
+from jaxspec.sharding import param_shardings
 from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile
 from jaxspec.checkpoint.sharded_read import SliceReader
@@ -131,7 +131,7 @@ def load_params(directory: str, family: Family, cfg, dtype, check_finite: bool =
   """
   source = TensorSource(directory)
   cfg = family.fit_to_checkpoint(cfg, source.names(), source.get)
-  shardings = None if mesh is None else sharding.param_shardings(family, cfg, mesh, rules)[0]
+  shardings = None if mesh is None else param_shardings(family, cfg, mesh, rules)[0]
   reader = reader or SliceReader()
   table = family.weight_table(cfg)
   shapes = family.param_shapes(cfg)

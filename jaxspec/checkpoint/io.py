@@ -19,14 +19,14 @@ import os
 import jax
 import jax.numpy as jnp
 
-from jaxspec import sharding
-from jaxspec.checkpoint import atomic, hf_dir, hub
+from jaxspec.sharding import param_shardings
+from jaxspec.checkpoint import atomic, head_dir, hf_dir, hub
 from jaxspec.errors import CheckpointError
 from jaxspec.checkpoint.safetensors_io import save_file
-from jaxspec.model import FeatureHead, Model
-from jaxspec.models import eagle3, registry
+from jaxspec.models.loaded import FeatureHead, Model
+from jaxspec.models import registry
 from jaxspec.models.eagle3.config import ARCHITECTURES as EAGLE3_ARCHITECTURES
-from jaxspec.tokenizer import load_tokenizer
+from jaxspec.checkpoint.tokenizer import load_tokenizer
 
 _MARKER = "jaxspec.json"
 # Models the project ships, loadable by name.
@@ -98,8 +98,8 @@ def _load_head(directory: str, name: str, dtype, mesh, check_finite: bool = True
   if mesh is not None:
     raise CheckpointError(f"{directory}: an EAGLE-3 head is loaded on one device (mesh=None); generate replicates "
                           f"it beside a target placed on a mesh.")
-  cfg, params = eagle3.load(directory, dtype, check_finite=check_finite)
-  target = _read_json(os.path.join(directory, "config.json")).get(eagle3.weights.TARGET_KEY)
+  cfg, params = head_dir.load(directory, dtype, check_finite=check_finite)
+  target = _read_json(os.path.join(directory, "config.json")).get(head_dir.TARGET_KEY)
   return FeatureHead(config=cfg, params=params, name=name, target=target if isinstance(target, dict) else None)
 
 
@@ -132,7 +132,7 @@ def _load_orbax_params(directory: str, family: registry.Family, cfg, dtype, mesh
   import orbax.checkpoint as ocp
   shapes = family.param_shapes(cfg)
   shardings = (jax.tree.map(lambda s: None, shapes, is_leaf=lambda x: isinstance(x, tuple)) if mesh is None
-               else sharding.param_shardings(family, cfg, mesh, rules)[0])
+               else param_shardings(family, cfg, mesh, rules)[0])
   target = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s, dtype, sharding=sh), shapes, shardings,
                         is_leaf=lambda x: isinstance(x, tuple))
   path = os.path.abspath(os.path.join(directory, "params"))
@@ -245,7 +245,7 @@ def save(model: Model, directory: str, format: str = "orbax", dtype=None) -> Non
     if dtype is not None:
       dtype = _check_dtype(dtype)
       params = {k: v if k in ("d2t", "t2d") else jax.tree.map(lambda x: x.astype(dtype), v) for k, v in params.items()}
-    eagle3.save(directory, model.config, params, target=model.target)
+    head_dir.save(directory, model.config, params, target=model.target)
     return
   if not isinstance(model, Model):
     raise CheckpointError(f"save expects a jaxspec.Model (from jaxspec.load, or jaxspec.Model(config, params, "

@@ -1,4 +1,6 @@
-"""The command-line layer under launch/: shared absl flags, jobs, batching over `generate`, input and output files.
+"""The command-line layer under launch/: shared absl flags, jobs (text in, text out, calibration with the tuner),
+resumable outputs. The helpers it shares with bench, training and data (inputs, batching, outputs) are
+`jaxspec.tools`.
 
-Nothing in the decoding library imports this package; launch scripts and notebooks do.
+Nothing in the library imports this package; launch scripts and notebooks do.
 """

@@ -22,7 +22,7 @@ from typing import Callable
 from absl import app, flags
 from ml_collections import config_flags
 
-from jaxspec.cli.batching import MAX_SEED
+from jaxspec.checks import MAX_SEED
 from jaxspec.errors import JaxspecError, SettingsError
 
 FLAGS = flags.FLAGS
@@ -154,7 +154,7 @@ def _tree_fits_gamma(values: dict) -> bool:
 
 
 def define_sampling() -> None:
-  """--temperature, --top_k, --top_p and --seed (per-item seeds derive from it: `jaxspec.cli.batching.item_seed`)."""
+  """--temperature, --top_k, --top_p and --seed (per-item seeds derive from it: `jaxspec.tools.batching.item_seed`)."""
   flags.DEFINE_float("temperature", 0.0, "0 = greedy (exactly the target's greedy output); > 0 samples.")
   flags.DEFINE_integer("top_k", 0, "Top-k sampling (0 = off).", lower_bound=0)
   flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass in (0, 1] (1 = off).")

@@ -8,9 +8,9 @@
     choice = calibrate(target, drafts, texts, gammas=(1, 2, 3, 4), batch_size=1)
     run = generate_texts(texts, target, choice.speculation, batch_size=1)
 
-One output line per input item (`jaxspec.cli.inputs` for the rule), printed next to its input or appended to
+One output line per input item (`jaxspec.tools.inputs` for the rule), printed next to its input or appended to
 `output` as batches finish (`open_output`, from `jaxspec.cli.resume`: checked, locked and fingerprinted; a
-`jaxspec.cli.outputs.LineWriter`: resumable, only complete lines count), then the speed
+`jaxspec.tools.outputs.LineWriter`: resumable, only complete lines count), then the speed
 summary (`jaxspec.bench.report.speed_summary`). Family-agnostic: any model `jaxspec.load` reads whose tokenizer
 encodes and decodes text; `chat` applies the tokenizer's chat template to every input.
 """
@@ -26,14 +26,14 @@ import numpy as np
 from tqdm import tqdm
 
 import jaxspec
-from jaxspec.cli.batching import BatchRun, generate_all
+from jaxspec.tools.batching import BatchRun, generate_all
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
 from jaxspec.bench import loop as bench_loop
 from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table
-from jaxspec.cli.inputs import InputError, encode_texts
+from jaxspec.tools.inputs import InputError, encode_texts
 from jaxspec.models import eagle3
-from jaxspec.cli.outputs import LineWriter
+from jaxspec.tools.outputs import LineWriter
 from jaxspec.cli.resume import open_output  # pylint: disable=unused-import (the scripts' entry: checked, locked)
 from jaxspec.decoding.arguments import draft_decoder
 

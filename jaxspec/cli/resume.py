@@ -2,7 +2,7 @@
 
     record = run_record(texts, "in.txt", target="ende-target", draft="ende-draft", gamma=3, temperature=0.0, ...)
     writer = open_output("out.txt", texts, record)   # None for '' (print instead)
-    writer.write(lines)                               # `jaxspec.cli.outputs.LineWriter`; writer.lock held till exit
+    writer.write(lines)                               # `jaxspec.tools.outputs.LineWriter`; writer.lock held till exit
 
 `open_output` (what launch/generate.py and launch/translate.py call before any model loads):
 
@@ -39,7 +39,7 @@ import sys
 import tempfile
 from typing import Sequence
 
-from jaxspec.cli.outputs import LineWriter, atomic_write_json
+from jaxspec.tools.outputs import LineWriter, atomic_write_json
 from jaxspec.errors import OutputError
 
 FORMAT = 1

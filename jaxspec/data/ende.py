@@ -19,7 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
-from jaxspec.cli.inputs import InputError, read_tsv
+from jaxspec.tools.inputs import InputError, read_tsv
 
 SPLITS = {"train": "train.tsv.gz", "dev": "dev.tsv", "test": "test.tsv", "dev_doc": "dev_doc.tsv",
           "test_doc": "test_doc.tsv"}

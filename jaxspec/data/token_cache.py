@@ -13,7 +13,7 @@ import logging
 import os
 
 from jaxspec.data.ende import read_pairs
-from jaxspec.cli.outputs import atomic_write_json
+from jaxspec.tools.outputs import atomic_write_json
 
 VERSION = 1
 

@@ -15,9 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding.settings import MAX_SEED, is_int
+from jaxspec.checks import check_seed, is_int
 from jaxspec.errors import InputError, SettingsError
-from jaxspec.model import Model
+from jaxspec.models.loaded import Model
 from jaxspec.models.contract import Decoder
 
 MIN_BUCKET = 16
@@ -31,9 +31,7 @@ def bucket_length(n: int, max_input_length: int) -> int:
 def seeds_for_rows(seed, batch: int) -> tuple[np.ndarray, np.ndarray]:
   """(seeds [B] uint32, row_ids [B] int32) for the loop: one int seed is shared and the row index folded in; a
   sequence gives each row its own seed (and nothing else: a row's draws then depend on its seed only)."""
-  def check(s, what):
-    if not is_int(s) or not 0 <= s <= MAX_SEED:
-      raise SettingsError(f"{what} must be an integer in [0, {MAX_SEED}], got {s!r}.")
+  check = check_seed
   if is_int(seed):
     check(seed, "seed")
     return np.full((batch,), seed, np.uint32), np.arange(batch, dtype=np.int32)

@@ -19,8 +19,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.decoding import sampling
-from jaxspec.decoding.drafter import ProposalSettings
+from jaxspec.decoding import sampling, tree
+from jaxspec.decoding.drafter import Proposal, ProposalSettings
 
 Step = Callable[[Any, jax.Array], tuple[jax.Array, Any]]  # (carry, token [B]) -> (logits [B, V], carry)
 
@@ -79,3 +79,82 @@ def draw_variable(first: jax.Array, step: Step, carry: Any, limit: jax.Array, st
   carry, j, tokens, qs, counts, _ = jax.lax.while_loop(
       lambda c: (c[1] < gamma) & jnp.any(c[5]), body, (carry, jnp.int32(1), tokens, qs, counts, going))
   return tokens, qs, counts, carry, j - 1
+
+
+class LearnedDrafter:
+  """What the learned drafters (model_drafter.ModelDrafter, head_drafter.HeadDrafter and its T5 variant) share
+  behind the `Drafter` protocol: the propose dispatch (every row drafts gamma tokens under "constant", at most
+  limit[b] otherwise), the variable-length skeleton (no draft call when no row drafts, unless the loop knows one
+  does), `idle`, and `propose_tree`'s skeleton (EAGLE-2's dynamic tree, `tree.draft_tree`). A subclass keeps only
+  what differs, in these hooks:
+
+    _begin(params, state, history, static, needed, variable, refeed) -> (first [B, V], carry, begun):
+        the first token's logits, the chain's carry (`Step`'s) and whatever `_drafted` reads of how far each
+        row got (a draft model's catch-up call: needed [B] bool rows that draft, variable / refeed its widths);
+    _step(params) -> Step: one token per row;
+    _drafted(state, carry, begun, steps) -> the proposal's `after` (steps: [] int32 step calls after `_begin`);
+    _rested(state) -> the `after` of a proposal of nothing;
+    _row_limit(limit, begun, lengths) -> [B] the most tokens each row drafts after `_begin` (default: limit);
+    _vocab(params, state, history) -> V (q's last axis, for a skipped sampled draft);
+    _tree_carry(carry) -> draft_tree's carry (default: carry); _beam_step(params, rank) -> draft_tree's step.
+
+  `settle` and `init` are each drafter's own.
+  """
+
+  def propose(self, request) -> Proposal:
+    if request.limit is None:
+      return self._propose_fixed(request)
+    return self._propose_variable(request)
+
+  def idle(self, state, history, static) -> Proposal:
+    return Proposal.nothing(history, static, self._rested(state))
+
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    """A tree of static.tree's shape and depth gamma per row (`tree.draft_tree`): the first depth ranked from
+    `_begin`'s logits, each further depth's beam fed once (`_beam_step`); when sampling, every expanded node's
+    children are drawn from the drafter's q (the proposal's `siblings`, verified by recursive rejection sampling).
+    The tree's entries are speculative: `settle` drops them."""
+    first, carry, begun = self._begin(params, state, history, static, ~history.done, True, False)
+    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
+    proposal = tree.draft_tree(history.last, rank(first), self._beam_step(params, rank), self._tree_carry(carry),
+                               static.tree, static.gamma, keys=None if static.greedy else keys)
+    return proposal.replace(after=self._drafted(state, proposal.after, begun, jnp.int32(0)))
+
+  def _row_limit(self, limit: jax.Array, begun: Any, lengths: jax.Array) -> jax.Array:
+    return limit
+
+  def _tree_carry(self, carry: Any) -> Any:
+    return carry
+
+  def _propose_fixed(self, request) -> Proposal:
+    """gamma tokens for every row (schedule "constant"); finished rows need no catch-up."""
+    params, state, history, static = request.params, request.state, request.history, request.static
+    first, carry, begun = self._begin(params, state, history, static, ~history.done, False, False)
+    tokens, q, carry = draw_fixed(first, self._step(params), carry, static, request.knobs, request.keys)
+    return Proposal(tokens=tokens, counts=None, q=q,
+                    after=self._drafted(state, carry, begun, jnp.int32(static.gamma - 1)))
+
+  def _propose_variable(self, request) -> Proposal:
+    """At most limit[b] tokens for row b ([B] int32 in [0, G], 0 = none), each row stopping after a token whose
+    distribution's top probability is below `confidence` ([] float32). With no row to draft, no draft call at all
+    (a `lax.cond`, unless some_row_drafts)."""
+    params, history, limit, static = request.params, request.history, request.limit, request.static
+    gamma, batch = static.gamma, history.lengths.shape[0]
+
+    def draft(state):
+      first, carry, begun = self._begin(params, state, history, static, limit > 0, True, True)
+      row_limit = self._row_limit(limit, begun, history.lengths)
+      tokens, q, counts, carry, steps = draw_variable(first, self._step(params), carry, row_limit, static,
+                                                      request.knobs, request.confidence, request.keys)
+      return Proposal(tokens=tokens, counts=counts, q=q, after=self._drafted(state, carry, begun, steps))
+
+    def skip(state):
+      q = None
+      if not static.greedy:
+        q = jnp.zeros((batch, gamma, self._vocab(params, state, history)), jnp.float32)
+      return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
+                      after=self._rested(state))
+
+    if request.some_row_drafts:
+      return draft(request.state)
+    return jax.lax.cond(jnp.any(limit > 0), draft, skip, request.state)

@@ -2,10 +2,11 @@
 
 The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
 
-    proposal = drafter.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+    proposal = drafter.propose(DraftRequest(params, state, history, limit, static, knobs, confidence, keys,
+                                            some_row_drafts))
       # or, in an iteration in which the batch rests (fallback): proposal = drafter.idle(state, history, static)
     ... the target verifies proposal.tokens in one call, the loop emits block[b, :emit[b]] per row ...
-    state = drafter.settle(proposal, history, lengths, accepted, block, emit, params=params, features=features)
+    state = drafter.settle(Verdict(proposal, history, lengths, accepted, block, emit, params, features))
 
 and once per call, before the loop, `state = drafter.init(params, input_ids, input_lengths, cache_len,
 features=...)`. The
@@ -48,7 +49,7 @@ Shapes: B batch, G = gamma (the most tokens a row drafts), V vocabulary, N the l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
@@ -93,6 +94,44 @@ class Proposal:
   #                      deterministic (q one-hot on each token: prompt lookup) or greedy (argmax on both sides).
   after: Any  # The drafter's state after proposing, as its `settle` reads it.
 
+  @classmethod
+  def nothing(cls, history: History, static: ProposalSettings, after: Any, counts: bool = True) -> "Proposal":
+    """A proposal of nothing that leaves the drafter's state as `after` (every count 0; counts=False: None, for a
+    drafter whose gamma is 0): what `idle` returns, and a variable-length draft when no row drafts."""
+    batch = history.lengths.shape[0]
+    return cls(tokens=jnp.zeros((batch, static.gamma), jnp.int32),
+               counts=jnp.zeros((batch,), jnp.int32) if counts else None, q=None, after=after)
+
+
+class DraftRequest(NamedTuple):
+  """What `Drafter.propose` gets each iteration (one value: implementations read the fields they need)."""
+
+  params: Any  # The drafter's weights (`DraftSource.params`; None without).
+  state: Any  # The drafter's state (from `init`, then `settle`).
+  history: History  # The loop's tokens at the top of the iteration.
+  limit: jax.Array | None  # [B] int32 in [0, G]: the most tokens row b drafts; None: G for every unfinished row
+  #                          (schedule "constant").
+  static: ProposalSettings  # Static: gamma, cache_len, greedy, filtering, the tree.
+  knobs: SamplingKnobs  # The warping (temperature, top-k, top-p) the target's distribution gets too.
+  confidence: jax.Array  # [] float32: a row may stop after a token whose top probability is below it (0 = off).
+  keys: jax.Array  # [B] this iteration's draft keys.
+  some_row_drafts: bool  # Static: some limit is > 0, so no `lax.cond` around the drafting is needed.
+
+
+class Verdict(NamedTuple):
+  """What `Drafter.settle` gets after the target verified a proposal (one value)."""
+
+  proposal: Proposal  # What `propose` (or `idle`, or `propose_tree`) returned; its `after` is the state to settle.
+  history: History  # The iteration's start.
+  lengths: jax.Array  # [B] int32 the new lengths.
+  accepted: jax.Array  # [B] int32 drafts kept (n).
+  block: jax.Array | None  # [B, G + 1] int32 the emitted tokens, of which emit[b] count for row b.
+  emit: jax.Array | None  # [B] int32.
+  params: Any = None  # The drafter's weights.
+  features: jax.Array | None = None  # [B, W, F] the target's features of the W positions the verify call fed (the
+  #   last token, then the drafts: position lengths - 1 + j of history for j < W; after a tree, W = G + 1 and entry
+  #   j is the accepted path's node j, junk past it; None without feature_layers).
+
 
 @runtime_checkable
 class Drafter(Protocol):
@@ -117,12 +156,9 @@ class Drafter(Protocol):
     encoder (encoded [B, S, D], mask [B, S] bool) the target's encoder output (None unless reads_encoder)."""
     ...
 
-  def propose(self, params: Any, state: Any, history: History, limit: jax.Array | None, static: ProposalSettings,
-              knobs: SamplingKnobs, confidence: jax.Array, keys: jax.Array, some_row_drafts: bool) -> Proposal:
-    """Up to limit[b] tokens for row b ([B] int32 in [0, G]; None: G for every unfinished row, schedule
-    "constant"). confidence [] float32: a row may stop after a token whose distribution's top probability is
-    below it (0 = off). keys [B]: this iteration's draft keys. some_row_drafts (static): some limit is > 0, so
-    no `lax.cond` around the drafting is needed."""
+  def propose(self, request: DraftRequest) -> Proposal:
+    """Up to request.limit[b] tokens for row b (`DraftRequest`: the params, the state, the history, the limit,
+    the static settings, the knobs, the confidence, the keys, whether some row drafts)."""
     ...
 
   def idle(self, state: Any, history: History, static: ProposalSettings) -> Proposal:
@@ -130,13 +166,9 @@ class Drafter(Protocol):
     rests."""
     ...
 
-  def settle(self, proposal: Proposal, history: History, lengths: jax.Array, accepted: jax.Array,
-             block: jax.Array, emit: jax.Array, params: Any = None, features: jax.Array | None = None) -> Any:
-    """The state after verification: history is the iteration's start; lengths [B] the new lengths; accepted
-    [B] int32 drafts kept (n); block [B, G + 1] the emitted tokens, of which emit[b] count for row b; params the
-    drafter's weights; features [B, W, F] the target's features of the W positions the verify call fed (the last
-    token, then the drafts: position lengths - 1 + j of history for j < W; after a tree, W = G + 1 and entry j
-    is the accepted path's node j, junk past it; None without feature_layers)."""
+  def settle(self, verdict: Verdict) -> Any:
+    """The state after verification (`Verdict`: the proposal, the iteration's history, the new lengths, the
+    drafts accepted, the emitted block and counts, the params, the target's features)."""
     ...
 
   def propose_tree(self, params: Any, state: Any, history: History, static: ProposalSettings, knobs: SamplingKnobs,
@@ -154,6 +186,27 @@ class Drafter(Protocol):
     ...
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftSource:
+  """What a speculation drafts with: the loop's drafter and the parameters it reads, placed on a target's mesh one
+  way for every kind (`placement.draft_params_on`). `engine._drafter` makes it from the user's setting.
+
+  drafter: the loop's `Drafter` (static: part of the loop's settings).
+  params: the pytree passed to the drafter as `params` (a draft model's weights, a feature head's {"head",
+    "embed"}; None for prompt lookup and plain decoding).
+  model: the draft model when `params` are its weights (its caches and weights are then planned and placed by
+    its family's axes, under DRAFT_RULES unless it already is on the target's mesh), else None (the params are
+    replicated on a mesh).
+  owner: the user's object the params came from (the draft Model, the FeatureHead): a copy placed on a mesh is
+    kept beside it for later calls (never stored on it).
+  """
+
+  drafter: Drafter
+  params: Any = None
+  model: Any = None
+  owner: Any = None
+
+
 @dataclasses.dataclass(frozen=True)
 class PlainDrafter:
   """Proposes nothing: with it (and gamma 0) the loop is plain autoregressive decoding, through the same code."""
@@ -166,15 +219,14 @@ class PlainDrafter:
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return None
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
-    return self.idle(state, history, static)
+  def propose(self, request):
+    return self.idle(request.state, request.history, request.static)
 
   def idle(self, state, history, static):
-    batch = history.lengths.shape[0]
-    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=None, q=None, after=state)
+    return Proposal.nothing(history, static, state, counts=False)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
-    return proposal.after
+  def settle(self, verdict):
+    return verdict.proposal.after
 
   def propose_tree(self, params, state, history, static, knobs, keys):
     raise ValueError("plain decoding drafts no token tree (Speculation(tree=...) needs a draft).")

@@ -13,21 +13,22 @@ top-k / top-p are on, the drafter's kind and shapes, gamma, the schedule, whethe
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
 
 from jaxspec.decoding import adaptive, arguments, loop, memory_guard, placement, streaming
 from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
-from jaxspec.decoding.drafter import Drafter, PlainDrafter
+from jaxspec.decoding.drafter import DraftSource, PlainDrafter
 from jaxspec.decoding.head_drafter import HeadDrafter
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.settings import Sampling, Speculation, is_int
+from jaxspec.checks import check_int
+from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
-from jaxspec.model import FeatureHead, Model
+from jaxspec.models.loaded import FeatureHead, Model
 from jaxspec.models import eagle3
 from jaxspec.models.hf_table import get_path
 
@@ -43,24 +44,23 @@ class _Call:
   settings: loop.LoopSettings
   ids: np.ndarray  # [B, S] int32, right-padded to the bucket.
   lengths: np.ndarray  # [B] int32.
-  draft_model: Model | None  # The draft when it is a model (its weights go to the loop as draft params).
+  source: DraftSource  # The drafter and the params it reads.
   speculation: Speculation | None
   sampling: Sampling
-  head_params: Any = None  # A feature head's draft params ({"head", "embed"}), or None.
 
 
-def _drafter(target: Model, speculation: Speculation | None) -> tuple[Drafter, Model | None, Any]:
-  """The loop's drafter for this speculation, the draft model whose weights it reads (or None), and a feature
-  head's params (or None)."""
+def _drafter(target: Model, speculation: Speculation | None) -> DraftSource:
+  """What this speculation drafts with: the loop's drafter and its params (the one registration of a drafter
+  kind: a new `Speculation.draft` kind maps to its drafter here, docs/drafters.md)."""
   if speculation is None:
-    return PlainDrafter(), None, None
+    return DraftSource(PlainDrafter())
   draft = speculation.draft
   if isinstance(draft, Model):
-    return ModelDrafter(arguments.draft_decoder(target, draft)), draft, None
+    return DraftSource(ModelDrafter(arguments.draft_decoder(target, draft)), draft.params, model=draft, owner=draft)
   if isinstance(draft, FeatureHead):
     drafter, params = head_drafter(target, draft)
-    return drafter, None, params
-  return draft.drafter(), None, None  # prompt lookup: NGramDraft's drafter
+    return DraftSource(drafter, params, owner=draft)
+  return DraftSource(draft.drafter(), owner=draft)  # prompt lookup: NGramDraft's drafter, no params
 
 
 def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
@@ -79,8 +79,7 @@ def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
 
 
 def _check_int(name: str, value, upper: int) -> None:
-  if not is_int(value) or not 1 <= value <= upper:
-    raise SettingsError(f"{name} must be an integer in [1, {upper}], got {value!r}.")
+  check_int(value, name, 1, upper)
 
 
 def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, stream: bool) -> _Call:
@@ -94,18 +93,18 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
     raise SettingsError(f"sampling must be a jaxspec.Sampling or None, got {type(sampling).__name__}.")
   _check_int("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)
   _check_int("max_input_length", max_input_length, MAX_NEW_TOKENS)
-  drafter, draft_model, head_params = _drafter(target, speculation)
+  source = _drafter(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   cfg = target.config
   gamma, tree = (0, None) if speculation is None else (speculation.gamma, speculation.tree)
   if tree is not None and tree.top_k == 1:  # a tree of one child per node is the chain: the chain loop runs it
     gamma, tree = tree.nodes, None
   settings = loop.LoopSettings(
-      target=target.decoder(), drafter=drafter, gamma=gamma,
+      target=target.decoder(), drafter=source.drafter, gamma=gamma,
       max_new_tokens=int(max_new_tokens), greedy=sampling.greedy, filtering=sampling.filtering,
       eos_ids=tuple(cfg.eos_token_ids), pad_id=cfg.pad_token_id,
       schedule="constant" if speculation is None else speculation.schedule, streaming=stream, tree=tree)
-  return _Call(settings, ids, lengths, draft_model, speculation, sampling, head_params)
+  return _Call(settings, ids, lengths, source, speculation, sampling)
 
 
 def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
@@ -120,14 +119,9 @@ def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
 def _placed(call: _Call, target: Model, seed) -> placement.Call:
   """The call's programs and arguments where the target lives, after checking that they fit its memory."""
   seeds, row_ids = arguments.seeds_for_rows(seed, call.ids.shape[0])
-  where = placement.plan(target, call.draft_model, call.ids.shape[0])
-  memory_guard.check_fits(call.settings, where, target, call.draft_model, *call.ids.shape,
-                          draft_params=call.head_params)
-  run = placement.prepare(where, target, call.draft_model, call.ids, call.lengths, seeds, row_ids)
-  if call.head_params is not None:
-    run.draft_params = call.head_params if where is None else placement.replicated_on(
-        call.head_params, where.mesh, owner=call.speculation.draft)
-  return run
+  where = placement.plan(target, call.source.model, call.ids.shape[0])
+  memory_guard.check_fits(call.settings, where, target, call.source, *call.ids.shape)
+  return placement.prepare(where, target, call.source, call.ids, call.lengths, seeds, row_ids)
 
 
 def generate(target: Model, inputs, speculation: Speculation | None = None, sampling: Sampling | None = None, *,

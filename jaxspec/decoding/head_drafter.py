@@ -68,8 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import chain, sampling, tree
-from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
+from jaxspec.decoding import chain
 from jaxspec.models.contract import TreeNodes
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head, HeadInput
 
@@ -87,8 +86,9 @@ class HeadState:
 
 
 @dataclasses.dataclass(frozen=True)
-class HeadDrafter:
-  """A feature head behind the `Drafter` protocol (hashable: part of the loop's static settings).
+class HeadDrafter(chain.LearnedDrafter):
+  """A feature head behind the `Drafter` protocol (hashable: part of the loop's static settings). Propose, idle
+  and the tree's skeleton are `chain.LearnedDrafter`'s; this class gives the head's first logits, steps and beam.
 
   head: the head bound to its config; feature_layers: the target's feature indices it fuses (from
   `eagle3.check_fits`); vocab_size: the target's vocabulary (the logits' and q's last axis).
@@ -123,21 +123,12 @@ class HeadDrafter:
     last = jnp.clip(input_lengths - 2, 0, None).astype(jnp.int32)  # entry L - 2 of the loop: the prompt's n - 2
     return HeadState(cache=cache, hidden=jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0])
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
-    if limit is None:
-      return self._propose_fixed(params, state, static, knobs, keys)
-    return self._propose_variable(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
-
-  def idle(self, state, history, static):
-    batch = history.lengths.shape[0]
-    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32),
-                    q=None, after=state)
-
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
+  def settle(self, verdict):
     """Re-feeds the verified positions with the target's real features (the module docstring)."""
-    after: HeadState = proposal.after
+    after: HeadState = verdict.proposal.after
+    params, features, block, emit = verdict.params, verdict.features, verdict.block, verdict.emit
     width = features.shape[1]
-    cache = after.cache.rollback(history.lengths - 1)  # the chain's entries were speculative
+    cache = after.cache.rollback(verdict.history.lengths - 1)  # the chain's entries were speculative
     g = self.head.fuse(params["head"], features)  # [B, W, H]
     with jax.named_scope("draft_step"):
       res = self.head.step(params, cache, HeadInput(block[:, :width], g))  # its logits are never read
@@ -145,34 +136,7 @@ class HeadDrafter:
     last = jnp.clip(emit - 1, 0, width - 1)
     hidden = jnp.where((emit > 0)[:, None], jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0],
                        after.hidden)
-    return HeadState(cache=cache.rollback(lengths - 1), hidden=hidden)
-
-  def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
-    """EAGLE-2's tree of static.tree's shape and depth gamma per row, grown from the head (`tree.draft_tree`;
-    the module docstring, "Trees"). Depth 1 is the top_k of the first draft's logits (from `hidden`); each
-    further depth's beam is fed once (`_call` with the tree's depths and ancestors), each beam node's entry
-    pairing the pre-norm output of its parent's entry (`hidden` for a depth-1 node) with its own token. When
-    sampling, each expanded node's children are drawn from the head's q (the proposal's `siblings`). The
-    tree's entries are speculative: `settle` drops them (and re-feeds the accepted path from the target)."""
-    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
-
-    def beam_step(carry, tokens, depths, ancestors):
-      """carry (cache, prenorm [B, K', H] of the previous beam's entries; K' = 1 before the first call)."""
-      cache, previous = carry
-      k, fed = tokens.shape[1], depths.shape[1] - tokens.shape[1]
-      if fed == 0:  # depth 1: every node's parent is the root, whose "entry" is L - 2 (`hidden`)
-        hidden = jnp.broadcast_to(previous, previous.shape[:1] + (k,) + previous.shape[2:])
-      else:  # the parent of each node: the one previous-beam node (the last K fed) among its ancestors
-        parent = jnp.argmax(ancestors[:, :, fed - k:fed], axis=2)  # [B, K]
-        hidden = jnp.take_along_axis(previous, parent[:, :, None], axis=1)
-      logits, prenorm, cache = self._call(params, cache, hidden, tokens, (depths, ancestors))
-      return rank(logits), (cache, prenorm)
-
-    proposal = tree.draft_tree(history.last, rank(self._first(params, state)), beam_step,
-                               (state.cache, state.hidden[:, None]), static.tree, static.gamma,
-                               keys=None if static.greedy else keys)
-    cache, _ = proposal.after
-    return proposal.replace(after=state.replace(cache=cache))
+    return HeadState(cache=cache.rollback(verdict.lengths - 1), hidden=hidden)
 
   def _call(self, params: Any, cache: Eagle3Cache, hidden: jax.Array, tokens: jax.Array,
             tree_nodes: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, jax.Array, Eagle3Cache]:
@@ -189,6 +153,12 @@ class HeadDrafter:
     """[B, V] the logits of the first draft (from the pre-norm output of entry L - 2)."""
     return self.head.logits(params["head"], state.hidden[:, None])[:, 0]
 
+  # chain.LearnedDrafter's hooks: no catch-up (the head's cache holds every entry before L - 1 after settle).
+
+  def _begin(self, params, state, history, static, needed, variable, refeed):
+    """(the first draft's logits from `hidden`, carry (cache, hidden [B, H]), nothing)."""
+    return self._first(params, state), (state.cache, state.hidden), None
+
   def _step(self, params: Any):
     """The chain's step (chain.Step): one entry per row, carry (cache, hidden [B, H]), token [B]."""
     def step(carry, token):
@@ -197,32 +167,33 @@ class HeadDrafter:
       return logits[:, 0], (cache, prenorm[:, 0])
     return step
 
-  def _propose_fixed(self, params: Any, state: HeadState, static: ProposalSettings, knobs: sampling.SamplingKnobs,
-                     keys: jax.Array) -> Proposal:
-    """gamma tokens for every row (schedule "constant")."""
-    tokens, q, (cache, _) = chain.draw_fixed(self._first(params, state), self._step(params),
-                                             (state.cache, state.hidden), static, knobs, keys)
-    return Proposal(tokens=tokens, counts=None, q=q, after=state.replace(cache=cache))
+  def _drafted(self, state, carry, begun, steps):
+    cache, _ = carry
+    return state.replace(cache=cache)
 
-  def _propose_variable(self, params: Any, state: HeadState, history: History, limit: jax.Array,
-                        static: ProposalSettings, knobs: sampling.SamplingKnobs, confidence: jax.Array,
-                        keys: jax.Array, some_row_drafts: bool) -> Proposal:
-    """At most limit[b] tokens for row b ([B] int32 in [0, G]), each row stopping after a token whose
-    distribution's top probability is below `confidence`. With no row to draft, no head call (a `lax.cond`,
-    unless some_row_drafts)."""
-    gamma, batch = static.gamma, history.lengths.shape[0]
+  def _rested(self, state):
+    return state
 
-    def draft(state: HeadState):
-      tokens, q, counts, (cache, _), _ = chain.draw_variable(
-          self._first(params, state), self._step(params), (state.cache, state.hidden), limit, static, knobs,
-          confidence, keys)
-      return Proposal(tokens=tokens, counts=counts, q=q, after=state.replace(cache=cache))
+  def _vocab(self, params, state, history):
+    return self.vocab_size
 
-    def skip(state: HeadState):
-      q = None if static.greedy else jnp.zeros((batch, gamma, self.vocab_size), jnp.float32)
-      return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
-                      after=state)
+  def _tree_carry(self, carry):
+    """A tree's carry: (cache, prenorm [B, K', H] of the previous beam's entries; K' = 1 before the first call)."""
+    cache, hidden = carry
+    return cache, hidden[:, None]
 
-    if some_row_drafts:
-      return draft(state)
-    return jax.lax.cond(jnp.any(limit > 0), draft, skip, state)
+  def _beam_step(self, params, rank):
+    """EAGLE-2's beam step (the module docstring, "Trees"): each beam node's entry pairs the pre-norm output of
+    its parent's entry (`hidden` for a depth-1 node) with its own token; each depth fed once (`_call` with the
+    tree's depths and ancestors)."""
+    def beam_step(carry, tokens, depths, ancestors):
+      cache, previous = carry
+      k, fed = tokens.shape[1], depths.shape[1] - tokens.shape[1]
+      if fed == 0:  # depth 1: every node's parent is the root, whose "entry" is L - 2 (`hidden`)
+        hidden = jnp.broadcast_to(previous, previous.shape[:1] + (k,) + previous.shape[2:])
+      else:  # the parent of each node: the one previous-beam node (the last K fed) among its ancestors
+        parent = jnp.argmax(ancestors[:, :, fed - k:fed], axis=2)  # [B, K]
+        hidden = jnp.take_along_axis(previous, parent[:, :, None], axis=1)
+      logits, prenorm, cache = self._call(params, cache, hidden, tokens, (depths, ancestors))
+      return rank(logits), (cache, prenorm)
+    return beam_step

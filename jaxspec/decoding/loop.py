@@ -49,7 +49,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding import adaptive, sampling, streaming, tree_verify, verify
-from jaxspec.decoding.drafter import Drafter, History, Proposal, ProposalSettings
+from jaxspec.decoding.drafter import DraftRequest, Drafter, History, Proposal, ProposalSettings, Verdict
 from jaxspec.decoding.tree import Tree, TreeProposal
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
@@ -171,8 +171,9 @@ def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs,
   limit, resting = None, None
   if settings.scheduled:
     limit, resting = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, active)
-  proposal = settings.drafter.propose(params, state.draft_state, history, limit, settings.proposal, knobs,
-                                      spec.draft_confidence, keys, some_row_drafts=kind.width is not None)
+  proposal = settings.drafter.propose(DraftRequest(params, state.draft_state, history, limit, settings.proposal,
+                                                   knobs, spec.draft_confidence, keys,
+                                                   some_row_drafts=kind.width is not None))
   return proposal, resting
 
 
@@ -301,8 +302,8 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
 
   # Rollback: the target has now fed everything but the newest token; the drafter keeps what was accepted.
   target_cache = target_cache.rollback(lengths - 1)
-  draft_state = settings.drafter.settle(proposal, state.history, lengths, n, block, emit, params=draft_params,
-                                       features=features)
+  draft_state = settings.drafter.settle(Verdict(proposal, state.history, lengths, n, block, emit,
+                                                params=draft_params, features=features))
   schedule = state.schedule
   if schedule is not None:
     schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)

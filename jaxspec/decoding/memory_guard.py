@@ -89,8 +89,7 @@ def loop_shape(settings, target_params, draft_params, draft_is_model: bool, batc
                    layers=settings.drafter.feature_layers, drafter_state=state)
 
 
-def check_fits(settings, where, target, draft, batch: int, width: int, headroom: float = 0.9,
-               draft_params=None) -> None:
+def check_fits(settings, where, target, source, batch: int, width: int, headroom: float = 0.9) -> None:
   """Raises CacheTooLargeError when a call's caches, loop state and activations need more than `headroom` of the
   free memory of a device that holds the target. Reads the call's placement; transfers nothing.
 
@@ -98,14 +97,14 @@ def check_fits(settings, where, target, draft, batch: int, width: int, headroom:
     settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy, the tree,
       the drafter: its features and state are counted for every drafter, `loop_shape`).
     where: the call's `placement.Placement` (None on one device).
-    target, draft: the call's target and draft model (None: no draft model).
+    target: the call's target; source: its `drafter.DraftSource` (a draft model is planned with its config,
+      any other drafter by its state).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
-    draft_params: the drafter's params when it is not a draft model (a feature head's {"head", "embed"}).
   """
+  draft = source.model
   shape = (1, 1) if where is None else where.shape
   padded = batch if where is None else where.batch
-  loop = loop_shape(settings, target.params, draft.params if draft is not None else draft_params,
-                    draft is not None, padded, width, shape[0])
+  loop = loop_shape(settings, target.params, source.params, draft is not None, padded, width, shape[0])
   plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
                      draft=None if draft is None else draft.config,
                      rules=DEFAULT_RULES if where is None else where.target_rules,

@@ -14,7 +14,8 @@ Its width W is static, picked per iteration (`lax.switch`) from the largest lag 
   call never writes past the cache: dlen + gamma + 1 <= cache_len, and the re-feed starts at 0.
 A row that does not draft this iteration may lag more than W - 1; it is fed what fits and stays behind.
 
-Drafting: `_propose_fixed` (schedule "constant": `limit` None) draws gamma tokens for every row with a `lax.scan`
+Drafting (`chain.LearnedDrafter`, shared with the feature heads): `_propose_fixed` (schedule "constant": `limit`
+None) draws gamma tokens for every row with a `lax.scan`
 of gamma - 1 single-token calls. `_propose_variable` draws at most limit[b] tokens for row b and stops a row after
 a token whose distribution's top probability is below draft_confidence; its `lax.while_loop` makes single-token
 calls only while some row still drafts, so at batch 1 a short draft costs only its own steps.
@@ -32,8 +33,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, chain, sampling, tree
-from jaxspec.decoding.drafter import History, Proposal, ProposalSettings
+from jaxspec.decoding import adaptive, chain
+from jaxspec.decoding.drafter import ProposalSettings
 from jaxspec.models.contract import Decoder, TreeNodes
 
 
@@ -84,8 +85,9 @@ def catch_up(decoder: Decoder, static: ProposalSettings, params: Any, cache: Any
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelDrafter:
-  """A draft model behind the `Drafter` protocol. decoder: the draft's `Decoder` (its weights come as params)."""
+class ModelDrafter(chain.LearnedDrafter):
+  """A draft model behind the `Drafter` protocol. decoder: the draft's `Decoder` (its weights come as params).
+  Propose, idle and the tree's skeleton are `chain.LearnedDrafter`'s; this class gives its catch-up call and steps."""
 
   decoder: Decoder
   may_find_nothing: bool = False
@@ -96,41 +98,19 @@ class ModelDrafter:
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return self.decoder.prefill(params, input_ids, input_lengths, cache_len).cache
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
-    if limit is None:
-      return self._propose_fixed(params, state, history, static, knobs, keys)
-    return self._propose_variable(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
-
-  def idle(self, state, history, static):
-    batch = history.lengths.shape[0]
-    zeros = jnp.zeros((batch,), jnp.int32)
-    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None,
-                    after=Drafted(cache=state, base=state.positions, steps=jnp.int32(0)))
-
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
+  def settle(self, verdict):
     """A caught-up row keeps the last token and the x_1..x_steps it fed that were accepted; a row still behind
-    keeps what its catch-up fed; never more than lengths - 1 (the newest token is fed next iteration)."""
-    after = proposal.after
-    kept = jnp.where(after.base == history.lengths, history.lengths + jnp.minimum(accepted, after.steps), after.base)
-    return after.cache.rollback(jnp.minimum(kept, lengths - 1))
+    keeps what its catch-up fed; never more than lengths - 1 (the newest token is fed next iteration). After a
+    tree (steps 0) that is the tree-free cache: the next catch-up feeds the accepted tokens (at most gamma + 1)."""
+    after, history = verdict.proposal.after, verdict.history
+    kept = jnp.where(after.base == history.lengths, history.lengths + jnp.minimum(verdict.accepted, after.steps),
+                     after.base)
+    return after.cache.rollback(jnp.minimum(kept, verdict.lengths - 1))
 
-  def propose_tree(self, params, state, history, static, knobs, keys) -> tree.TreeProposal:
-    """A tree of static.tree's shape and depth gamma per row (`tree.draft_tree`): one catch-up call, then the
-    beam of each depth fed once through the draft's `step` with its tree nodes; when sampling, every expanded node's children
-    are drawn from its q (the proposal's `siblings`, verified by recursive rejection sampling). `settle` drops
-    the tree from the cache (the catch-up of the next iteration feeds the accepted tokens, at most gamma + 1)."""
-    first, cache, base = catch_up(self.decoder, static, params, state, history.sequences, history.lengths,
-                                  ~history.done, variable=True, refeed=False)
-    rank = lambda logits: tree.draft_logprobs(logits, static.greedy, static.filtering, knobs)
-
-    def beam_step(cache, tokens, depths, ancestors):
-      with jax.named_scope("draft_step"):
-        res = self.decoder.step(params, cache, tokens, tree=TreeNodes.of(depths, ancestors))
-      return rank(res.logits), res.cache
-
-    proposal = tree.draft_tree(history.last, rank(first), beam_step, cache, static.tree, static.gamma,
-                               keys=None if static.greedy else keys)
-    return proposal.replace(after=Drafted(cache=proposal.after, base=base, steps=jnp.int32(0)))
+  def _begin(self, params, cache, history, static, needed, variable, refeed):
+    """The catch-up call (`catch_up`): (the first draft's logits, the cache, base)."""
+    return catch_up(self.decoder, static, params, cache, history.sequences, history.lengths, needed,
+                    variable=variable, refeed=refeed)
 
   def _step(self, params: Any):
     """The chain's step (chain.Step): one token per row [B] fed to the draft model."""
@@ -140,40 +120,23 @@ class ModelDrafter:
       return res.logits[:, 0], res.cache
     return step
 
-  def _propose_fixed(self, params: Any, cache: Any, history: History, static: ProposalSettings,
-                     knobs: sampling.SamplingKnobs, keys: jax.Array) -> Proposal:
-    """gamma tokens for every row (schedule "constant"); finished rows need no catch-up."""
-    first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, history.lengths,
-                                  ~history.done, variable=False)
-    tokens, q, cache = chain.draw_fixed(first, self._step(params), cache, static, knobs, keys)
-    return Proposal(tokens=tokens, counts=None, q=q,
-                    after=Drafted(cache=cache, base=base, steps=jnp.int32(static.gamma - 1)))
+  def _drafted(self, state, cache, base, steps):
+    return Drafted(cache=cache, base=base, steps=steps)
 
-  def _propose_variable(self, params: Any, cache: Any, history: History, limit: jax.Array,
-                        static: ProposalSettings, knobs: sampling.SamplingKnobs, confidence: jax.Array,
-                        keys: jax.Array, some_row_drafts: bool) -> Proposal:
-    """At most limit[b] tokens for row b ([B] int32 in [0, G], 0 = none), each row stopping after a token whose
-    distribution's top probability is below `confidence` ([] float32). Rows still behind after the catch-up call
-    draft nothing. With no row to draft, no draft call at all (a `lax.cond`, unless some_row_drafts)."""
-    gamma, batch, lengths = static.gamma, history.lengths.shape[0], history.lengths
+  def _rested(self, cache):
+    return Drafted(cache=cache, base=cache.positions, steps=jnp.int32(0))
 
-    def draft(cache):
-      first, cache, base = catch_up(self.decoder, static, params, cache, history.sequences, lengths, limit > 0,
-                                    variable=True)
-      row_limit = jnp.where(base == lengths, limit, 0)
-      tokens, q, counts, cache, steps = chain.draw_variable(first, self._step(params), cache, row_limit, static,
-                                                            knobs, confidence, keys)
-      return Proposal(tokens=tokens, counts=counts, q=q, after=Drafted(cache=cache, base=base, steps=steps))
+  def _row_limit(self, limit, base, lengths):
+    """Rows still behind after the catch-up call draft nothing."""
+    return jnp.where(base == lengths, limit, 0)
 
-    def skip(cache):
-      q = None
-      if not static.greedy:
-        vocab = jax.eval_shape(lambda c: self.decoder.step(params, c, history.sequences[:, :1]).logits,
-                               cache).shape[-1]
-        q = jnp.zeros((batch, gamma, vocab), jnp.float32)
-      return Proposal(tokens=jnp.zeros((batch, gamma), jnp.int32), counts=jnp.zeros((batch,), jnp.int32), q=q,
-                      after=Drafted(cache=cache, base=cache.positions, steps=jnp.int32(0)))
+  def _vocab(self, params, cache, history):
+    return jax.eval_shape(lambda c: self.decoder.step(params, c, history.sequences[:, :1]).logits, cache).shape[-1]
 
-    if some_row_drafts:
-      return draft(cache)
-    return jax.lax.cond(jnp.any(limit > 0), draft, skip, cache)
+  def _beam_step(self, params, rank):
+    """A tree depth's beam fed once through the draft's `step` with its tree nodes."""
+    def beam_step(cache, tokens, depths, ancestors):
+      with jax.named_scope("draft_step"):
+        res = self.decoder.step(params, cache, tokens, tree=TreeNodes.of(depths, ancestors))
+      return rank(res.logits), res.cache
+    return beam_step

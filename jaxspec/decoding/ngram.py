@@ -50,19 +50,18 @@ class NGramDrafter:
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return init_context(input_ids, input_lengths, cache_len)
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
+  def propose(self, request):
+    limit, state, static = request.limit, request.state, request.static
     if limit is None:
-      limit = jnp.where(history.done, 0, static.gamma)
+      limit = jnp.where(request.history.done, 0, static.gamma)
     tokens, found = propose(self, state, static.gamma)
     return Proposal(tokens=tokens, counts=jnp.minimum(found, limit).astype(jnp.int32), q=None, after=state)
 
   def idle(self, state, history, static):
-    batch = history.lengths.shape[0]
-    zeros = jnp.zeros((batch,), jnp.int32)
-    return Proposal(tokens=jnp.zeros((batch, static.gamma), jnp.int32), counts=zeros, q=None, after=state)
+    return Proposal.nothing(history, static, state)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
-    return append(proposal.after, block, emit)
+  def settle(self, verdict):
+    return append(verdict.proposal.after, verdict.block, verdict.emit)
 
   def propose_tree(self, params, state, history, static, knobs, keys):
     """The continuations of up to top_k earlier matches as branches of one tree (`propose_tree`)."""

@@ -12,10 +12,11 @@ placed on a mesh (`jaxspec.shard`, `jaxspec.load(..., mesh=...)`):
     over `model` where the weights' heads are, batch over `data`): explicit `out_shardings` of the prefill and the
     loop, and the loop's `in_shardings`, so the compiler neither replicates them nor gathers weights (the caches
     are still donated to the loop);
-  - a draft that is not on the target's mesh is replicated over `model` (`DRAFT_RULES`, docs/scaling.md), once:
-    the placed copy is kept for later calls on that mesh (beside the draft model, not on it: `_kept_copy`);
-  - a feature head's weights are replicated on the mesh (`replicated_on`: one decoder layer, small beside the
-    target; the target's embedding it may read stays as the target placed it), once per mesh, kept beside the head.
+  - the drafter's params (`drafter.DraftSource`) are placed one way for every kind (`draft_params_on`): arrays
+    already on the mesh stay (a feature head reads the target's embedding as the target placed it), a draft
+    model's other weights are placed by its axes under `DRAFT_RULES` (replicated over `model`, docs/scaling.md),
+    a head's replicated (one decoder layer, small beside the target); once per mesh, the placed copy kept beside
+    the user's draft or head for later calls (not on it: `_kept_copy`).
 Convention read here: in every program output, the target's cache comes before the draft's (flatten order).
 """
 
@@ -203,18 +204,27 @@ def plan(target, draft, batch: int) -> Placement | None:
   return Placement(mesh=mesh, batch=batch + (-batch % data), caches=tuple(caches))
 
 
-def _draft_params_on(draft, mesh: Mesh) -> Any:
-  """The draft's parameters on `mesh`: as they are when already there, else replicated over `model` by
-  DRAFT_RULES, placed once and kept with the draft model (keyed by mesh and the parameters' identity)."""
-  if mesh_of(draft.params) == mesh:
-    return draft.params
-  key = (mesh, id(draft.params))
+def draft_params_on(source, mesh: Mesh | None) -> Any:
+  """A `drafter.DraftSource`'s params where the loop reads them, one way for a draft model, a feature head and
+  prompt lookup: as they are without a mesh (or without params); on `mesh`, every array already there as it is and
+  every other one placed, by the draft model's own axes under DRAFT_RULES (replicated over `model`) when the
+  source is a draft model, else replicated. Placed once per mesh and kept beside `source.owner` (keyed by the
+  arrays' identity), never stored on it."""
+  if mesh is None or source.params is None:
+    return source.params
+  leaves, treedef = jax.tree.flatten(source.params)
+  key = (mesh, tuple(id(x) for x in leaves))
 
   def placed():
-    shardings, _ = tree_shardings(draft.family.param_axes(draft.config), draft.params, mesh, DRAFT_RULES)
-    return (draft.params, jax.tree.map(place, draft.params, shardings))  # keeps the placed ids alive
+    if source.model is None:
+      shardings = [NamedSharding(mesh, PartitionSpec())] * len(leaves)
+    else:
+      model = source.model
+      tree, _ = tree_shardings(model.family.param_axes(model.config), source.params, mesh, DRAFT_RULES)
+      shardings = jax.tree.leaves(tree)
+    return (leaves, [x if mesh_of(x) == mesh else place(x, s) for x, s in zip(leaves, shardings)])  # keeps ids
 
-  return _kept_copy(draft, key, placed)[1]
+  return jax.tree.unflatten(treedef, _kept_copy(source.owner, key, placed)[1])
 
 
 # Placed copies of a draft's weights, one per owner (a draft model or a feature head), kept beside it rather than
@@ -233,24 +243,11 @@ def _kept_copy(owner: Any, key: tuple, make: Callable[[], Any]) -> Any:
   return entry[2]
 
 
-def replicated_on(tree: Any, mesh: Mesh, owner: Any) -> Any:
-  """`tree`'s arrays on `mesh`: those already there as they are, every other one replicated (`place`, so each
-  process builds its own shards). Placed once per mesh and kept with `owner` (keyed by the arrays' identity)."""
-  leaves, treedef = jax.tree.flatten(tree)
-  key = (mesh, tuple(id(x) for x in leaves))
-
-  def placed():
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return (leaves, [x if mesh_of(x) == mesh else place(x, replicated) for x in leaves])  # keeps ids alive
-
-  return jax.tree.unflatten(treedef, _kept_copy(owner, key, placed)[1])
-
-
-def prepare(where: Placement | None, target, draft, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,
+def prepare(where: Placement | None, target, source, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,
             row_ids: np.ndarray) -> Call:
-  """The programs and arguments for decoding `ids` [B, S] with `target` (and the draft model `draft`, or None)
-  where `plan` placed them."""
-  draft_params = None if draft is None else draft.params
+  """The programs and arguments for decoding `ids` [B, S] with `target` and the `drafter.DraftSource` `source`
+  where `plan` placed them (the drafter's params by `draft_params_on`)."""
+  draft_params = draft_params_on(source, None if where is None else where.mesh)
   if where is None:
     return Call(PREFILL, RUN, target.params, draft_params, ids, lengths, seeds, row_ids, real=ids.shape[0])
   real = ids.shape[0]
@@ -258,7 +255,5 @@ def prepare(where: Placement | None, target, draft, ids: np.ndarray, lengths: np
   ids, lengths, seeds = (_pad_rows(x, pad) for x in (ids, lengths, seeds))
   # Every padding row gets its own key: a row id past the real rows (its outputs are dropped anyway).
   row_ids = np.concatenate([row_ids, np.arange(real, real + pad, dtype=row_ids.dtype)])
-  if draft is not None:
-    draft_params = _draft_params_on(draft, where.mesh)
   return Call(ShardedProgram(loop.prefill, where), ShardedProgram(loop.run, where, donate_argnums=(3, 4)),
               target.params, draft_params, ids, lengths, seeds, row_ids, real=real, placement=where)

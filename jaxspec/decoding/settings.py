@@ -15,31 +15,17 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
 from typing import TYPE_CHECKING, Union
 
-import numpy as np
-
 from jaxspec.decoding.tree import Tree
+from jaxspec.checks import check_int, is_int, is_real
 from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
   from jaxspec.decoding.ngram import NGramDrafter
-  from jaxspec.model import FeatureHead, Model
+  from jaxspec.models.loaded import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
-MAX_SEED = 2**31 - 1  # seeds are integers in [0, MAX_SEED]
-
-
-def is_int(x) -> bool:
-  """A Python or numpy integer, not a bool."""
-  return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, (bool, np.bool_))
-
-
-def is_real(x) -> bool:
-  """A Python or numpy real number, not a bool."""
-  return isinstance(x, (numbers.Real, np.floating, np.integer)) and not isinstance(x, (bool, np.bool_))
-
 
 def _require(ok: bool, message: str) -> None:
   if not ok:
@@ -62,7 +48,8 @@ class Sampling:
     t, k, p = self.temperature, self.top_k, self.top_p
     _require(is_real(t) and math.isfinite(t) and t >= 0,
              f"Sampling.temperature must be a finite number >= 0 (0 = greedy), got {t!r}.")
-    _require(is_int(k) and 0 <= k < 2**31, f"Sampling.top_k must be an integer >= 0 (0 = off), got {k!r}.")
+    check_int(k, "Sampling.top_k", 0, note=" (0 = off)")
+    _require(k < 2**31, f"Sampling.top_k must be below 2**31, got {k!r}.")
     _require(is_real(p) and 0 < p <= 1, f"Sampling.top_p must be in (0, 1] (1 = off), got {p!r}.")
 
   @property
@@ -86,8 +73,7 @@ class NGramDraft:
   min_ngram: int = 1
 
   def __post_init__(self):
-    _require(is_int(self.min_ngram) and self.min_ngram >= 1,
-             f"NGramDraft.min_ngram must be an integer >= 1, got {self.min_ngram!r}.")
+    check_int(self.min_ngram, "NGramDraft.min_ngram", 1)
     _require(is_int(self.max_ngram) and self.max_ngram >= self.min_ngram,
              f"NGramDraft.max_ngram must be an integer >= min_ngram={self.min_ngram}, got {self.max_ngram!r}.")
 
@@ -143,18 +129,18 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
-    from jaxspec.model import FeatureHead, Model  # pylint: disable=import-outside-toplevel
+    from jaxspec.models.loaded import FeatureHead, Model  # pylint: disable=import-outside-toplevel
     _require(isinstance(self.draft, (Model, NGramDraft, FeatureHead)),
              f"Speculation.draft must be a jaxspec.Model or a jaxspec.FeatureHead (from jaxspec.load), or a "
              f"jaxspec.NGramDraft, got {type(self.draft).__name__}.")
     g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
                         self.prior_alpha)
-    _require(is_int(g) and 1 <= g <= 256, f"Speculation.gamma must be an integer in [1, 256] (draft tokens per "
-             f"iteration), got {g!r}.")
+    check_int(g, "Speculation.gamma", 1, 256, note=" (draft tokens per iteration)")
     _require(self.schedule in SCHEDULES, f"Speculation.schedule must be one of {SCHEDULES}, got {self.schedule!r}.")
     _require(is_real(c) and 0 <= c < 1, f"Speculation.draft_confidence must be in [0, 1) (0 = off), got {c!r}.")
     _require(is_real(f) and 0 <= f <= 1, f"Speculation.fallback_alpha must be in [0, 1] (0 = off), got {f!r}.")
-    _require(is_int(i) and 1 <= i < 2**31, f"Speculation.probe_interval must be an integer >= 1, got {i!r}.")
+    check_int(i, "Speculation.probe_interval", 1)
+    _require(i < 2**31, f"Speculation.probe_interval must be below 2**31, got {i!r}.")
     _require(d is None or (is_real(d) and math.isfinite(d) and d >= 0),
              f"Speculation.draft_cost must be a finite number >= 0 (or None), got {d!r}.")
     _require(is_real(a) and 0 <= a <= 1, f"Speculation.prior_alpha must be in [0, 1] (1 = optimistic), got {a!r}.")

@@ -38,6 +38,7 @@ import numpy as np
 from flax import struct
 
 from jaxspec.decoding import sampling
+from jaxspec.checks import check_int
 from jaxspec.errors import SettingsError
 
 MAX_TOP_K = 64  # k^2 candidates per depth; EAGLE-2 uses 8 to 10
@@ -45,8 +46,7 @@ MAX_NODES = 1024  # the target verifies nodes + 1 tokens in one call; EAGLE-2 us
 
 
 def _check_int(name: str, value, low: int, high: int) -> None:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not low <= int(value) <= high:
-    raise SettingsError(f"Tree.{name} must be an integer in [{low}, {high}], got {value!r}.")
+  check_int(value, f"Tree.{name}", low, high)
 
 
 @dataclasses.dataclass(frozen=True)

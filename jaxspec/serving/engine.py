@@ -73,7 +73,8 @@ from jaxspec.decoding import adaptive, arguments, loop, placement
 from jaxspec.decoding import engine as generate_engine
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.settings import MAX_SEED, Sampling, Speculation, is_int, is_real
+from jaxspec.checks import check_seed, is_int, is_real
+from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
@@ -101,8 +102,7 @@ class RequestSettings:
     if not is_int(self.max_tokens) or self.max_tokens < 1:
       raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
     Sampling(self.temperature, self.top_k, self.top_p)  # raises SettingsError naming the field
-    if not is_int(self.seed) or not 0 <= self.seed <= MAX_SEED:
-      raise SettingsError(f"seed must be an integer in [0, {MAX_SEED}], got {self.seed!r}.")
+    check_seed(self.seed)
 
   @property
   def mode(self) -> str:
@@ -161,16 +161,16 @@ class _CatchingUp:
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return self.inner.init(params, input_ids, input_lengths, cache_len, features=features, encoder=encoder)
 
-  def propose(self, params, state, history, limit, static, knobs, confidence, keys, some_row_drafts):
-    if limit is None:
-      limit = jnp.where(history.done, 0, static.gamma).astype(jnp.int32)
-    return self.inner.propose(params, state, history, limit, static, knobs, confidence, keys, some_row_drafts)
+  def propose(self, request):
+    if request.limit is None:
+      request = request._replace(limit=jnp.where(request.history.done, 0, request.static.gamma).astype(jnp.int32))
+    return self.inner.propose(request)
 
   def idle(self, state, history, static):
     return self.inner.idle(state, history, static)
 
-  def settle(self, proposal, history, lengths, accepted, block, emit, params=None, features=None):
-    return self.inner.settle(proposal, history, lengths, accepted, block, emit, params=params, features=features)
+  def settle(self, verdict):
+    return self.inner.settle(verdict)
 
   def propose_tree(self, params, state, history, static, knobs, keys):
     return self.inner.propose_tree(params, state, history, static, knobs, keys)
@@ -334,12 +334,8 @@ class SlotEngine:
         adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                                 tree=speculation.tree),))
     self.table = adaptive
-    drafter, draft_model, head_params = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
-    self.draft_params = draft_model.params if draft_model is not None else head_params
-    if self.mesh is not None and draft_model is not None:  # replicated over `model` (DRAFT_RULES), as generate
-      self.draft_params = placement._draft_params_on(draft_model, self.mesh)  # pylint: disable=protected-access
-    elif self.mesh is not None and head_params is not None:
-      self.draft_params = placement.replicated_on(head_params, self.mesh, owner=speculation.draft)
+    source = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
+    drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
     chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter

@@ -19,7 +19,7 @@ import dataclasses
 import math
 from typing import Any
 
-MAX_SEED = 2**31 - 1
+from jaxspec.checks import MAX_SEED  # the HTTP layer words its own 400s; the bound is the one
 MAX_STOPS = 4
 
 # OpenAI fields that are accepted when left at a value that changes nothing (None, the default shown).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from jaxspec.decoding.settings import is_int
+from jaxspec.checks import check_int
 from jaxspec.decoding.tree import Tree
 from jaxspec.errors import SettingsError
 
@@ -31,10 +31,8 @@ class TableEntry:
   tree: Tree | None = None
 
   def __post_init__(self):
-    if not is_int(self.max_active) or self.max_active < 1:
-      raise SettingsError(f"TableEntry.max_active must be an integer >= 1, got {self.max_active!r}.")
-    if not is_int(self.gamma) or self.gamma < 0:
-      raise SettingsError(f"TableEntry.gamma must be an integer >= 0 (0: plain decoding), got {self.gamma!r}.")
+    check_int(self.max_active, "TableEntry.max_active", 1)
+    check_int(self.gamma, "TableEntry.gamma", 0, note=" (0: plain decoding)")
     if self.tree is not None and not isinstance(self.tree, Tree):
       raise SettingsError(f"TableEntry.tree must be a jaxspec.Tree or None, got {type(self.tree).__name__}.")
     if self.tree is not None and self.gamma < 1:

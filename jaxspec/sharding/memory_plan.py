@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AbstractMesh
 
+from jaxspec.checks import check_int
 from jaxspec.models import contract, registry
 from jaxspec.models.t5 import T5Config
 from jaxspec.models.t5.shapes import T5_SHAPES
@@ -110,16 +111,17 @@ class MemoryPlan:
 
 
 def config_of(name_or_config):
-  """A config from a config object, a Model, a public T5 shape name ('t5-11b') or a model directory / name."""
+  """A config from a config object, a Model or a public T5 shape name ('t5-11b'). Reading a model directory's
+  config is the checkpoint layer's: `jaxspec.memory_plan` (jaxspec/checkpoint/plan.py) reads it, then calls this
+  module's `memory_plan` with the config."""
   if hasattr(name_or_config, "params") and hasattr(name_or_config, "config"):
     return name_or_config.config
   if not isinstance(name_or_config, str):
     return name_or_config
   if name_or_config in T5_SHAPES:
     return T5Config(**T5_SHAPES[name_or_config])
-  from jaxspec.checkpoint import io  # pylint: disable=import-outside-toplevel
-  directory, _ = io._resolve(name_or_config, None, None)  # pylint: disable=protected-access
-  return io.read_config(directory)[1]
+  raise ValueError(f"memory_plan: {name_or_config!r} is not a public T5 shape name ({', '.join(T5_SHAPES)}): pass "
+                   f"a config or a Model, or call jaxspec.memory_plan, which reads a model directory's config.json.")
 
 
 def _bytes(shape, dtype) -> int:
@@ -257,8 +259,8 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
   """Bytes per device of `generate` on a mesh of `mesh_shape` = (data, model) (or {"data": D, "model": M}).
 
   Args:
-    config_or_model / draft: configs, Models, public T5 shape names ('t5-small' ... 't5-11b') or model
-      directories (only config.json is read). draft None: plain decoding.
+    config_or_model / draft: configs, Models or public T5 shape names ('t5-small' ... 't5-11b'); draft None:
+      plain decoding. (`jaxspec.memory_plan` also takes model directories and names: it reads their config.json.)
     batch: rows per generate call; max_input_length: the input bucket (positions of the encoder / prompt).
     rules: the target's logical-axis rules (None: DEFAULT_RULES); draft_rules: the draft's (DRAFT_RULES:
       replicated over `model`, as generate places an unsharded draft).
@@ -274,8 +276,7 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
     raise ValueError(f"memory_plan: mesh_shape must be (data, model) sizes >= 1, got {mesh_shape}.")
   for name, value in (("batch", batch), ("max_input_length", max_input_length), ("max_new_tokens", max_new_tokens),
                       ("gamma", gamma)):
-    if not isinstance(value, (int, np.integer)) or value < (0 if name == "gamma" else 1):
-      raise ValueError(f"memory_plan: {name} must be a positive integer, got {value!r}.")
+    check_int(value, f"memory_plan: {name}", 0 if name == "gamma" else 1, error=ValueError)
   dtype = jnp.dtype(dtype)
   target = config_of(config_or_model)
   draft = None if draft is None else config_of(draft)

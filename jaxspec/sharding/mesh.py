@@ -18,6 +18,7 @@ from typing import Sequence
 import jax
 from jax.sharding import AxisType, Mesh
 
+from jaxspec.checks import check_int
 from jaxspec.errors import SettingsError
 
 MESH_AXES = ("data", "model")
@@ -42,8 +43,8 @@ def make_mesh(data: int | None = None, model: int | None = None,
                         f"got {bad[0]!r} ({type(bad[0]).__name__})." if bad else "make_mesh: devices is empty.")
   n = len(devices)
   for name, size in (("data", data), ("model", model)):
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 1):
-      raise SettingsError(f"make_mesh: {name} must be an integer >= 1, got {size!r}.")
+    if size is not None:
+      check_int(size, f"make_mesh: {name}", 1)
   if data is None and model is None:
     data = 1
   if data is None or model is None:

@@ -55,10 +55,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import jaxspec
 from jaxspec import sharding
 from jaxspec.checkpoint.atomic import check_replaceable
-from jaxspec.cli.outputs import progress as progress_bar
-from jaxspec.decoding.settings import MAX_SEED
+from jaxspec.tools.outputs import progress as progress_bar
+from jaxspec.checks import check_seed
 from jaxspec.errors import ConfigError
-from jaxspec.model import FeatureHead
+from jaxspec.models.loaded import FeatureHead
 from jaxspec.models import eagle3
 from jaxspec.models.decoder_only.config import DecoderOnlyConfig, Rope
 from jaxspec.models.hf_table import get_path
@@ -106,8 +106,7 @@ class HeadTrainConfig:
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ConfigError(f"{name}={value!r}: expected an integer >= 0.")
-    if self.seed > MAX_SEED:
-      raise ConfigError(f"seed={self.seed} must be in [0, {MAX_SEED}].")
+    check_seed(self.seed, error=ConfigError)
     if self.eval_gamma > 256:
       raise ConfigError(f"eval_gamma={self.eval_gamma} must be in [1, 256] (draft tokens per iteration).")
     if not 1 <= self.draft_vocab_size <= vocab_size:

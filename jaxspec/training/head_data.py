@@ -44,8 +44,8 @@ import numpy as np
 from flax import struct
 
 import jaxspec
-from jaxspec.cli.batching import item_seed
-from jaxspec.cli.outputs import atomic_write, progress
+from jaxspec.tools.batching import item_seed
+from jaxspec.tools.outputs import atomic_write, progress
 from jaxspec.errors import ConfigError, InputError
 
 

@@ -28,13 +28,13 @@ import orbax.checkpoint as ocp
 
 import jaxspec
 from jaxspec.training import steps
-from jaxspec.cli.batching import generate_all
+from jaxspec.tools.batching import generate_all
 from jaxspec.checkpoint import embedded_names
 from jaxspec.data.ende import (DISTILLED, Pair, bucket_of, bucketed_batches, evenly_spaced, length_buckets, read_pairs,
                                read_splits, split_path)
 from jaxspec.data.token_cache import cache_key, tokenize, tokenized_pairs
 from jaxspec.models import t5
-from jaxspec.cli.outputs import atomic_write_json, progress
+from jaxspec.tools.outputs import atomic_write_json, progress
 from jaxspec.tokenizer import load_tokenizer
 from jaxspec.errors import ConfigError
 

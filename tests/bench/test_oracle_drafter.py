@@ -141,7 +141,8 @@ def test_inner_work_is_live(t5_pair):
   knobs, keys = sampling.SamplingKnobs.create(0.0, 0, 1.0), jax.random.split(jax.random.key(0), 4)
 
   def flops(drafter, params):
-    fn = lambda p, s: drafter.propose(p, s, history, None, static, knobs, jnp.float32(0), keys, True).tokens
+    fn = lambda p, s: drafter.propose(drafter_lib.DraftRequest(p, s, history, None, static, knobs, jnp.float32(0),
+                                                               keys, True)).tokens
     return jax.jit(fn).lower(params, state).compile().cost_analysis()["flops"]
   inner_flops = flops(inner, d_params)
   assert inner_flops > 0

@@ -19,7 +19,8 @@ import jax
 import pytest
 
 import jaxspec
-from jaxspec.cli import batching, inputs, jobs, outputs, resume
+from jaxspec.cli import jobs, resume
+from jaxspec.tools import batching, inputs, outputs
 from jaxspec.bench import report
 from jaxspec.errors import InputError, OutputError
 from jaxspec.models import t5

@@ -60,14 +60,15 @@ def test_a_feature_head_drafts_for_its_target(tmp_path):
   target on a mesh (the head's weights replicated there); a head for another target is one line."""
   import jax
   from decoder_only_models import write_hf_decoder
+  from jaxspec.checkpoint import head_dir
   from jaxspec.models import eagle3
 
   target = write_hf_decoder(str(tmp_path / "llama"), "llama2")
   cfg = eagle3.Eagle3Config(vocab_size=128, draft_vocab_size=64, hidden_size=32, target_hidden_size=32,
                             intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 0, 1))
-  eagle3.save(str(tmp_path / "head"), cfg, eagle3.init_params(cfg, jax.random.key(0)))
+  head_dir.save(str(tmp_path / "head"), cfg, eagle3.init_params(cfg, jax.random.key(0)))
   other = eagle3.Eagle3Config(**{**cfg.__dict__, "target_hidden_size": 48})
-  eagle3.save(str(tmp_path / "other"), other, eagle3.init_params(other, jax.random.key(0)))
+  head_dir.save(str(tmp_path / "other"), other, eagle3.init_params(other, jax.random.key(0)))
   run = ["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'head'}", "--gamma=3", "--max_new_tokens=6"]
   one, meshed, res = run_scripts([(run, b"hello world\nthe cat\n"), (run + ["--mesh=data:1,model:1"], b"the cat\n"),
                                   (["launch/generate.py", f"--target={target}", f"--draft={tmp_path / 'other'}"],

@@ -6,7 +6,8 @@ import os
 import pytest
 
 import jaxspec
-from jaxspec.cli import batching, flags as cli_flags, inputs, outputs
+from jaxspec.cli import flags as cli_flags
+from jaxspec.tools import batching, inputs, outputs
 from jaxspec.bench import report
 
 from script_helpers import tiny_pair

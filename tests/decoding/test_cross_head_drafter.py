@@ -252,7 +252,7 @@ def test_a_file_without_cross_attention_tensors_is_refused(tmp_path):
   _, head = _pair()
   path = tmp_path / "head"
   jaxspec.save(head, str(path))
-  tensors = eagle3.weights.to_state_dict(head.config, head.params)
+  tensors = eagle3.to_state_dict(head.config, head.params)
   del tensors["midlayer.cross_attn.k_proj.weight"]
   save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
   with pytest.raises(CheckpointError, match="lacks tensors.*cross_attn.k_proj"):

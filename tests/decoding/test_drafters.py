@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxspec.decoding import ngram, sampling
-from jaxspec.decoding.drafter import Drafter, History, PlainDrafter, ProposalSettings
+from jaxspec.decoding.drafter import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
 from jaxspec.decoding.model_drafter import ModelDrafter
 
 from stub_models import MarkovDecoder
@@ -26,7 +26,7 @@ def _history(sequences, lengths, done=None) -> History:
 
 def _propose(drafter, params, state, history, limit=None, settings=GREEDY):
   keys = jax.random.split(jax.random.key(0), history.lengths.shape[0])
-  return drafter.propose(params, state, history, limit, settings, KNOBS, jnp.float32(0.0), keys, False)
+  return drafter.propose(DraftRequest(params, state, history, limit, settings, KNOBS, jnp.float32(0.0), keys, False))
 
 
 def test_every_drafter_implements_the_protocol():
@@ -39,7 +39,7 @@ def test_plain_drafter_proposes_nothing():
   settings = ProposalSettings(gamma=0, cache_len=CACHE_LEN, greedy=True, filtering=False)
   proposal = _propose(PlainDrafter(), None, None, history, settings=settings)
   assert proposal.tokens.shape == (1, 0) and proposal.counts is None and proposal.q is None
-  assert PlainDrafter().settle(proposal, history, jnp.asarray([2]), jnp.asarray([0]), None, None) is None
+  assert PlainDrafter().settle(Verdict(proposal, history, jnp.asarray([2]), jnp.asarray([0]), None, None)) is None
 
 
 def test_ngram_proposes_the_continuation_within_its_limit_and_settles_on_what_was_emitted():
@@ -54,8 +54,8 @@ def test_ngram_proposes_the_continuation_within_its_limit_and_settles_on_what_wa
   assert limited.counts.tolist()[0] == 1 and limited.counts.tolist()[1] == 0  # the schedule's limit holds
   assert draft.idle(state, history, GREEDY).counts.tolist() == [0, 0]
   block = jnp.asarray([[7, 8, 0, 0], [4, 0, 0, 0]], jnp.int32)
-  settled = draft.settle(proposal, history, jnp.asarray([3, 2]), jnp.asarray([2, 0]), block,
-                         jnp.asarray([2, 1], jnp.int32))
+  settled = draft.settle(Verdict(proposal, history, jnp.asarray([3, 2]), jnp.asarray([2, 0]), block,
+                                 jnp.asarray([2, 1], jnp.int32)))
   assert settled.lengths.tolist() == [8, 7]  # the context grows by the emitted tokens only
   assert np.asarray(settled.tokens)[0, 6:8].tolist() == [7, 8] and int(settled.tokens[1, 6]) == 4
 
@@ -73,9 +73,10 @@ def test_model_drafter_keeps_what_was_accepted_and_never_the_newest_token(accept
   proposal = _propose(drafter, params, state, history)
   assert proposal.tokens.shape == (1, GAMMA) and proposal.counts is None  # "constant": every row drafts gamma
   new_lengths = history.lengths + accepted + 1
-  settled = drafter.settle(proposal, history, new_lengths, jnp.asarray([accepted]), None, None)
+  settled = drafter.settle(Verdict(proposal, history, new_lengths, jnp.asarray([accepted]), None, None))
   assert settled.positions.tolist() == [want]
   assert int(settled.positions[0]) <= int(new_lengths[0]) - 1
   idle = drafter.idle(settled, history, GREEDY)
   assert idle.counts.tolist() == [0]
-  assert drafter.settle(idle, history, new_lengths, jnp.asarray([0]), None, None).positions.tolist() == [want]
+  assert drafter.settle(Verdict(idle, history, new_lengths, jnp.asarray([0]), None, None)).positions.tolist() == [
+      want]

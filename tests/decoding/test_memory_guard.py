@@ -82,9 +82,10 @@ def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatc
   target, speculation, sampling = _cases()[name]
   plain_plan, plan = _plan(monkeypatch, target, None, sampling), _plan(monkeypatch, target, speculation, sampling)
   plain, need = (p.caches + p.state + p.activations for p in (plain_plan, plan))
-  drafter, _, head_params = engine._drafter(target, speculation)
+  source = engine._drafter(target, speculation)
+  draft_params = None if isinstance(speculation.draft, jaxspec.Model) else source.params
   state = memory_guard.loop_shape(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False).settings,
-                                  target.params, head_params, isinstance(speculation.draft, jaxspec.Model),
+                                  target.params, draft_params, isinstance(speculation.draft, jaxspec.Model),
                                   len(PROMPTS), 16).drafter_state
   # The drafter's own state in the loop's state, and the verify call's logits [B, T, V] float32 (T = gamma + 1, or
   # a tree's N + 1 nodes) among the activations.
@@ -122,3 +123,34 @@ def test_estimate_is_within_a_factor_of_xla(monkeypatch, name):
     params += target.params["embedding"].nbytes  # the head's params carry the target's embedding table
   xla = analysis.argument_size_in_bytes - params + analysis.temp_size_in_bytes
   assert xla / 3 <= need <= 3 * xla, (name, need, xla)
+
+
+def test_every_speculation_drafts_from_one_source_placed_one_way():
+  """Issue 30: `engine._drafter` gives a `DraftSource` (the drafter and the params it reads) for every kind, and
+  `placement.draft_params_on` places it one way: as it is without a mesh; on a mesh, arrays already there kept, the
+  rest placed once (the same copy on the next call), a draft model's by its axes, and nothing stored on the user's
+  object."""
+  from jaxspec.decoding.drafter import DraftSource
+  from jaxspec.sharding import make_mesh, mesh_of
+  target, head, t5_target, _, t5_draft = _models()
+  mesh = make_mesh(data=1, model=1, devices=jax.devices()[:1])
+  on_mesh = jaxspec.shard(target, mesh)
+  cases = [(on_mesh, jaxspec.Speculation(head, gamma=2), head), (t5_target, jaxspec.Speculation(t5_draft, gamma=2),
+                                                                 t5_draft),
+           (target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2), None), (target, None, None)]
+  for model, speculation, owner in cases:
+    source = engine._drafter(model, speculation)
+    assert isinstance(source, DraftSource) and source.owner is (None if speculation is None else speculation.draft)
+    assert (source.model is t5_draft) == (owner is t5_draft)
+    assert placement.draft_params_on(source, None) is source.params
+    if owner is None:
+      assert source.params is None and placement.draft_params_on(source, mesh) is None
+      continue
+    before = dict(vars(owner))
+    placed = placement.draft_params_on(source, mesh)
+    leaves, again = jax.tree.leaves(placed), jax.tree.leaves(placement.draft_params_on(source, mesh))
+    assert all(mesh_of(x) == mesh for x in leaves) and all(a is b for a, b in zip(leaves, again))
+    assert vars(owner) == before  # the copy is kept beside the owner, not on it
+    if owner is head:  # the target's embedding the head reads stays the target's placed array
+      embedding = on_mesh.params["embedding"]
+      assert any(x is embedding for x in jax.tree.leaves(placed["embed"])) or "embedding" in head.params

@@ -14,6 +14,7 @@ import pytest
 
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 from jaxspec.errors import CheckpointError
+from jaxspec.checkpoint import head_dir as head_files
 from jaxspec.models import eagle3
 
 VOCAB, DRAFT_VOCAB, HIDDEN = 64, 32, 16
@@ -25,7 +26,7 @@ def head_dir(tmp_path_factory):
                             target_hidden_size=HIDDEN, intermediate_size=32, num_heads=2, num_kv_heads=1, head_dim=8,
                             aux_layer_ids=(0, 1, 2))
   out = str(tmp_path_factory.mktemp("head") / "head")
-  eagle3.save(out, cfg, eagle3.init_params(cfg, jax.random.PRNGKey(0)))
+  head_files.save(out, cfg, eagle3.init_params(cfg, jax.random.PRNGKey(0)))
   return out
 
 
@@ -74,7 +75,7 @@ def test_bad_head_configs_name_the_file_and_field(head_dir, tmp_path):
   for case, (edit, field) in CONFIG_CASES.items():
     directory = _copy_with_config(head_dir, str(tmp_path / case), edit)
     with pytest.raises(CheckpointError) as error:
-      eagle3.load(directory)
+      head_files.load(directory)
     message = str(error.value)
     assert "config.json" in message and field in message, (case, message)
 
@@ -88,7 +89,7 @@ def test_a_truncated_head_file_says_truncated(head_dir, tmp_path):
   with open(path, "r+b") as f:
     f.truncate(size // 2)  # cuts a weight tensor, not only the vocabulary maps at the end
   with pytest.raises(CheckpointError, match=r"model\.safetensors: truncated file: tensor"):
-    eagle3.load(out)
+    head_files.load(out)
 
 
 def test_non_finite_integer_and_float_map_tensors_are_refused(head_dir, tmp_path):
@@ -110,8 +111,8 @@ def test_non_finite_integer_and_float_map_tensors_are_refused(head_dir, tmp_path
   }
   for case, (edit, message) in cases.items():
     with pytest.raises(CheckpointError, match=message):
-      eagle3.load(_copy_with_tensors(head_dir, str(tmp_path / case), edit))
-  cfg, params = eagle3.load(str(tmp_path / "nan"), check_finite=False)
+      head_files.load(_copy_with_tensors(head_dir, str(tmp_path / case), edit))
+  cfg, params = head_files.load(str(tmp_path / "nan"), check_finite=False)
   assert np.isnan(np.asarray(params["fc"])).any()
 
 

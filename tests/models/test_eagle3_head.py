@@ -14,6 +14,7 @@ import pytest
 
 from jaxspec.checkpoint.safetensors_io import SafetensorsFile, save_file
 from jaxspec.errors import CheckpointError
+from jaxspec.checkpoint import head_dir
 from jaxspec.models import eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig
 
@@ -91,7 +92,7 @@ def test_logits_match_specforge(heads, name):
   entries 0..t and to itself, at position t + 1."""
   import torch
   directory, ref = heads[name]
-  cfg, params = eagle3.load(directory)
+  cfg, params = head_dir.load(directory)
   assert cfg.target_hidden_size == HEADS[name].get("target_hidden_size", HIDDEN)
   rng = np.random.RandomState(1)
   batch, width = 2, 6
@@ -131,28 +132,28 @@ def test_save_load_round_trip(heads, tmp_path):
   the same tensors; a head without embed_tokens loads and embeds with the target's table."""
   import torch
   for name, (directory, ref) in heads.items():
-    cfg, params = eagle3.load(directory)
+    cfg, params = head_dir.load(directory)
     out = str(tmp_path / name)
-    eagle3.save(out, cfg, params)
-    cfg2, params2 = eagle3.load(out)
+    head_dir.save(out, cfg, params)
+    cfg2, params2 = head_dir.load(out)
     assert cfg2 == cfg
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), params, params2)
     reread = _reference_class().from_pretrained(out).eval()
     for key, value in ref.state_dict().items():
       torch.testing.assert_close(reread.state_dict()[key], value, rtol=0, atol=0)
 
-  cfg, params = eagle3.load(heads["plain"][0])
+  cfg, params = head_dir.load(heads["plain"][0])
   without = {k: v for k, v in params.items() if k != "embedding"}
-  eagle3.save(str(tmp_path / "no_embed"), cfg, without)
+  head_dir.save(str(tmp_path / "no_embed"), cfg, without)
   assert "embed_tokens.weight" not in SafetensorsFile(str(tmp_path / "no_embed" / "model.safetensors")).keys()
-  cfg2, params2 = eagle3.load(str(tmp_path / "no_embed"))
+  cfg2, params2 = head_dir.load(str(tmp_path / "no_embed"))
   assert "embedding" not in params2
   target_embedding = jnp.ones((VOCAB, HIDDEN))
   assert eagle3.embedding_table(params2, target_embedding) is target_embedding
 
 
 def _own_heads(root) -> dict[str, str]:
-  """The two kinds of head of HEADS written by `eagle3.save` (no reference needed): {name: directory}."""
+  """The two kinds of head of HEADS written by `head_dir.save` (no reference needed): {name: directory}."""
   small = dict(vocab_size=VOCAB, draft_vocab_size=DRAFT_VOCAB, hidden_size=HIDDEN, intermediate_size=64)
   configs = {"plain": eagle3.Eagle3Config(**small, target_hidden_size=HIDDEN, num_heads=4, num_kv_heads=2,
                                           head_dim=8),
@@ -161,7 +162,7 @@ def _own_heads(root) -> dict[str, str]:
   out = {}
   for name, cfg in configs.items():
     out[name] = str(root / name)
-    eagle3.save(out[name], cfg, eagle3.init_params(cfg, jax.random.PRNGKey(0), with_embedding=True))
+    head_dir.save(out[name], cfg, eagle3.init_params(cfg, jax.random.PRNGKey(0), with_embedding=True))
   return out
 
 
@@ -177,9 +178,9 @@ def _target(**change) -> LlamaConfig:
 
 
 def test_fits_and_bad_targets(own_heads):
-  cfg, params = eagle3.load(own_heads["plain"])
+  cfg, params = head_dir.load(own_heads["plain"])
   assert eagle3.check_fits(cfg, _target(), params) == (2, 3, 3)  # the default: inputs of layers 2, L // 2, L - 3
-  extras, extras_params = eagle3.load(own_heads["extras"])
+  extras, extras_params = head_dir.load(own_heads["extras"])
   assert eagle3.check_fits(extras, _target(hidden_size=24), extras_params) == (1, 3, 4)  # aux ids + 1
   cases = [
       (cfg, _target(hidden_size=48), params, "target_hidden_size"),  # a head for another target: hidden size
@@ -223,7 +224,7 @@ def test_bad_head_directories(own_heads, tmp_path):
            "bad_shape": (lambda t: t.__setitem__("fc.weight", t["fc.weight"][:, :64]), "fc.weight")}
   for case, (edit, reason) in cases.items():
     with pytest.raises(CheckpointError, match=reason):
-      eagle3.load(_rewrite(directory, str(tmp_path / case), edit))
+      head_dir.load(_rewrite(directory, str(tmp_path / case), edit))
   with open(os.path.join(directory, "config.json")) as f:
     raw = json.load(f)
   with pytest.raises(CheckpointError, match="not an EAGLE-3 head"):
@@ -276,7 +277,7 @@ def test_target_features_feed_the_head(own_heads):
   the target's step(layers=...) of the loop's first tokens feed the head's first draft step, whose pre-norm output
   feeds the next."""
   from jaxspec.models import decoder_only as do
-  cfg, params = eagle3.load(own_heads["plain"])
+  cfg, params = head_dir.load(own_heads["plain"])
   target_cfg = _target()
   target_params = do.init_params(target_cfg, jax.random.PRNGKey(3))
   layers = eagle3.check_fits(cfg, target_cfg, params)

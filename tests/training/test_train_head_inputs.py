@@ -36,7 +36,8 @@ def test_run_directory_and_settings_are_checked_first(tmp_path):
       (str(user_head), tiny.config(), CheckpointError, "draft.md"),
       (str(tmp_path / "new"), tiny.config(batch_size=9), ConfigError, "batch_size=9 exceeds the 8 training rows"),
       (str(tmp_path / "new"), tiny.config(eval_gamma=300), ConfigError, "eval_gamma=300"),
-      (str(tmp_path / "new"), tiny.config(seed=2**31), ConfigError, "seed=2147483648"),
+      (str(tmp_path / "new"), tiny.config(seed=2**31), ConfigError,
+       r"seed must be an integer in \[0, 2\*\*31 - 1\], got 2147483648"),
   ]
   for workdir, config, error, needle in cases:
     with pytest.raises(error, match=needle):

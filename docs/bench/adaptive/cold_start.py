@@ -14,7 +14,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.cli.inputs import encode_texts
+from jaxspec.tools.inputs import encode_texts
 
 target, draft = jaxspec.load("ende-target"), jaxspec.load("ende-draft")
 texts = [p.en for p in read_pairs(split_path("dev")) if p.is_natural][:16]

@@ -23,7 +23,7 @@ import jaxspec
 from jaxspec.bench import timing
 from jaxspec.bench.sweep import fixed_batches
 from jaxspec.data.ende import read_pairs, split_path
-from jaxspec.cli.inputs import encode_texts
+from jaxspec.tools.inputs import encode_texts
 
 
 def main():

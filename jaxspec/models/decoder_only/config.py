@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxspec.checks import check_int
+
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
 FULL, SLIDING = "full_attention", "sliding_attention"
 _ROPE_KINDS = ("default", "linear", "llama3")
@@ -142,8 +144,7 @@ class DecoderOnlyConfig:
       raise ValueError(f"unknown activation {self.activation!r}; expected one of {ACTIVATIONS}.")
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                  "head_dim", "max_position_embeddings"):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}.")
+      check_int(getattr(self, name), name, 1, error=ValueError)
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}.")
     if self.head_dim % 2:

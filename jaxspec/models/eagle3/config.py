@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jaxspec.checks import check_int, is_int
 from jaxspec.errors import CheckpointError
 from jaxspec.models.decoder_only.config import ACTIVATIONS, Rope
 
@@ -31,10 +32,6 @@ ARCHITECTURES = (ARCHITECTURE, CROSS_ARCHITECTURE)
 _REQUIRED = object()
 
 
-def _is_int(x) -> bool:
-  return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _field(raw: dict, name: str, kind: type, default: Any = _REQUIRED) -> Any:
   """config.json's `name` as `kind` (int, float, bool or str); `default` when absent or null (required when
   no default); CheckpointError naming the field when it is missing or of another type."""
@@ -43,7 +40,7 @@ def _field(raw: dict, name: str, kind: type, default: Any = _REQUIRED) -> Any:
     if default is _REQUIRED:
       raise CheckpointError(f"EAGLE-3 head: config.json has no {name}.")
     return default
-  ok = {int: _is_int(value) or (isinstance(value, float) and value.is_integer()),
+  ok = {int: is_int(value) or (isinstance(value, float) and value.is_integer()),
         float: isinstance(value, (int, float)) and not isinstance(value, bool),
         bool: isinstance(value, bool), str: isinstance(value, str)}[kind]
   if not ok:
@@ -84,8 +81,7 @@ class Eagle3Config:
     for name in ("vocab_size", "draft_vocab_size", "hidden_size", "target_hidden_size", "intermediate_size",
                  "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings"):
       value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise CheckpointError(f"EAGLE-3 head: {name} must be an integer >= 1, got {value!r}.")
+      check_int(value, f"EAGLE-3 head: {name}", 1, error=CheckpointError)
     if self.draft_vocab_size > self.vocab_size:
       raise CheckpointError(f"EAGLE-3 head: draft_vocab_size {self.draft_vocab_size} exceeds the target vocabulary "
                             f"vocab_size {self.vocab_size}.")
@@ -166,12 +162,12 @@ class Eagle3Config:
     if not isinstance(eagle_config, dict):
       raise CheckpointError(f"EAGLE-3 head: config.json's eagle_config must be a JSON object, got {eagle_config!r}.")
     aux = eagle_config.get("eagle_aux_hidden_state_layer_ids")
-    if aux is not None and (not isinstance(aux, list) or not all(_is_int(j) for j in aux)):
+    if aux is not None and (not isinstance(aux, list) or not all(is_int(j) for j in aux)):
       raise CheckpointError(f"EAGLE-3 head: config.json's eagle_config.eagle_aux_hidden_state_layer_ids must be a "
                             f"list of layer ids (integers), got {aux!r}.")
     activation = _field(raw, "hidden_act", str, "silu")
     pad = raw.get("pad_token_id")
-    if pad is not None and not _is_int(pad):
+    if pad is not None and not is_int(pad):
       raise CheckpointError(f"EAGLE-3 head: config.json's pad_token_id must be an integer or null, got {pad!r}.")
     return cls(vocab_size=_field(raw, "vocab_size", int), draft_vocab_size=_field(raw, "draft_vocab_size", int),
                hidden_size=hidden, target_hidden_size=_field(raw, "target_hidden_size", int, None) or hidden,

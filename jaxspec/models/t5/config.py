@@ -13,6 +13,8 @@ import math
 import numbers
 from typing import Any
 
+from jaxspec.checks import check_int
+
 _ACTIVATIONS = ("relu", "gelu", "gelu_new", "gelu_pytorch_tanh", "silu", "swish")
 
 
@@ -45,8 +47,7 @@ class T5Config:
     for name in ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers", "num_heads",
                  "relative_attention_num_buckets", "relative_attention_max_distance"):
       value = getattr(self, name)
-      if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"T5Config.{name} must be an integer >= 1, got {value!r}.")
+      check_int(value, f"T5Config.{name}", 1, error=ValueError)
     for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
       value = getattr(self, name)
       if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < self.vocab_size:

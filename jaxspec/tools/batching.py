@@ -20,17 +20,17 @@ from typing import Callable, Sequence
 import numpy as np
 
 import jaxspec
-from jaxspec.cli.outputs import progress
+from jaxspec.tools.outputs import progress
 from jaxspec.decoding.arguments import bucket_length
 from jaxspec.decoding.engine import MAX_INPUT_LENGTH
-from jaxspec.decoding.settings import MAX_SEED, is_int
+from jaxspec import checks
+from jaxspec.checks import MAX_SEED
 from jaxspec.errors import InputError
 
 
 def check_seed(seed: int, name: str = "seed") -> int:
-  if not is_int(seed) or not 0 <= seed <= MAX_SEED:
-    raise InputError(f"{name} must be an integer in [0, 2**31 - 1], got {seed!r}.")
-  return int(seed)
+  """`jaxspec.checks.check_seed`, an InputError (a flag's or a file's value)."""
+  return checks.check_seed(seed, name, error=InputError)
 
 
 def item_seed(seed: int, index: int) -> int:
@@ -81,8 +81,7 @@ def generate_all(target, items: Sequence[Sequence[int]], speculation: jaxspec.Sp
     on_batch: called after every batch with (item indices, output texts), in order (to write or print them).
     desc, bar: the progress bar's label; bar=False shows none.
   """
-  if not is_int(batch_size) or batch_size < 1:
-    raise InputError(f"batch_size must be an integer >= 1, got {batch_size!r}.")
+  checks.check_int(batch_size, "batch_size", 1, error=InputError)
   check_seed(seed)
   batch_size = max(min(batch_size, len(items) - start), 1)  # No call pads beyond the items there are.
   sampling = jaxspec.Sampling() if sampling is None else sampling
