@@ -30,6 +30,10 @@ _QUEUE = flags.DEFINE_integer("queue", 64, "Requests that may wait for a slot; o
                               lower_bound=0)
 _TABLE = flags.DEFINE_string("speculation_table", "", "A SpeculationTable JSON file: the draft length (or tree, "
                              "or plain) per number of active slots; '' uses --gamma / --tree at every load.")
+_ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
+                          "smallest that holds them); [] = powers of two below --slots, and --slots.")
+_MODES = flags.DEFINE_multi_enum("modes", ["greedy", "sampled", "filtered"], ["greedy", "sampled", "filtered"],
+                                 "Sampling modes compiled (a request no compiled mode decodes is answered 400).")
 _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0 exposes the server).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0, upper_bound=65535)
@@ -45,6 +49,14 @@ def _draft_spec(target) -> str:
   if FLAGS.draft.strip().lower() == "none":
     return ""
   return jobs.default_draft(target, FLAGS.draft, FLAGS["draft"].present, FLAGS.target, "serving")
+
+
+def _row_buckets() -> list[int] | None:
+  from jaxspec.errors import SettingsError  # pylint: disable=import-outside-toplevel
+  try:
+    return [int(v) for v in _ROWS.value] or None
+  except ValueError:
+    raise SettingsError(f"--row_buckets takes integers, got {','.join(_ROWS.value)}.") from None
 
 
 def main(argv):
@@ -69,7 +81,8 @@ def main(argv):
       raise InputError(f"--speculation_table={_TABLE.value}: {e.strerror}.") from None
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
-                      iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh)
+                      iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
+                      row_buckets=_row_buckets(), modes=_MODES.value)
   scheduler, app = server.build(engine, model_name=_NAME.value or FLAGS.target, max_tokens=_MAX_TOKENS.value or None,
                                 queue_size=_QUEUE.value)
   print(f"serving {_NAME.value or FLAGS.target} ({'plain' if draft is None else f'draft {spec}'}, {_SLOTS.value} "

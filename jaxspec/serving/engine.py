@@ -26,7 +26,10 @@ the row is overwritten.
 step(): ONE compiled program: a `lax.while_loop` of at most iterations_per_step iterations (stopping early when no
 slot is active) whose body is the decoding loop's own `_iteration` (drafting, one verify call, acceptance,
 rollback, the drafter's settle), then the new tokens of every slot, the finished / failed flags and the step's
-drafted / accepted counts packed in ONE [slots, W] int32 array and copied to the host once. Finished rows (EOS,
+drafted / accepted counts packed in ONE [R, W] int32 array and copied to the host once. A step decodes R rows,
+R the smallest of the engine's `row_buckets` that holds the active slots: those slots (padded with idle, frozen
+ones) are gathered from the state, decoded and written back in place (the state is donated), so a lightly loaded
+engine computes a few rows, not every slot; R == slots decodes the state as it is. Finished rows (EOS,
 their max_tokens, non-finite logits) are frozen on the device inside the step (the loop's `done`) and freed on the
 host; `free(slot)` stops a slot from the host (its flag goes in with the next step).
 
@@ -36,8 +39,9 @@ entry when no table is given) and the sampling mode of the active rows: "greedy"
 0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
 the sort). In the sampled modes temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a
 temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
-acceptance exactly greedy acceptance: its tokens are its greedy tokens whatever program runs. So the programs are
-(table entries) x (3 modes) plus one insert per bucket, all compiled by `warmup`.
+acceptance exactly greedy acceptance: its tokens are its greedy tokens whatever program runs. So the step
+programs are, per table entry, (the row buckets its active counts meet) x (the compiled `modes`, all three by
+default), plus one insert per prompt bucket, all compiled by `warmup`.
 
 Exactness. A row's computation never reads another row (the models are row-independent; finished and idle rows
 are frozen), its random draws come from its own key folded with its own iteration count (loop.py), and its token
@@ -53,7 +57,8 @@ the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhi
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
 runs them from one loop and hands results to its request handlers.
 
-Shapes: S slots, W = iterations_per_step * (max gamma + 1) tokens per slot and step at most.
+Shapes: S slots, R rows decoded by a step (a row bucket), W = iterations_per_step * (max gamma + 1) tokens per
+slot and step at most.
 """
 
 from __future__ import annotations
@@ -123,6 +128,7 @@ class StepOutput:
   accepted: np.ndarray  # [S] int: draft tokens accepted this step.
   entry: TableEntry | None = None  # the table entry the step ran (None: no step ran: nothing active).
   mode: str | None = None  # the sampling mode the step ran ("greedy", "sampled", "filtered").
+  rows: int | None = None  # the rows the step decoded (its row bucket: the active slots and idle padding).
 
 
 @jax.tree_util.register_dataclass
@@ -184,23 +190,59 @@ class _Program:
   kind: loop._Kind  # pylint: disable=protected-access
   iterations: int
   width: int  # W: tokens per slot returned
+  rows: int  # R: the rows the step decodes (a row bucket); R < S gathers them from the slots and back
+  axes: tuple  # per leaf of (target cache, draft state): its batch axis, or None
 
 
-def _state_of(program: _Program, state: SlotState, stop: jax.Array) -> loop.LoopState:
+def _state_of(program: _Program, state: SlotState) -> loop.LoopState:
   slots = state.lengths.shape[0]
   stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
-  return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done | stop,
+  return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done,
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget)
 
 
-def _step_program(program: _Program, target_params, draft_params, state: SlotState, stop: jax.Array):
-  """(new state, packed [S, W + 5] int32: tokens [S, W] (this step's new tokens, pad after), counts, finished,
-  failed, drafted, accepted)."""
+def _slot_axes(program: _Program, state: SlotState) -> SlotState:
+  """SlotState's batch axis per leaf (0 for the per-slot arrays; the layout's for the caches, None: shared)."""
+  treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
+  cache, draft = jax.tree_util.tree_unflatten(treedef, program.axes)
+  fields = {f.name: 0 for f in dataclasses.fields(SlotState)}
+  return SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
+
+
+def _take_rows(program: _Program, state: SlotState, index: jax.Array) -> SlotState:
+  """The R rows `index` ([R] int32, distinct, sorted) of every slot array."""
+  return jax.tree_util.tree_map(lambda x, axis: x if axis is None else jnp.take(x, index, axis=axis),
+                                state, _slot_axes(program, state), is_leaf=lambda a: a is None)
+
+
+def _put_rows(program: _Program, state: SlotState, rows: SlotState, index: jax.Array) -> SlotState:
+  """`state` with rows `index` replaced by `rows` (in place: the state is donated)."""
+  def put(x, r, axis):
+    if axis is None:
+      return r
+    return x.at[(slice(None),) * axis + (index,)].set(r, indices_are_sorted=True, unique_indices=True)
+  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), is_leaf=lambda a: a is None)
+
+
+def _step_program(program: _Program, target_params, draft_params, state: SlotState, stop: jax.Array,
+                  index: jax.Array):
+  """(new state, packed [R, W + 5] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot when
+  R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
+  state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
+  if program.rows == state.lengths.shape[0]:
+    new, packed = _decode_rows(program, target_params, draft_params, state)
+    return new, packed
+  rows, packed = _decode_rows(program, target_params, draft_params, _take_rows(program, state, index))
+  return _put_rows(program, state, rows, index), packed
+
+
+def _decode_rows(program: _Program, target_params, draft_params, state: SlotState):
+  """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
   spec = adaptive.SpeculationKnobs.create()
-  start = _state_of(program, state, stop)
+  start = _state_of(program, state)
 
   def body(s):
     return loop._iteration(settings, target_params, draft_params, knobs, spec, None,  # pylint: disable=protected-access
@@ -262,6 +304,16 @@ _STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
 _INSERT = jax.jit(_insert_program, static_argnums=(0, 1), donate_argnums=4)
 
 
+def _row_buckets(row_buckets, slots: int) -> tuple[int, ...]:
+  """The sorted row buckets (`slots` always among them); None: powers of two below `slots`, and `slots`."""
+  if row_buckets is None:
+    return tuple(b for b in (2 ** i for i in range(slots.bit_length())) if b < slots) + (slots,)
+  if isinstance(row_buckets, (str, bytes)) or not isinstance(row_buckets, Sequence) or not all(
+      is_int(b) and 1 <= b <= slots for b in row_buckets):
+    raise SettingsError(f"row_buckets must be a sequence of integers in [1, slots={slots}], got {row_buckets!r}.")
+  return tuple(sorted({int(b) for b in row_buckets} | {slots}))
+
+
 def _buckets(max_input_length: int) -> list[int]:
   """Every padded prompt length `arguments.bucket_length` gives for prompts of 1..max_input_length tokens."""
   out, n = [], 1
@@ -291,11 +343,18 @@ class SlotEngine:
       `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
       model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
       the mesh and the compiler partitions the step (heads over `model` where the weights' heads are).
+    row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
+      smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
+      computes few rows. None: powers of two below `slots`, and `slots` (always added). (slots,): every step
+      decodes every slot. Each bucket a table entry can meet is one more step program per mode.
+    modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
+      the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
+      greedy); one that no compiled mode decodes is refused at insert.
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
                max_new_tokens: int, iterations_per_step: int = 4, adaptive: SpeculationTable | None = None,
-               mesh=None):
+               mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
     if not isinstance(target, Model):
       raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
     if speculation is not None and not isinstance(speculation, Speculation):
@@ -307,6 +366,10 @@ class SlotEngine:
                         ("max_new_tokens", max_new_tokens), ("iterations_per_step", iterations_per_step)):
       if not is_int(value) or value < 1:
         raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
+    self.row_buckets = _row_buckets(row_buckets, int(slots))
+    if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes or any(m not in MODES for m in modes):
+      raise SettingsError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}.")
+    self.modes = tuple(m for m in MODES if m in modes)
     if adaptive is not None and not isinstance(adaptive, SpeculationTable):
       raise SettingsError(f"adaptive must be a SpeculationTable or None, got {type(adaptive).__name__}.")
     if adaptive is not None and speculation is None and adaptive.max_gamma > 0:
@@ -339,14 +402,14 @@ class SlotEngine:
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
     chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter
-    self._programs: dict[tuple[int, str], _Program] = {}
+    self._programs: dict[tuple[int, str, int], _Program] = {}
     width = self.iterations_per_step * (adaptive.max_gamma + 1)
-    alloc = None
+    alloc, planned = None, []
     for i, entry in enumerate(adaptive.entries):
       gamma, tree = entry.gamma, entry.tree
       if tree is not None and tree.top_k == 1:  # a one-child tree is the chain (as generate runs it)
         gamma, tree = tree.nodes, None
-      for mode in MODES:
+      for mode in self.modes:
         if entry.plain:  # the drafter rests (`Drafter.idle`, width-1 verify calls) and keeps its state in sync
           use, gamma_used = drafter, (1 if speculation is not None else 0)
           kind = loop._Kind(rests=speculation is not None, width=1)  # pylint: disable=protected-access
@@ -358,12 +421,19 @@ class SlotEngine:
             tree=None if entry.plain else tree)
         if not entry.plain:
           kind = loop._Kind(rests=False, width=None if settings.variable else settings.gamma + 1)  # pylint: disable=protected-access
-        self._programs[(i, mode)] = _Program(settings, kind, self.iterations_per_step, width)
+        planned.append(((i, mode), settings, kind))
         if alloc is None or settings.slack > alloc.slack:
           alloc = settings
     # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
     self._layout, self._state = self._allocate()
+    reachable = {}  # entry index -> the row buckets its active counts meet
+    for n in range(1, self.slots + 1):
+      reachable.setdefault(adaptive.index(n), set()).add(self._bucket(n))
+    for (i, mode), settings, kind in planned:
+      for rows in sorted(reachable.get(i, ())):
+        self._programs[(i, mode, rows)] = _Program(settings, kind, self.iterations_per_step, width, rows,
+                                                   self._layout.axes)
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots
@@ -449,16 +519,25 @@ class SlotEngine:
       raise InputError(f"the prompt has token ids outside [0, {vocab}).")
     return ids
 
+  def check_request(self, settings: RequestSettings) -> None:
+    """Raises SettingsError when this engine cannot decode a request with `settings` (max_tokens above its
+    max_new_tokens, a sampling mode it did not compile); `insert` checks it too."""
+    if not isinstance(settings, RequestSettings):
+      raise SettingsError(f"settings must be a RequestSettings, got {type(settings).__name__}.")
+    if self._mode_for(settings.mode) is None:
+      raise SettingsError(f"this engine compiled the sampling modes {self.modes}: a request with temperature="
+                          f"{settings.temperature}, top_k={settings.top_k}, top_p={settings.top_p} needs "
+                          f"{settings.mode!r}.")
+    if settings.max_tokens > self.max_new_tokens:
+      raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
+                          f"{self.max_new_tokens}.")
+
   def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings) -> None:
     """Prefills one request into a free `slot` (one compiled program per prompt bucket; nothing recompiles)."""
     slot = self._check_slot(slot)
     if self._active[slot]:
       raise SettingsError(f"slot {slot} is busy: free it first (engine.free) or pick one of free_slots().")
-    if not isinstance(settings, RequestSettings):
-      raise SettingsError(f"settings must be a RequestSettings, got {type(settings).__name__}.")
-    if settings.max_tokens > self.max_new_tokens:
-      raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
-                          f"{self.max_new_tokens}.")
+    self.check_request(settings)
     ids = self._check_prompt(prompt_ids)
     bucket = arguments.bucket_length(len(ids), self.max_input_length)
     padded = np.full((1, bucket), self.pad_id, np.int32)
@@ -476,15 +555,33 @@ class SlotEngine:
       self._stop[slot] = True
     self._active[slot], self._requests[slot] = False, None
 
-  def _pick(self) -> tuple[int, str]:
-    active = [r for r in self._requests if r is not None]
-    modes = {r.mode for r in active}
-    mode = "filtered" if "filtered" in modes else "sampled" if "sampled" in modes else "greedy"
-    return self.table.index(len(active)), mode
+  def _bucket(self, active: int) -> int:
+    """The smallest row bucket holding `active` (>= 1) rows."""
+    return next(b for b in self.row_buckets if b >= active)
 
-  def step(self, *, program: tuple[int, str] | None = None) -> StepOutput:
+  def _mode_for(self, needed: str) -> str | None:
+    """The least general compiled mode that decodes a request needing `needed` exactly (None: none does)."""
+    return next((m for m in self.modes if MODES.index(m) >= MODES.index(needed)), None)
+
+  def _pick(self) -> tuple[int, str, int]:
+    active = [r for r in self._requests if r is not None]
+    needed = max((r.mode for r in active), key=MODES.index)
+    return self.table.index(len(active)), self._mode_for(needed), self._bucket(len(active))
+
+  @property
+  def programs(self) -> tuple[tuple[int, str, int], ...]:
+    """Every step program's key: (table entry index, sampling mode, rows decoded)."""
+    return tuple(self._programs)
+
+  def _rows(self, rows: int) -> np.ndarray:
+    """[rows] int32 sorted slots to decode: every active slot, then idle ones (frozen) up to `rows`."""
+    active = np.flatnonzero(self._active)
+    idle = np.flatnonzero(~self._active)[:rows - len(active)]
+    return np.sort(np.concatenate([active, idle])).astype(np.int32)
+
+  def step(self, *, program: tuple[int, str, int] | None = None) -> StepOutput:
     """Runs <= iterations_per_step loop iterations over every active slot (one compiled program, one copy to the
-    host) and frees the slots that finished. program: (table entry index, mode) to force one (warmup, tests)."""
+    host) and frees the slots that finished. program: a key of `programs` to force one (warmup, tests)."""
     n = self.slots
     if not self._active.any() and program is None:
       zeros = np.zeros((n,), np.int64)
@@ -493,9 +590,12 @@ class SlotEngine:
     key = self._pick() if program is None else program
     prog = self._programs[key]
     stop = self._stop.copy()
-    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, stop)
+    index = self._rows(prog.rows)
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, stop, index)
     self._stop[:] = False
-    packed = np.asarray(jax.device_get(packed))
+    packed_rows = np.asarray(jax.device_get(packed))
+    packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
+    packed[index] = packed_rows
     w = prog.width
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
     out_tokens, reasons = [], []
@@ -509,7 +609,7 @@ class SlotEngine:
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])
     return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
-                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1])
+                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2])
 
   def warmup(self) -> None:
     """Compiles every program: each bucket's insert and each step program (the engine is left idle)."""

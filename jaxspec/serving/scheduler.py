@@ -135,6 +135,7 @@ class Scheduler:
     try:  # the engine's own checks, in the caller's thread: a refused setting is the client's 400
       settings = self.settings_type(max_tokens=request.max_tokens, temperature=request.temperature,
                                     top_k=request.top_k, top_p=request.top_p, seed=request.seed)
+      self.engine.check_request(settings)
     except ValueError as e:
       raise APIError(400, str(e), code="invalid_value") from None
     handle = Handle(self, request, loop, next(self._numbers))

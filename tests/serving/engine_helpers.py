@@ -23,8 +23,10 @@ class Request:
   slots_used: list[int] = dataclasses.field(default_factory=list)
 
 
-def drive(engine: SlotEngine, requests: list[Request], max_steps: int = 400) -> list[Request]:
-  """Runs every request to its end; returns them (tokens, reason and slot filled in)."""
+def drive(engine: SlotEngine, requests: list[Request], max_steps: int = 400, outputs: list | None = None
+          ) -> list[Request]:
+  """Runs every request to its end; returns them (tokens, reason and slot filled in). outputs: a list that
+  collects every StepOutput."""
   pending = list(requests)
   running: dict[int, Request] = {}
   for step in range(max_steps):
@@ -40,6 +42,8 @@ def drive(engine: SlotEngine, requests: list[Request], max_steps: int = 400) -> 
     if not running and not pending:
       return requests
     out = engine.step()
+    if outputs is not None:
+      outputs.append(out)
     idle = [slot for slot in range(engine.slots) if slot not in running]
     for slot, r in list(running.items()):
       r.tokens += out.tokens[slot]

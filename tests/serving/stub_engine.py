@@ -59,6 +59,9 @@ class StubEngine:
     self._touch()
     return [s for s in range(self.slots) if s not in self.state]
 
+  def check_request(self, settings):
+    """The engine's own check (SlotEngine.check_request): called by the handler's thread, so not _touch'ed."""
+
   def insert(self, slot, prompt_ids, settings):
     self._touch()
     assert slot not in self.state and 0 <= slot < self.slots, slot

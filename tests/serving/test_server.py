@@ -31,7 +31,7 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
-          "--gamma=3", "--queue=4"]
+          "--gamma=3", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
   with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_greedy_reference) as live:
     yield live
 
@@ -143,11 +143,18 @@ def test_benchmark_drives_the_server(server, tmp_path):
   assert os.path.getsize(tmp_path / "out.png") > 1000
 
 
+def test_a_mode_the_server_did_not_compile_is_a_400(server, client):
+  """This server compiled greedy and sampled programs only (--modes): a top-p request is refused, naming it."""
+  with pytest.raises(openai.BadRequestError, match="needs 'filtered'"):
+    client.completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0.8, top_p=0.9, max_tokens=4)
+
+
 def test_script_errors_are_one_line(tmp_path):
   bad_table = tmp_path / "t.json"
   bad_table.write_text('{"entries": 3}')
   runs = [(["launch/serve.py", "--slots=0"], "--slots"),
           (["launch/serve.py", f"--speculation_table={bad_table}"], "SpeculationTable"),
+          (["launch/serve.py", "--row_buckets=2,x"], "--row_buckets"),
           (["launch/serve_benchmark.py", f"--url=http://127.0.0.1:{free_port()}",
             "--workload=docs/bench/serving_ende.jsonl"], "no OpenAI-compatible server")]
   for (args, needle), res in zip(runs, run_scripts([a for a, _ in runs], timeout=300)):

@@ -58,7 +58,9 @@ def _mixed_load(prompts, settings_of):
 def test_greedy_equals_plain_generate_under_load(engine, prompts, greedy_refs):
   before = engine.compiled_programs()
   budgets = [MAX_NEW, 5, MAX_NEW, MAX_NEW, 9, MAX_NEW, MAX_NEW]
-  requests = drive(engine, _mixed_load(prompts, lambda i, n: RequestSettings(max_tokens=budgets[n])))
+  outputs = []
+  requests = drive(engine, _mixed_load(prompts, lambda i, n: RequestSettings(max_tokens=budgets[n])),
+                   outputs=outputs)
   for r, (i, _), budget in zip(requests, [(0, 0), (1, 0), (2, 1), (3, 3), (4, 3), (0, 4), (3, 6)], budgets):
     want = greedy_refs[i][:budget]
     if r.reason == "freed":
@@ -69,6 +71,12 @@ def test_greedy_equals_plain_generate_under_load(engine, prompts, greedy_refs):
   assert len({s for r in requests for s in r.slots_used}) == 3  # every slot used, some twice
   assert engine.compiled_programs() == before  # nothing recompiled after warmup
   assert engine.free_slots() == [0, 1, 2]
+  # Steps decoded only the active slots (gathered into the smallest row bucket, written back): 1, 2 and 3 rows.
+  assert engine.row_buckets == (1, 2, 3)
+  assert {o.rows for o in outputs if o.entry is not None} == {1, 2, 3}
+  for o in outputs:
+    active = sum(1 for t in o.tokens if t) if o.entry is not None else 0
+    assert o.entry is None or o.rows >= active
 
 
 def test_a_freed_slot_never_leaks(engine, prompts, greedy_refs):
@@ -135,3 +143,16 @@ def test_refusals(engine, prompts):
   with pytest.raises(SettingsError, match="schedule"):
     SlotEngine(engine.target, jaxspec.Speculation(engine.speculation.draft, gamma=2, schedule="heuristic"),
                slots=2, max_input_length=16, max_new_tokens=4)
+  with pytest.raises(SettingsError, match="row_buckets"):
+    SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, row_buckets=[0, 2])
+  with pytest.raises(SettingsError, match="modes"):
+    SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, modes=("beam",))
+  greedy_only = SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, modes=("greedy",))
+  assert greedy_only.row_buckets == (1, 2) and {k[1] for k in greedy_only.programs} == {"greedy"}
+  with pytest.raises(SettingsError, match="needs 'sampled'"):
+    greedy_only.insert(0, prompts[0][:16], RequestSettings(4, temperature=1.0))
+  sampled_only = SlotEngine(engine.target, None, slots=4, max_input_length=16, max_new_tokens=4,
+                            modes=("sampled",), row_buckets=(3,))
+  assert sampled_only.programs == ((0, "sampled", 3), (0, "sampled", 4))  # greedy rows decode in it exactly
+  with pytest.raises(SettingsError, match="needs 'filtered'"):
+    sampled_only.insert(0, prompts[0][:16], RequestSettings(4, temperature=1.0, top_k=5))

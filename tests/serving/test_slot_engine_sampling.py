@@ -78,7 +78,7 @@ def pair():
 def test_sampled_output_keeps_the_targets_distribution(pair, temperature, top_k, top_p):
   target, draft = pair
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=32, max_input_length=16,
-                      max_new_tokens=2, iterations_per_step=2)
+                      max_new_tokens=2, iterations_per_step=2, row_buckets=(32,))
   settings = [RequestSettings(2, temperature=temperature, top_k=top_k, top_p=top_p, seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, temperature, top_k, top_p))
   assert stat < chi_square_limit(dof), (stat, dof)
@@ -89,7 +89,7 @@ def test_a_broken_rule_is_caught(pair, monkeypatch):
   target, draft = pair
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=31, max_input_length=16,  # a new trace
-                      max_new_tokens=2, iterations_per_step=2)
+                      max_new_tokens=2, iterations_per_step=2, row_buckets=(31,))
   settings = [RequestSettings(2, temperature=2.0, seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, 2.0, 0, 1.0))
   assert stat > chi_square_limit(dof), (stat, dof)

@@ -22,7 +22,7 @@ case "${1:-ende}" in
     $PY launch/tune.py --drafts=ende-draft --gammas=2,4 --schedules=constant --temperatures=0 \
         --batch_sizes=1,4,16 --sentences=16 --max_new_tokens=48 --repeats=3 --noitl \
         --output_dir=runs/serving_tune --speculation_table=$OUT/ende_table.json
-    common="--slots=64 --max_input_length=64 --max_new_tokens=64 --log_level=warning"
+    common="--slots=64 --max_input_length=64 --max_new_tokens=64 --modes=greedy --log_level=warning"
     $PY launch/serve.py --port=8100 $common --speculation_table=$OUT/ende_table.json & pids+=($!)
     $PY launch/serve.py --port=8101 $common --draft=none & pids+=($!)
     wait_ready 8100; wait_ready 8101
@@ -35,7 +35,7 @@ case "${1:-ende}" in
     # 1.29x plain at batch 1, 1.02x at batch 4): draft up to 4 active slots, plain above.
     echo '{"entries": [{"max_active": 4, "gamma": 4, "tree": null}, {"max_active": 16, "gamma": 0, "tree": null}]}' \
         > $OUT/qwen_table.json
-    common="--target=$QWEN_1_5B --slots=16 --max_input_length=128 --max_new_tokens=48 --log_level=warning"
+    common="--target=$QWEN_1_5B --slots=16 --max_input_length=128 --max_new_tokens=48 --modes=greedy --log_level=warning"
     $PY launch/serve.py --port=8100 $common --draft=$QWEN_0_5B --speculation_table=$OUT/qwen_table.json & pids+=($!)
     wait_ready 8100
     $PY launch/serve.py --port=8101 $common --draft=none & pids+=($!)
