@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from typing import Any, Sequence
 
 import jax
@@ -78,7 +77,7 @@ from jaxspec.decoding import adaptive, arguments, loop, placement
 from jaxspec.decoding import engine as generate_engine
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.checks import check_seed, is_int, is_real
+from jaxspec.checks import check_seed, is_int
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
