@@ -57,7 +57,9 @@ def main(argv):
     serving.plot(rows, _OUTPUT.value + ".png")
     print(f"wrote {_OUTPUT.value}.md, .json and .png")
   if any(r["failed"] for r in rows):
-    raise SystemExit(f"{sum(r['failed'] for r in rows)} requests failed: {rows[0]['errors'] or ''}")
+    first = next(r for r in rows if r["failed"])
+    raise SystemExit(f"{sum(r['failed'] for r in rows)} requests failed; the first at {first['server']} "
+                     f"{first['mode']} {first['level']}: {(first['errors'] or ['?'])[0]}")
 
 
 if __name__ == "__main__":

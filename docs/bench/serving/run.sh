@@ -20,7 +20,7 @@ case "${1:-ende}" in
   ende)
     # The load table: the tuner over batch sizes (greedy; chains of 2 and 4 against plain decoding).
     $PY launch/tune.py --drafts=ende-draft --gammas=2,4 --schedules=constant --temperatures=0 \
-        --batch_sizes=1,4,16 --sentences=16 --max_new_tokens=48 --repeats=3 --noitl \
+        --batch_sizes=1,4,16,64 --sentences=16 --max_new_tokens=48 --repeats=3 --noitl \
         --output_dir=runs/serving_tune --speculation_table=$OUT/ende_table.json
     common="--slots=64 --max_input_length=64 --max_new_tokens=64 --modes=greedy --log_level=warning"
     $PY launch/serve.py --port=8100 $common --speculation_table=$OUT/ende_table.json & pids+=($!)
@@ -28,7 +28,7 @@ case "${1:-ende}" in
     wait_ready 8100; wait_ready 8101
     $PY launch/serve_benchmark.py --url=http://127.0.0.1:8100 --baseline_url=http://127.0.0.1:8101 \
         --labels=speculative,plain --workload=docs/bench/serving_ende.jsonl --max_tokens=64 \
-        --concurrency=1,4,16,64 --rate=8 --output=$OUT/ende
+        --concurrency=1,4,16,64 --rate=8 --requests=128 --output=$OUT/ende
     ;;
   qwen)
     # The load table from the tuner's earlier Qwen measurements (docs/bench/trees_qwen.md: the gamma-4 chain
