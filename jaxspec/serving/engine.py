@@ -230,8 +230,7 @@ def _step_program(program: _Program, target_params, draft_params, state: SlotSta
   R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
-    new, packed = _decode_rows(program, target_params, draft_params, state)
-    return new, packed
+    return _decode_rows(program, target_params, draft_params, state)
   rows, packed = _decode_rows(program, target_params, draft_params, _take_rows(program, state, index))
   return _put_rows(program, state, rows, index), packed
 
