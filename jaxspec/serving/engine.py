@@ -51,8 +51,10 @@ its prompt alone, and a seeded sampled request draws the same tokens alone or un
 
 Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
-head stay in sync; a draft model lags and catches up when drafting resumes (chains: `_CatchingUp`, a re-feed of
-the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
+head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
+of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
+A request inserted at a load the table runs plain skips the draft model's prefill and never drafts (`insert`'s
+`load`): at high load the speculative server prefills what the plain one does.
 
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
 runs them from one loop and hands results to its request handlers.
@@ -65,6 +67,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 from typing import Any, Sequence
 
 import jax
@@ -82,6 +85,7 @@ from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
+from jaxspec.serving.served_draft import ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import shard
 
@@ -147,38 +151,6 @@ class SlotState:
   temperature: jax.Array  # [S] float32 (0: greedy)
   top_k: jax.Array  # [S] int32
   top_p: jax.Array  # [S] float32
-
-
-@dataclasses.dataclass(frozen=True)
-class _CatchingUp:
-  """A draft model whose chains are asked through the variable path (a limit of gamma per active row): its
-  catch-up re-feeds any lag in one call, which a table with plain or tree entries needs (the draft lags there)."""
-
-  inner: ModelDrafter
-  may_find_nothing: bool = True  # rows still behind after the catch-up draft nothing that iteration
-  feature_layers: tuple[int, ...] = ()
-  reads_encoder: bool = False
-
-  @property
-  def default_cost(self) -> float:
-    return self.inner.default_cost
-
-  def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
-    return self.inner.init(params, input_ids, input_lengths, cache_len, features=features, encoder=encoder)
-
-  def propose(self, request):
-    if request.limit is None:
-      request = request._replace(limit=jnp.where(request.history.done, 0, request.static.gamma).astype(jnp.int32))
-    return self.inner.propose(request)
-
-  def idle(self, state, history, static):
-    return self.inner.idle(state, history, static)
-
-  def settle(self, verdict):
-    return self.inner.settle(verdict)
-
-  def propose_tree(self, params, state, history, static, knobs, keys):
-    return self.inner.propose_tree(params, state, history, static, knobs, keys)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -399,7 +371,8 @@ class SlotEngine:
     drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
-    chain_drafter = _CatchingUp(drafter) if isinstance(drafter, ModelDrafter) and lags else drafter
+    if isinstance(drafter, ModelDrafter) and lags:  # catches up after plain / tree steps (served_draft.py)
+      drafter = ServedDraftModel(drafter)
     self._programs: dict[tuple[int, str, int], _Program] = {}
     width = self.iterations_per_step * (adaptive.max_gamma + 1)
     alloc, planned = None, []
@@ -412,7 +385,7 @@ class SlotEngine:
           use, gamma_used = drafter, (1 if speculation is not None else 0)
           kind = loop._Kind(rests=speculation is not None, width=1)  # pylint: disable=protected-access
         else:
-          use, gamma_used = (chain_drafter if tree is None else drafter), gamma
+          use, gamma_used = drafter, gamma
         settings = loop.LoopSettings(
             target=target.decoder(), drafter=use, gamma=gamma_used, max_new_tokens=self.max_new_tokens,
             greedy=mode == "greedy", filtering=mode == "filtered", eos_ids=self.eos_ids, pad_id=self.pad_id,
@@ -424,6 +397,10 @@ class SlotEngine:
           alloc = settings
     # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
+    # Inserts at a load the table runs plain skip a draft model's prefill (those rows never draft).
+    self._quiet_alloc = None
+    if isinstance(drafter, ServedDraftModel) and any(e.plain for e in adaptive.entries):
+      self._quiet_alloc = dataclasses.replace(self._alloc, drafter=dataclasses.replace(drafter, prefill=False))
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     for n in range(1, self.slots + 1):
@@ -530,17 +507,29 @@ class SlotEngine:
       raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
                           f"{self.max_new_tokens}.")
 
-  def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings) -> None:
-    """Prefills one request into a free `slot` (one compiled program per prompt bucket; nothing recompiles)."""
+  def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings, *,
+             load: int | None = None) -> None:
+    """Prefills one request into a free `slot` (one compiled program per prompt bucket; nothing recompiles).
+
+    load: the number of active slots this insert leads to (a scheduler admitting several requests at once passes
+    the count after all of them; default: the active slots after this one). Where the table runs plain at that
+    load, a draft model's prompt prefill is skipped and the request never drafts (served_draft.py)."""
     slot = self._check_slot(slot)
     if self._active[slot]:
       raise SettingsError(f"slot {slot} is busy: free it first (engine.free) or pick one of free_slots().")
     self.check_request(settings)
     ids = self._check_prompt(prompt_ids)
+    if load is None:
+      load = int(self._active.sum()) + 1
+    if not is_int(load) or load < 1:
+      raise SettingsError(f"load must be an integer >= 1, got {load!r}.")
+    alloc = self._alloc
+    if self._quiet_alloc is not None and self.table.entries[self.table.index(min(int(load), self.slots))].plain:
+      alloc = self._quiet_alloc
     bucket = arguments.bucket_length(len(ids), self.max_input_length)
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
-    self._state = _INSERT(self._alloc, self._layout, self.target_params, self.draft_params, self._state,
+    self._state = _INSERT(alloc, self._layout, self.target_params, self.draft_params, self._state,
                           np.int32(slot), padded, np.asarray([len(ids)], np.int32), np.uint32(settings.seed),
                           np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
                           np.int32(settings.max_tokens))
@@ -614,8 +603,12 @@ class SlotEngine:
     busy = self._active.any()
     if busy:
       raise SettingsError("warmup runs on an idle engine (before any insert).")
-    for bucket in self.buckets:
-      self.insert(0, [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id], RequestSettings(1))
+    loads = {self.table.entries[self.table.index(n)].plain: n for n in range(self.slots, 0, -1)}
+    if self._quiet_alloc is None:
+      loads = {False: 1}
+    for bucket, load in itertools.product(self.buckets, sorted(loads.values())):  # with a draft prefill, without
+      prompt = [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id]
+      self.insert(0, prompt, RequestSettings(1), load=load)
       self.free(0)
     for key in self._programs:
       self.step(program=key)

@@ -207,10 +207,12 @@ class Scheduler:
           return
         handle = self._waiting.popleft()
         self.metrics.queue_length.set(len(self._waiting))
+        waiting = len(self._waiting)
       slot = free.pop(0)
       r = handle.request
+      load = len(self._active) + 1 + min(waiting, len(free))  # active once this round's admissions are in
       try:
-        self.engine.insert(slot, list(r.prompt_ids), handle.settings)
+        self.engine.insert(slot, list(r.prompt_ids), handle.settings, load=load)
       except Exception as e:  # pylint: disable=broad-except  (one request's failure, said to its client)
         logging.exception("insert failed")
         free.insert(0, slot)

@@ -62,7 +62,7 @@ class StubEngine:
   def check_request(self, settings):
     """The engine's own check (SlotEngine.check_request): called by the handler's thread, so not _touch'ed."""
 
-  def insert(self, slot, prompt_ids, settings):
+  def insert(self, slot, prompt_ids, settings, *, load=None):
     self._touch()
     assert slot not in self.state and 0 <= slot < self.slots, slot
     assert 0 < len(prompt_ids) <= self.max_input_length
