@@ -6,7 +6,6 @@ prompts are refused with one clear error."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import jaxspec

@@ -7,7 +7,6 @@ instead of the residual) and the same statistic rejects it."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
