@@ -360,7 +360,8 @@ def environment() -> dict:
   except Exception:  # No nvidia-smi on the CPU.
     env["gpu"] = None
   try:
-    env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
+    env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
   except Exception:
     env["commit"] = None
   return env
