@@ -62,8 +62,9 @@ class PairSettings:
   """What one run takes (launch/train_pair_v2.py's flags, one field each, of the same name).
 
   corpus: the corpus directory (train.tsv.gz, dev/test(_doc).tsv; launch/build_corpus.py builds one).
-  target_config, draft_config: configs/ende.py's target_v2 and draft_v2 (ml_collections ConfigDicts; `run` sets
-    its own copies' data, teacher and time budgets and leaves these as they are).
+  target_config, draft_config: configs/ende.py's target_v2 and draft_v2 (ml_collections ConfigDicts: with configs/
+    on sys.path, `ende.get_config("target_v2")`; `run` sets its own copies' data, teacher and time budgets and
+    leaves these as they are).
   workdir: the stages' files; out: the packed models and summary.json ('' = WORKDIR/out).
   deadline_s: seconds after the start by which everything has ended; distill_s: seconds for distilling training
     sources; distill_pairs: training sources distilled at most; dev_pairs: dev sources distilled for the draft's
