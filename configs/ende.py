@@ -117,7 +117,7 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
     c.train_steps = 1500
     c.eval_every = 1500
     c.dev_bleu_sentences = 32
-  if which in ("target_v2", "draft_v2"):  # launch/train_pair_v2.py sets data_dir (and the draft's data, teacher).
+  if which in ("target_v2", "draft_v2"):  # training/ende_pair.py sets data_dir (and the draft's data, teacher).
     c.tokenizer = TOKENIZER_V2
     c.dev = "dev,dev_doc"  # Natural sentences, software strings and documentation.
     c.max_len = 96  # 0.3% of the pairs are longer (documentation); 64 cut 2.6% of the documentation.

@@ -7,6 +7,22 @@ Every measurement uses random weights of the real shapes (bfloat16 on an acceler
 feature head's (EAGLE-3 for a Llama-3.1-8B shape, a T5 head for t5-11b), their trees. `tiny=True` swaps in
 tiny shapes of the same families (the CPU test of the script).
 
+`run(Round3Settings(...))` runs the stages in order of value (`stages` picks; each is skipped when less than its
+minimum, MIN_S, is left of `budget_s`):
+  oracle    the paper's EnDe small row (t5-11b target, t5-small draft, gamma 7, alpha 0.75: chain, tree, T5 head
+            copied and slim) and a Llama-3.1-8B-shaped target with an EAGLE-3 head at 6.1 tokens per iteration
+            (tree and chain): ms per token against plain greedy decoding, measured acceptance against the design
+            (`ende_cases`, `llama_cases`, `run_cases`);
+  kernels   the t5-small step's kernels and ms, and the 8B head's ms, with XLA's command buffers as they are, off,
+            and on for every kind (a process each: XLA reads its flags once; `kernel_variants`);
+  autotune  the v2 target's two train programs compiled at --xla_gpu_autotune_level 4 (default) and 0: compile
+            seconds and ms per step (does level 0 shorten compiles without slowing steps? `autotune_levels`);
+  pair      bash launch/train_pair_gpu.sh --deadline_s=<what is left> (run from the repository, with runs/corpus
+            and runs/wheels there).
+It writes OUT/round3.json (machine, versions, command, every result, compiled programs per stage: `environment`)
+and OUT/round3.md (the tables: `markdown`), both rewritten after every stage, and the pair's files under OUT/pair/;
+a stage's exception is recorded under "errors" and the next stage runs.
+
 Shapes: B batch (1 here), S prompt length, N generated tokens.
 """
 
@@ -15,10 +31,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
 import time
+import traceback
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +47,11 @@ from jaxspec.bench import oracle, presets, timing
 from jaxspec.decoding import engine
 from jaxspec.decoding.model_drafter import ModelDrafter
 from jaxspec.decoding.tree import Tree
+from jaxspec.errors import ConfigError
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig
 from jaxspec.models.t5.shapes import T5_SHAPES
+from jaxspec.tools.outputs import atomic_write_json
 from jaxspec.training.head import head_config, t5_head_config
 
 EAGLE3_TAU = 6.13  # EAGLE-3 (Li et al. 2025), Llama-3.1-8B, MT-bench, temperature 0: tokens per target call
@@ -299,6 +319,147 @@ def autotune_levels(tiny: bool, steps: int, timeout: float, levels=(4, 0)) -> di
   """`train_step_probe` with --xla_gpu_autotune_level=N for each level (4 is XLA's default), a process each."""
   args = ["train_probe"] + (["--tiny"] if tiny else []) + [f"--steps={steps}"]
   return {f"level_{n}": _subprocess(args, f"--xla_gpu_autotune_level={n}", timeout) for n in levels}
+
+
+# --- The run: stages under one budget, round3.json and round3.md ---------------------------------------------------
+
+MIN_S = {"oracle": 120, "kernels": 60, "autotune": 90, "pair": 240}  # skipped with less than this left
+
+
+@dataclasses.dataclass(frozen=True)
+class Round3Settings:
+  """What one run takes (launch/gpu_round3.py's flags, one field each, of the same name): `out` ('' =
+  runs/round3), `tiny` shapes, the `stages` (some of MIN_S, in this order) and `budget_s` for all of them; the
+  oracle's `max_new_tokens`, `prompt_len`, `repeats` (timed runs per measurement, median) and `oracle_cases`
+  (ende: t5-11b, llama: the 8B shape); the kernels' `kernel_variants` (KERNEL_VARIANTS' names); the autotune
+  stage's `train_steps` (timed per program) and `autotune_levels`."""
+
+  out: str = ""
+  tiny: bool = False
+  stages: tuple[str, ...] = ("oracle", "kernels", "autotune")
+  budget_s: float = 570
+  max_new_tokens: int = 128
+  prompt_len: int = 32
+  repeats: int = 3
+  train_steps: int = 20
+  oracle_cases: tuple[str, ...] = ("ende", "llama")
+  kernel_variants: tuple[str, ...] = tuple(KERNEL_VARIANTS)
+  autotune_levels: tuple[int | str, ...] = (4, 0)
+
+
+def environment() -> dict:
+  """The machine, the versions, the command (sys.argv), XLA_FLAGS, the GPU (nvidia-smi) and the git commit."""
+  env = {"command": " ".join([sys.executable] + sys.argv), "backend": jax.default_backend(),
+         "devices": [str(d) for d in jax.devices()], "jax": jax.__version__, "python": platform.python_version(),
+         "platform": platform.platform(), "xla_flags": os.environ.get("XLA_FLAGS", ""),
+         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  try:
+    env["jaxlib"] = __import__("jaxlib").__version__
+    env["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip()
+  except Exception:  # No nvidia-smi on the CPU.
+    env["gpu"] = None
+  try:
+    env["commit"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                   timeout=10).stdout.strip()
+  except Exception:
+    env["commit"] = None
+  return env
+
+
+def markdown(results: dict) -> str:
+  """round3.md: the oracle rows as a table, the other stages' results and the errors as they are."""
+  env = results["environment"]
+  lines = [f"# Issue 32 round three on {env.get('gpu') or env['backend']}", "",
+           f"JAX {env['jax']}, {env['backend']}, {'tiny shapes' if results['tiny'] else 'real shapes, random weights'}"
+           f", commit {env.get('commit')}; command `{env['command']}`.", ""]
+  if "oracle" in results:
+    lines += ["## Oracle loop (batch 1, greedy, random weights)", "",
+              "| case | design tok/iter | measured tok/iter | measured alpha | ms/token | speedup | identical | "
+              "programs | paper |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results["oracle"].get("rows", []):
+      if r["case"] == "plain":
+        lines.append(f"| plain ({r['target']}) | | | | {r['ms_per_token']:.3f} | 1.00x | | {r['programs']} | |")
+        continue
+      m, d = r["measured"], r["design"]
+      lines.append(f"| {r['case']} | {d['tokens_per_iteration']:.2f} | {m['tokens_per_iteration']:.2f} | "
+                   f"{m['alpha']:.3f} ± {m['alpha_stderr']:.3f} | {r['ms_per_token']:.3f} | {r['speedup']:.2f}x | "
+                   f"{r['identical_to_plain']} | {r['programs']} | {json.dumps(r['paper'])} |")
+    lines.append("")
+  for stage, title in (("kernels", "Draft step kernels"), ("autotune", "XLA autotune level and the train step"),
+                       ("pair", "Pair training")):
+    if stage in results:
+      lines += [f"## {title}", "", "```json", json.dumps(results[stage], indent=1), "```", ""]
+  if results.get("errors"):
+    lines += ["## Errors", "", "```", *results["errors"], "```", ""]
+  return "\n".join(lines)
+
+
+def _oracle(s: Round3Settings, results: dict, counter: CompileCounter, save) -> None:
+  results["oracle"] = {"rows": []}
+  builds = {"ende": lambda: ende_cases(s.tiny, s.max_new_tokens), "llama": lambda: llama_cases(s.tiny)}
+  for name in s.oracle_cases:
+    target, cases = builds[name]()
+    results["oracle"]["rows"] += run_cases(target, cases, prompt_len=s.prompt_len, max_new_tokens=s.max_new_tokens,
+                                           repeats=s.repeats, counter=counter)
+    del target, cases
+    save()
+  results["oracle"]["compiled"] = counter.stages
+
+
+def _pair(out: str, left) -> dict:
+  env = dict(os.environ, OUT=os.path.join(out, "pair"))
+  deadline = int(left() - 20)
+  res = subprocess.run(["bash", "launch/train_pair_gpu.sh", f"--deadline_s={deadline}"], env=env,
+                       capture_output=True, text=True, timeout=left())
+  summary = os.path.join(out, "pair", "summary.json")
+  return {"returncode": res.returncode, "deadline_s": deadline, "tail": res.stdout[-2000:] + res.stderr[-2000:],
+          "summary": json.load(open(summary)) if os.path.exists(summary) else None}
+
+
+def run(s: Round3Settings) -> dict:
+  """The stages in order under `budget_s` (docstring above); returns the results (also OUT/round3.json).
+  ConfigError for a stage not in MIN_S, before anything runs."""
+  unknown = [stage for stage in s.stages if stage not in MIN_S]
+  if unknown:
+    raise ConfigError(f"--stages: unknown stage {unknown[0]!r} (expected some of {', '.join(MIN_S)}).")
+  t0, out, tiny = time.time(), s.out or "runs/round3", s.tiny
+  os.makedirs(out, exist_ok=True)
+  left = lambda: s.budget_s - (time.time() - t0)
+  results = {"environment": environment(), "tiny": tiny, "stages_s": {}, "skipped": [], "errors": []}
+
+  def save():
+    atomic_write_json(os.path.join(out, "round3.json"), results, indent=1)
+    with open(os.path.join(out, "round3.md"), "w", encoding="utf-8") as f:
+      f.write(markdown(results))
+
+  save()
+  counter = CompileCounter()
+  for stage in s.stages:
+    if left() < (5 if tiny else MIN_S[stage]):
+      results["skipped"].append(f"{stage}: {left():.0f} s left")
+      save()
+      continue
+    t = time.time()
+    try:
+      if stage == "oracle":
+        _oracle(s, results, counter, save)
+      elif stage == "kernels":
+        results["kernels"] = kernel_variants(tiny, s.repeats, timeout=max(min(left() / 4, 150), 30),
+                                             variants=list(s.kernel_variants))
+      elif stage == "autotune":
+        results["autotune"] = autotune_levels(tiny, s.train_steps, timeout=max(min(left() / 2, 200), 30),
+                                              levels=[int(v) for v in s.autotune_levels])
+      elif stage == "pair":
+        results["pair"] = _pair(out, left)
+    except Exception:  # Record and go on to the next stage: a call's minutes are few.
+      results["errors"].append(f"{stage}: {traceback.format_exc()[-3000:]}")
+    results["stages_s"][stage] = round(time.time() - t, 1)
+    save()
+  results["total_s"] = round(time.time() - t0, 1)
+  save()
+  print(f"wrote {out}/round3.json and round3.md in {results['total_s']} s", flush=True)
+  return results
 
 
 def _main(argv: list[str]) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from jaxspec.checkpoint import atomic
 from jaxspec.errors import CheckpointError
-from jaxspec.checkpoint.safetensors_io import save_file
+from jaxspec.checkpoint.safetensors_io import save_file, shard_file, shard_groups, write_index
 
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_NAMES = {  # blk.N.<key> -> model.layers.N.<value>
@@ -264,26 +264,18 @@ def _write_weights(reader, arch: str, cfg: dict, directory: str, dtype, max_shar
                    always_index: bool) -> None:
   """model.safetensors, or model-0000i-of-0000n.safetensors + index when over max_shard_bytes (or always_index)."""
   itemsize = np.dtype(dtype).itemsize
-  shards, size = [[]], 0
-  for t in reader.tensors:
-    nbytes = int(t.n_elements) * itemsize
-    if shards[-1] and size + nbytes > max_shard_bytes:
-      shards.append([])
-      size = 0
-    shards[-1].append(t)
-    size += nbytes
+  shards = shard_groups(((t, int(t.n_elements) * itemsize) for t in reader.tensors), max_shard_bytes)
   sharded = always_index or len(shards) > 1
   weight_map, total = {}, 0
   for i, shard in enumerate(shards):
-    file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if sharded else "model.safetensors"
+    file = shard_file(i, len(shards)) if sharded else "model.safetensors"
     arrays = dict(hf_tensor(t, arch, cfg) for t in shard)
     arrays = {k: v.astype(dtype) for k, v in arrays.items()}
     save_file(arrays, os.path.join(directory, file), metadata={"format": "pt"})
     weight_map.update({k: file for k in arrays})
     total += sum(v.nbytes for v in arrays.values())
   if sharded:
-    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
-      json.dump({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+    write_index(directory, weight_map, total)
 
 
 def convert_gguf(source: str | Sequence[str], output_dir: str, dtype: str = "float32",

@@ -5,7 +5,10 @@ header so that a truncated or corrupt file fails with an error naming the file a
 bfloat16 (via ml_dtypes), which numpy alone cannot.
 
 Format: 8-byte little-endian header length, a JSON header {name: {"dtype", "shape", "data_offsets": [begin,
-end]}, "__metadata__": {...}}, then the raw little-endian tensor bytes.
+end]}, "__metadata__": {...}}, then the raw little-endian tensor bytes. Sharded, as transformers writes it:
+model-0000i-of-0000n.safetensors files and model.safetensors.index.json ({"metadata": {"total_size": bytes},
+"weight_map": {name: file}}); `shard_groups`, `shard_file` and `write_index` write that layout (`shard_safetensors`
+splits a written model.safetensors, jaxspec/checkpoint/gguf.py converts straight into it).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+from typing import Iterable, TypeVar
 
 import ml_dtypes
 import numpy as np
@@ -24,6 +28,8 @@ _DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_,
 }
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
+INDEX = "model.safetensors.index.json"
+_T = TypeVar("_T")
 
 
 class SafetensorsFile:
@@ -125,3 +131,44 @@ def save_file(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str
     f.write(blob)
     for arr in arrays:
       f.write(arr.tobytes())
+
+
+def shard_groups(items: Iterable[tuple[_T, int]], max_bytes: int) -> list[list[_T]]:
+  """(item, nbytes) pairs, in order, cut into consecutive shards of at most max_bytes each (an item larger than
+  that is a shard of its own); one shard when everything fits."""
+  shards, size = [[]], 0
+  for item, nbytes in items:
+    if shards[-1] and size + nbytes > max_bytes:
+      shards, size = shards + [[]], 0
+    shards[-1].append(item)
+    size += nbytes
+  return shards
+
+
+def shard_file(i: int, n: int) -> str:
+  """The file name of shard i (from 0) of n: model-0000{i+1}-of-0000n.safetensors."""
+  return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+
+
+def write_index(directory: str, weight_map: dict[str, str], total_size: int) -> None:
+  """directory/model.safetensors.index.json: {"metadata": {"total_size"}, "weight_map": {name: shard file}}."""
+  with open(os.path.join(directory, INDEX), "w") as f:
+    json.dump({"metadata": {"total_size": total_size}, "weight_map": dict(sorted(weight_map.items()))}, f, indent=2)
+
+
+def shard_safetensors(directory: str, max_bytes: int) -> None:
+  """Splits directory/model.safetensors into model-0000i-of-0000n.safetensors + index when it is over max_bytes
+  (each shard at most max_bytes unless it holds one larger tensor); a file that fits is left as it is."""
+  path = os.path.join(directory, "model.safetensors")
+  if os.path.getsize(path) <= max_bytes:
+    return
+  source = SafetensorsFile(path)
+  shards = shard_groups(((name, source.get(name).nbytes) for name in source.keys()), max_bytes)
+  weight_map = {}
+  for i, names in enumerate(shards):
+    file = shard_file(i, len(shards))
+    save_file({n: source.get(n) for n in names}, os.path.join(directory, file), metadata={"format": "pt"})
+    weight_map.update({n: file for n in names})
+  write_index(directory, weight_map, sum(source.get(n).nbytes for n in weight_map))
+  del source
+  os.remove(path)

@@ -1,5 +1,5 @@
 """`train_and_evaluate(config, workdir)`: the EN-DE training loop (configs/ende.py), resumable, with evaluation
-and export, as the flax examples' train.py; launch/train.py, launch/train_pair_v2.py and notebooks call it.
+and export, as the flax examples' train.py; launch/train.py, jaxspec/training/ende_pair.py (the v2 pair; launch/train_pair_v2.py) and notebooks call it.
 
 A killed run started again with the same workdir continues from its latest Orbax checkpoint (WORKDIR/checkpoints),
 at the same place in the data. Progress: a tqdm bar (steps, rate, ETA) and a line every `log_every` steps (steps/s,
@@ -153,7 +153,7 @@ def prepare_programs(c, vocab_size: int, teacher_config: t5.T5Config | None = No
 
   Only shapes are needed: the model's from c.model and vocab_size, the teacher's from teacher_config (a
   distillation run: its parameters are cast to c.compute_dtype). `train_and_evaluate(c, ..., programs=...)` then
-  trains with them (launch/train_pair_v2.py compiles the draft's while the target trains)."""
+  trains with them (training/ende_pair.py compiles the draft's while the target trains)."""
   cfg = t5.T5Config(vocab_size=vocab_size, **c.model)
   optimizer = steps.make_optimizer(c.learning_rate, c.warmup_steps, None if c.time_budget_s > 0 else c.train_steps,
                                    c.weight_decay)

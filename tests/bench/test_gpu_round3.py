@@ -4,6 +4,8 @@ autotune level; round3.json and round3.md carry the machine, the command and eve
 
 import json
 
+import pytest
+
 from script_helpers import run_script
 
 
@@ -35,3 +37,13 @@ def test_round3_tiny(tmp_path):
   assert tune["step_ms[16x16]"] > 0 and tune["step_ms[8x32]"] > 0
   md = (out / "round3.md").read_text()
   assert "Oracle loop" in md and "eagle3 tree" in md and "autotune" in md
+
+
+def test_an_unknown_stage_stops_before_anything_runs(tmp_path):
+  """`round3.run` as a notebook calls it: a stage not in MIN_S is a ConfigError before any stage ran or any file
+  was written (the script turns it into a usage error)."""
+  from jaxspec.bench import round3
+  from jaxspec.errors import ConfigError
+  with pytest.raises(ConfigError, match="--stages: unknown stage 'bogus'"):
+    round3.run(round3.Round3Settings(out=str(tmp_path / "r3"), stages=("oracle", "bogus")))
+  assert not (tmp_path / "r3").exists()
