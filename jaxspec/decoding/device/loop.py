@@ -42,17 +42,21 @@ Buffers have gamma + 1 slots of slack, so no per-row write runs past the end (pi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, sampling, streaming, tree_verify, verify
-from jaxspec.decoding.drafter import DraftRequest, Drafter, History, Proposal, ProposalSettings, Verdict
-from jaxspec.decoding.tree import Tree, TreeProposal
+from jaxspec.decoding import streaming
+from jaxspec.decoding.device import adaptive, sampling, tree_verify, verify
+from jaxspec.decoding.drafters.protocol import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
+                                                TreeProposal, Verdict)
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import Tree
 
 
 @dataclasses.dataclass(frozen=True)

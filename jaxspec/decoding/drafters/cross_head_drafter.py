@@ -23,7 +23,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxspec.decoding.head_drafter import HeadDrafter, HeadState
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter, HeadState
 
 
 @dataclasses.dataclass(frozen=True)

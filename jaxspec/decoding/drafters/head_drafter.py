@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import chain
+from jaxspec.decoding.drafters import chain
 from jaxspec.models.contract import TreeNodes
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head, HeadInput
 

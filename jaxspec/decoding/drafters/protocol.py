@@ -49,14 +49,16 @@ Shapes: B batch, G = gamma (the most tokens a row drafts), V vocabulary, N the l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.tree import Tree, TreeProposal
+from jaxspec.decoding.device.sampling import SamplingKnobs
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +135,31 @@ class Verdict(NamedTuple):
   #   j is the accepted path's node j, junk past it; None without feature_layers).
 
 
+@struct.dataclass
+class SampledSiblings:
+  """The children DRAWN from q at every expanded node of a tree (`tree.draft_tree` with keys), kept in the tree or
+  not, for `device.tree_verify.accept_tree_recursive`. E = 1 + K (D - 1) expanded nodes (the root, then each depth's
+  beam), in pool order."""
+
+  nodes: jax.Array  # [B, E] int32 tree node of each expanded node (-1: not kept in the tree).
+  children: jax.Array  # [B, E, K] int32 its K draws without replacement from q, in draw order.
+  child_nodes: jax.Array  # [B, E, K] int32 tree node of each draw (-1: dropped by the final rerank).
+  q: jax.Array  # [B, E, V] float32 the draft's distribution at the expanded node (the draws came from it).
+
+
+@struct.dataclass
+class TreeProposal:
+  """One iteration's tree of drafts per row (what a tree drafter's `propose_tree` returns to the loop)."""
+
+  tokens: jax.Array  # [B, N] int32 node tokens; node 0 is the root, the loop's last token (not a draft).
+  parents: jax.Array  # [B, N] int32 parent node of each node (-1 at the root).
+  depths: jax.Array  # [B, N] int32 (0 at the root; the deepest node has depth <= gamma).
+  ancestors: jax.Array  # [B, N, N] bool (a node is its own ancestor).
+  after: Any  # The drafter's state after proposing, as its `settle` reads it.
+  siblings: SampledSiblings | None = None  # Children drawn from q (a draft model sampling), else None: the
+  #                                          children are deterministic candidates (greedy, prompt lookup).
+
+
 @runtime_checkable
 class Drafter(Protocol):
   """Proposes tokens for the target to verify (see the module docstring)."""
@@ -184,27 +211,6 @@ class Drafter(Protocol):
     lookup), or, when sampling, DRAWS from the drafter's q in draw order, recorded with q in the proposal's
     `siblings` (`tree.draft_tree` with `keys`) so that the target verifies them by recursive rejection sampling."""
     ...
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DraftSource:
-  """What a speculation drafts with: the loop's drafter and the parameters it reads, placed on a target's mesh one
-  way for every kind (`placement.draft_params_on`). `engine._drafter` makes it from the user's setting.
-
-  drafter: the loop's `Drafter` (static: part of the loop's settings).
-  params: the pytree passed to the drafter as `params` (a draft model's weights, a feature head's {"head",
-    "embed"}; None for prompt lookup and plain decoding).
-  model: the draft model when `params` are its weights (its caches and weights are then planned and placed by
-    its family's axes, under DRAFT_RULES unless it already is on the target's mesh), else None (the params are
-    replicated on a mesh).
-  owner: the user's object the params came from (the draft Model, the FeatureHead): a copy placed on a mesh is
-    kept beside it for later calls (never stored on it).
-  """
-
-  drafter: Drafter
-  params: Any = None
-  model: Any = None
-  owner: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
