@@ -23,6 +23,7 @@ from jaxspec.decoding import arguments, memory_guard, placement, streaming
 from jaxspec.decoding.device import adaptive, loop
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.protocol import DraftSource
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
@@ -40,7 +41,7 @@ class _Call:
   settings: loop.LoopSettings
   ids: np.ndarray  # [B, S] int32, right-padded to the bucket.
   lengths: np.ndarray  # [B] int32.
-  source: registry.DraftSource  # The drafter and the params it reads.
+  source: DraftSource  # The drafter and the params it reads.
   speculation: Speculation | None
   sampling: Sampling
 

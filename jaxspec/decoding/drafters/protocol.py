@@ -213,6 +213,28 @@ class Drafter(Protocol):
     ...
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class DraftSource:
+  """What a speculation drafts with: the loop's drafter and the parameters it reads, placed on a target's mesh one
+  way for every kind (`placement.draft_params_on`). `registry.draft_source` makes it from the user's
+  setting.
+
+  drafter: the loop's `Drafter` (static: part of the loop's settings).
+  params: the pytree passed to the drafter as `params` (a draft model's weights, a feature head's {"head",
+    "embed"}; None for prompt lookup and plain decoding).
+  model: the draft model when `params` are its weights (its caches and weights are then planned and placed by
+    its family's axes, under DRAFT_RULES unless it already is on the target's mesh), else None (the params are
+    replicated on a mesh).
+  owner: the user's object the params came from (the draft Model, the FeatureHead): a copy placed on a mesh is
+    kept beside it for later calls (never stored on it).
+  """
+
+  drafter: Drafter
+  params: Any = None
+  model: Any = None
+  owner: Any = None
+
+
 @dataclasses.dataclass(frozen=True)
 class PlainDrafter:
   """Proposes nothing: with it (and gamma 0) the loop is plain autoregressive decoding, through the same code."""

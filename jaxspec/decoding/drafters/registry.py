@@ -3,47 +3,26 @@
     source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
-`make(target, setting) -> DraftSource`. `Speculation` accepts exactly these kinds (its check reads `KINDS`), and
-the engine, the serving engine and the memory check know drafters only through `draft_source`. A new drafter kind
+`make(target, setting) -> DraftSource` (protocol.py: the drafter and the params it reads). `Speculation` accepts
+exactly these kinds (its check reads `KINDS`), and the engine and the serving engine know drafters only through
+`draft_source`. A new drafter kind
 is one module of this subpackage (its setting, its `Drafter`, its factory) and one entry here; nothing in the loop
 (device/) or the engine changes (docs/drafters.md has a worked example).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, NamedTuple
 
 from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
-from jaxspec.decoding.drafters.protocol import Drafter, PlainDrafter
+from jaxspec.decoding.drafters.protocol import DraftSource, PlainDrafter
 from jaxspec.decoding.settings import NGramDraft
 from jaxspec.errors import SettingsError
 from jaxspec.models import eagle3
 from jaxspec.models.hf_table import get_path
 from jaxspec.models.loaded import FeatureHead, Model
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class DraftSource:
-  """What a speculation drafts with: the loop's drafter and the parameters it reads, placed on a target's mesh one
-  way for every kind (`placement.draft_params_on`). `draft_source` makes it from the user's setting.
-
-  drafter: the loop's `Drafter` (static: part of the loop's settings).
-  params: the pytree passed to the drafter as `params` (a draft model's weights, a feature head's {"head",
-    "embed"}; None for prompt lookup and plain decoding).
-  model: the draft model when `params` are its weights (its caches and weights are then planned and placed by
-    its family's axes, under DRAFT_RULES unless it already is on the target's mesh), else None (the params are
-    replicated on a mesh).
-  owner: the user's object the params came from (the draft Model, the FeatureHead): a copy placed on a mesh is
-    kept beside it for later calls (never stored on it).
-  """
-
-  drafter: Drafter
-  params: Any = None
-  model: Any = None
-  owner: Any = None
 
 
 class Kind(NamedTuple):
