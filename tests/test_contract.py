@@ -1,5 +1,5 @@
 """The contracts hold their implementations: every model family's decoder against `models.contract.Decoder` (the
-EAGLE-3 head against `HeadDecoder`), every drafter against `decoding.drafter.Drafter`. Signatures are compared
+EAGLE-3 head against `HeadDecoder`), every drafter against `decoding.drafters.protocol.Drafter`. Signatures are compared
 with inspect.signature (parameter names, kinds and defaults), and every public method or property of an
 implementation must be declared by its protocol, so an undeclared method or keyword fails here. Also the typed
 values of the contract (TreeNodes, StepResult, Prefilled, HeadInput, LoopShape)."""

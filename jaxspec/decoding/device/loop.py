@@ -11,10 +11,10 @@ first token the prefill returned (T5's decoder start token, a decoder-only promp
 generated tokens; a cache's `positions` count how many of them it has fed.
 
 Each iteration, for every unfinished row:
-  1. the drafter proposes k <= gamma tokens (a draft model: model_drafter.py; prompt lookup: ngram.py; nothing:
-     drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else at most the batch's length from
-     its schedule and fallback (adaptive.py), and fewer where the drafter stops early (draft confidence, a lookup
-     without a match);
+  1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:
+     drafters/ngram.py; nothing: protocol.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
+     at most the batch's length from its schedule and fallback (adaptive.py), and fewer where the drafter stops
+     early (draft confidence, a lookup without a match);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
      drafted anything: the iteration is then plain decoding). Under "heuristic" / "adaptive", with a drafter that
      proposes whenever asked, the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always

@@ -1,6 +1,6 @@
 """The `Drafter` protocol: what the decoding loop asks of anything that proposes tokens for the target to verify.
 
-The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
+The loop (device/loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
 
     proposal = drafter.propose(DraftRequest(params, state, history, limit, static, knobs, confidence, keys,
                                             some_row_drafts))
@@ -36,8 +36,9 @@ target's `prefill(..., encoder=True)` for it and passes `encoder=(encoded [B, S,
 per input. The loop's iterations are unchanged.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
-weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
-its unit tests (tests/decoding/), and the exactness and lossless-sampling tests run with it (docs/drafters.md).
+weights, if any, come in `params`. To add one: a module of this subpackage with a frozen dataclass implementing
+these methods and a factory, one entry in `registry.KINDS`, its unit tests (tests/decoding/), and the exactness
+and lossless-sampling tests run with it (docs/drafters.md).
 
 What keeps the output exact (REFERENCE.md): a proposal may depend on anything known before the target scores it
 (the context, the drafter's own probabilities, the rows' past verdicts), never on the verdict it is about to get;
