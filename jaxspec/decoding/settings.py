@@ -1,4 +1,5 @@
-"""`Sampling` and `Speculation`: what `jaxspec.generate` decodes with, as two typed settings objects.
+"""`Sampling` and `Speculation`: what `jaxspec.generate` decodes with, as two typed settings objects (with the
+`Tree` shape a speculation may draft, and `NGramDraft`, prompt lookup's setting).
 
     out = jaxspec.generate(target, texts, jaxspec.Speculation(draft, gamma=5), jaxspec.Sampling(temperature=0.7))
 
