@@ -61,7 +61,7 @@ class MarkovDecoder:
 
 
 def np_warp(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-  """Reference temperature -> top-k -> top-p in numpy (written independently of jaxspec.decoding.sampling)."""
+  """Reference temperature -> top-k -> top-p in numpy (written independently of jaxspec.decoding.device.sampling)."""
   x = np.asarray(logits, np.float64) / temperature
   if top_k > 0:
     kth = np.sort(x)[-top_k]

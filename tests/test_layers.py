@@ -103,3 +103,54 @@ def test_no_arrow_against_the_layers():
       if LAYER[b] > LAYER[a] or LAYER[a] == LAYER[b] != SIDEWAYS_OK:
         arrows.add((a, b, m, t))  # up, or sideways where the table does not allow it
   assert not arrows, sorted(arrows)
+
+
+# --- inside decoding: the host API, device/ and drafters/ (docs/layers.md) --------------------------------------------
+
+D = "jaxspec.decoding."
+# What each part of decoding may import from decoding at run time (type annotations under TYPE_CHECKING aside).
+DECODING_MAY_IMPORT = {
+    # The compiled program: reaches drafters through the protocol only, and of the host side reads only what it
+    # hands back to the host (the stats it counts, the streamed chunks).
+    D + "device": (D + "device", D + "drafters.protocol", D + "stats", D + "streaming"),
+    # Drafters: the loop's shared numerics and the settings they are made from, never the loop, the verifiers or
+    # the host API (engine, placement, memory_guard, arguments).
+    D + "drafters": (D + "drafters", D + "device.sampling", D + "device.adaptive", D + "settings"),
+}
+
+_PACKAGES = {_module(p) + "." for p in ROOT.rglob("*.py")}  # "jaxspec.decoding.device.loop." etc.
+
+
+def _runtime_imports() -> dict[str, set[str]]:
+  """{module: jaxspec modules it imports}, every import statement but those under `if TYPE_CHECKING:`."""
+  graph = {}
+  for path in ROOT.rglob("*.py"):
+    tree = ast.parse(path.read_text())
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and getattr(node.test, "id", None) ==
+            "TYPE_CHECKING" for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+      if id(node) in skip:
+        continue
+      if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("jaxspec"):
+        found.update(node.module + "." + a.name if node.module + "." + a.name + "." in _PACKAGES else node.module
+                     for a in node.names)
+      elif isinstance(node, ast.Import):
+        found.update(a.name for a in node.names if a.name.startswith("jaxspec"))
+    graph[_module(path)] = found
+  return graph
+
+
+
+def test_the_loop_knows_no_drafter_and_drafters_no_loop():
+  """device/ imports no host API and of drafters/ only the protocol; drafters/ imports neither the loop, the
+  verifiers nor the engine (so a new drafter kind touches drafters/ only)."""
+  bad = []
+  for m, targets in _runtime_imports().items():
+    part = next((p for p in DECODING_MAY_IMPORT if m == p or m.startswith(p + ".")), None)
+    if part is None:
+      continue
+    for t in targets:
+      if t.startswith(D) and not any(t == ok or t.startswith(ok + ".") for ok in DECODING_MAY_IMPORT[part]):
+        bad.append((m, t))
+  assert not bad, sorted(bad)

@@ -22,8 +22,8 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from jaxspec.decoding import engine
-from jaxspec.decoding.head_drafter import HeadDrafter
+from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.models.loaded import FeatureHead, Model
 from jaxspec.models.contract import Decoder
 from jaxspec.models.eagle3 import HeadInput
@@ -113,7 +113,7 @@ def encoder_time(model: Model, batch: int, prompt_len: int, cache_len: int = 72,
 
 def _head_parts(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
   """The drafter and its params as `jaxspec.generate` builds them (CheckpointError when the head does not fit)."""
-  return engine.head_drafter(target, head)
+  return registry.head_drafter(target, head)
 
 
 def _dtype(target: Model):

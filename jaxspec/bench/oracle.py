@@ -29,11 +29,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxspec.decoding import loop, placement, sampling
-from jaxspec.decoding import tree as tree_lib
-from jaxspec.decoding.drafter import PlainDrafter, Proposal
+from jaxspec.decoding.device import loop, sampling
+from jaxspec.decoding import placement
+from jaxspec.decoding.drafters import tree as tree_lib
+from jaxspec.decoding.drafters.protocol import PlainDrafter, Proposal, TreeProposal
+from jaxspec.decoding.settings import Tree
 from jaxspec.errors import SettingsError
-from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models.contract import Decoder
 
 BIG = 1e9  # Above any real logit: the proposed token's logit (or minus it for a rejected position).
@@ -283,12 +285,12 @@ class OracleDrafter:
     noise = p.tokens + p.parents + p.ancestors.sum(axis=2, dtype=jnp.int32)  # inner's whole tree stays live
     tokens = jnp.where(hit, want, _other(want, noise, self.vocab_size))
     tokens = tokens.at[:, 0].set(p.tokens[:, 0])  # the root is the loop's own last token
-    return tree_lib.TreeProposal(tokens=tokens, parents=parents, depths=depths,
+    return TreeProposal(tokens=tokens, parents=parents, depths=depths,
                                  ancestors=tree_lib.ancestors_of(parents, spine), after=p, siblings=None)
 
 
 def drafter_settings(target: Decoder, drafter: OracleDrafter, gamma: int, max_new_tokens: int,
-                     tree: tree_lib.Tree | None = None) -> loop.LoopSettings:
+                     tree: Tree | None = None) -> loop.LoopSettings:
   """Greedy speculative decoding with an oracle drafter (chain, or a tree of this shape and depth gamma), no
   EOS id: every row runs max_new_tokens."""
   return dataclasses.replace(plain_settings(target, max_new_tokens), drafter=drafter, gamma=gamma, tree=tree)

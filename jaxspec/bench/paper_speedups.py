@@ -24,7 +24,8 @@ import jaxspec
 from jaxspec.models.t5.shapes import T5_SHAPES
 from jaxspec.bench import presets
 from jaxspec.bench import oracle
-from jaxspec.decoding import loop, sampling, theory
+from jaxspec.decoding.device import loop, sampling
+from jaxspec.decoding import theory
 from jaxspec.models import t5
 
 

@@ -44,9 +44,9 @@ import numpy as np
 
 import jaxspec
 from jaxspec.bench import oracle, presets, timing
-from jaxspec.decoding import engine
-from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.tree import Tree
+from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
+from jaxspec.decoding.settings import Tree
 from jaxspec.errors import ConfigError
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig
@@ -189,7 +189,7 @@ def ende_cases(tiny: bool, max_new_tokens: int) -> tuple[jaxspec.Model, list[Cas
                 accepted=tau - 1, tree=Tree(top_k=4, nodes=16), paper=paper)]
   for label, sizes in (("copied", {}), ("slim", slim)):
     head = _t5_head(target, dtype, **sizes)
-    drafter, params = engine.head_drafter(target, head)
+    drafter, params = registry.head_drafter(target, head)
     cases.append(Case(f"ende_small:t5 head ({label}: d_ff {head.config.intermediate_size}, "
                       f"{head.config.num_heads} heads) chain", drafter, params, gamma, alpha=alpha, paper=paper))
   return target, cases
@@ -203,7 +203,7 @@ def llama_cases(tiny: bool) -> tuple[jaxspec.Model, list[Case]]:
   target = jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape")
   hcfg = head_config(cfg, 64 if tiny else 32000)
   head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
-  drafter, params = engine.head_drafter(target, head)
+  drafter, params = registry.head_drafter(target, head)
   gamma = 7
   paper = {"tau": EAGLE3_TAU, "speedup": EAGLE3_SPEEDUP, "source": "EAGLE-3, Llama-3.1-8B, MT-bench, T=0"}
   tree = Tree(top_k=4, nodes=12) if tiny else Tree(top_k=8, nodes=60)

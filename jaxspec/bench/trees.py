@@ -22,7 +22,7 @@ import numpy as np
 import jaxspec
 from jaxspec.bench import costs, timing
 from jaxspec.bench.sweep import fixed_batches
-from jaxspec.decoding.tree import ancestors_of
+from jaxspec.decoding.drafters.tree import ancestors_of
 from jaxspec.models.contract import TreeNodes
 
 

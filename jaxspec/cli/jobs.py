@@ -35,7 +35,7 @@ from jaxspec.tools.inputs import InputError, encode_texts
 from jaxspec.models import eagle3
 from jaxspec.tools.outputs import LineWriter
 from jaxspec.cli.resume import open_output  # pylint: disable=unused-import (the scripts' entry: checked, locked)
-from jaxspec.decoding.arguments import draft_decoder
+from jaxspec.decoding.drafters.model_drafter import draft_decoder
 
 NGRAM = "ngram"  # the draft name of jaxspec.NGramDraft() (prompt lookup, no model)
 RANDOM = "random:"  # "random:NAME": NAME's shape and tokenizer, random untied weights (a draft that is never right;

@@ -1,12 +1,17 @@
-"""Plain and speculative decoding: `generate` and `lower` (engine.py), their settings (settings.py), the loop
-(loop.py) and its drafters (drafter.py: the protocol; model_drafter.py, ngram.py, head_drafter.py), verification
-(verify.py), token trees (tree.py: `Tree` and EAGLE-2's builder; tree_verify.py)."""
+"""Plain and speculative decoding, in three parts (docs/layers.md):
+
+  - here, the host API: `generate` and `lower` (engine.py), their settings (settings.py: `Sampling`,
+    `Speculation`, `Tree`, `NGramDraft`), argument checks (arguments.py), placement and compilation
+    (placement.py), the memory check (memory_guard.py), stats and streaming (stats.py, streaming.py) and
+    Theorem 3.8's best gamma (theory.py);
+  - device/: what runs inside the compiled program: the loop, verification, sampling transforms, schedules;
+  - drafters/: the `Drafter` protocol, one module per drafter kind, and their one registration (registry.py).
+"""
 
 from jaxspec.decoding.engine import LoweredCall, generate, lower
-from jaxspec.decoding.settings import NGramDraft, Sampling, Speculation
+from jaxspec.decoding.settings import NGramDraft, Sampling, Speculation, Tree
 from jaxspec.decoding.stats import DecodeStats, GenerateOutput
 from jaxspec.decoding.streaming import TokenChunk
-from jaxspec.decoding.tree import Tree
 from jaxspec.decoding.theory import (best_gamma, expected_iterations, expected_speedup,
                                      expected_speedup_for_workload, expected_tokens_per_iteration)
 

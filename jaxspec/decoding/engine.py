@@ -18,19 +18,16 @@ from typing import Callable
 import jax
 import numpy as np
 
-from jaxspec.decoding import adaptive, arguments, loop, memory_guard, placement, streaming
-from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
-from jaxspec.decoding.drafter import DraftSource, PlainDrafter
-from jaxspec.decoding.head_drafter import HeadDrafter
-from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.sampling import SamplingKnobs
 from jaxspec.checks import check_int
+from jaxspec.decoding import arguments, memory_guard, placement, streaming
+from jaxspec.decoding.device import adaptive, loop
+from jaxspec.decoding.device.sampling import SamplingKnobs
+from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.protocol import DraftSource
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
-from jaxspec.models.loaded import FeatureHead, Model
-from jaxspec.models import eagle3
-from jaxspec.models.hf_table import get_path
+from jaxspec.models.loaded import Model
 
 MAX_INPUT_LENGTH = 512  # `generate`'s default longest prompt, in tokens
 MAX_NEW_TOKENS = 2**30  # the most tokens a call may ask for (positions stay int32; the memory check refuses
@@ -49,35 +46,6 @@ class _Call:
   sampling: Sampling
 
 
-def _drafter(target: Model, speculation: Speculation | None) -> DraftSource:
-  """What this speculation drafts with: the loop's drafter and its params (the one registration of a drafter
-  kind: a new `Speculation.draft` kind maps to its drafter here, docs/drafters.md)."""
-  if speculation is None:
-    return DraftSource(PlainDrafter())
-  draft = speculation.draft
-  if isinstance(draft, Model):
-    return DraftSource(ModelDrafter(arguments.draft_decoder(target, draft)), draft.params, model=draft, owner=draft)
-  if isinstance(draft, FeatureHead):
-    drafter, params = head_drafter(target, draft)
-    return DraftSource(drafter, params, owner=draft)
-  return DraftSource(draft.drafter(), owner=draft)  # prompt lookup: NGramDraft's drafter, no params
-
-
-def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
-  """The loop's drafter for a feature head on `target` and its params {"head", "embed"}: a `CrossHeadDrafter`
-  for a T5 target's head (it cross-attends to the encoder), else a `HeadDrafter`.
-
-  Raises:
-    CheckpointError: the head does not fit the target (hidden size, vocabulary, layer ids).
-  """
-  layers = eagle3.check_fits(head.config, target.config, head.params)
-  eagle3.warn_if_other_target(head, target)
-  embedding = get_path(target.params, target.family.embedding_path)
-  params = {"head": head.params, "embed": eagle3.embedding_table(head.params, embedding)}
-  kind = CrossHeadDrafter if head.config.cross_attention else HeadDrafter
-  return kind(eagle3.Eagle3Head(head.config), layers, target.config.vocab_size), params
-
-
 def _check_int(name: str, value, upper: int) -> None:
   check_int(value, name, 1, upper)
 
@@ -93,7 +61,7 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
     raise SettingsError(f"sampling must be a jaxspec.Sampling or None, got {type(sampling).__name__}.")
   _check_int("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)
   _check_int("max_input_length", max_input_length, MAX_NEW_TOKENS)
-  source = _drafter(target, speculation)
+  source = registry.draft_source(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   cfg = target.config
   gamma, tree = (0, None) if speculation is None else (speculation.gamma, speculation.tree)

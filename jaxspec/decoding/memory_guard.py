@@ -62,7 +62,7 @@ def _signature(tree) -> tuple:
 def _drafter_state_bytes(settings, target_sig, draft_sig, batch: int, width: int) -> int:
   """Bytes of the drafter's state after the loop's prefill (an abstract evaluation of `loop.prefill`: nothing is
   allocated), over the whole batch."""
-  from jaxspec.decoding import loop  # pylint: disable=import-outside-toplevel
+  from jaxspec.decoding.device import loop  # pylint: disable=import-outside-toplevel
   abstract = lambda sig: None if sig is None else jax.tree.unflatten(
       sig[0], [jax.ShapeDtypeStruct(s, d) for s, d in sig[1]])
   ids = jax.ShapeDtypeStruct((batch, width), jnp.int32)
@@ -97,7 +97,7 @@ def check_fits(settings, where, target, source, batch: int, width: int, headroom
     settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy, the tree,
       the drafter: its features and state are counted for every drafter, `loop_shape`).
     where: the call's `placement.Placement` (None on one device).
-    target: the call's target; source: its `drafter.DraftSource` (a draft model is planned with its config,
+    target: the call's target; source: its `protocol.DraftSource` (a draft model is planned with its config,
       any other drafter by its state).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
   """

@@ -1,4 +1,5 @@
-"""`Sampling` and `Speculation`: what `jaxspec.generate` decodes with, as two typed settings objects.
+"""`Sampling` and `Speculation`: what `jaxspec.generate` decodes with, as two typed settings objects (with the
+`Tree` shape a speculation may draft, and `NGramDraft`, prompt lookup's setting).
 
     out = jaxspec.generate(target, texts, jaxspec.Speculation(draft, gamma=5), jaxspec.Sampling(temperature=0.7))
 
@@ -17,15 +18,60 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Union
 
-from jaxspec.decoding.tree import Tree
 from jaxspec.checks import check_int, is_int, is_real
 from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
-  from jaxspec.decoding.ngram import NGramDrafter
+  from jaxspec.decoding.drafters.ngram import NGramDrafter
   from jaxspec.models.loaded import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
+MAX_TOP_K = 64  # k^2 candidates per depth; EAGLE-2 uses 8 to 10
+MAX_NODES = 1024  # the target verifies nodes + 1 tokens in one call; EAGLE-2 uses 60
+
+
+def _check_int(name: str, value, low: int, high: int) -> None:
+  check_int(value, f"Tree.{name}", low, high)
+
+
+@dataclasses.dataclass(frozen=True)
+class Tree:
+  """The shape of the token tree a drafter proposes each iteration (EAGLE-2's dynamic tree).
+
+  top_k: children proposed per expanded node, and nodes expanded per depth (1: a chain).
+  nodes: drafted nodes kept after the rerank (the target verifies nodes + 1 tokens: the root too).
+  The depth is the speculation's gamma. Checked when made: one SettingsError naming the field.
+  """
+
+  top_k: int = 8
+  nodes: int = 60
+
+  def __post_init__(self):
+    _check_int("top_k", self.top_k, 1, MAX_TOP_K)
+    _check_int("nodes", self.nodes, 1, MAX_NODES)
+    object.__setattr__(self, "top_k", int(self.top_k))
+    object.__setattr__(self, "nodes", int(self.nodes))
+
+  def pool_size(self, depth: int) -> int:
+    """Candidates proposed over `depth` expansions (the root excluded): k + (depth - 1) k^2."""
+    return self.top_k + (depth - 1) * self.top_k ** 2
+
+  def fits(self, depth: int) -> bool:
+    """Whether `depth` (gamma) suits this shape: 1 <= depth <= nodes (a tree of N nodes is at most N deep) and
+    depth expansions propose at least `nodes` candidates (top_k=1: exactly depth == nodes, the chain of gamma)."""
+    return 1 <= depth <= self.nodes and self.pool_size(depth) >= self.nodes
+
+  def check_depth(self, depth: int) -> None:
+    """SettingsError unless `fits(depth)`: `depth` (gamma) >= 1 expansions propose at least `nodes` candidates,
+    and depth <= nodes."""
+    if depth > self.nodes >= 1:
+      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) with gamma {depth} is deeper than its "
+                          f"{self.nodes} nodes: a tree of {self.nodes} nodes is at most {self.nodes} deep. Use gamma "
+                          f"<= {self.nodes} or more nodes.")
+    if depth < 1 or self.pool_size(depth) < self.nodes:
+      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) needs a depth (gamma) proposing at least "
+                          f"{self.nodes} candidates; depth {depth} proposes {self.pool_size(max(depth, 1))}.")
+
 
 def _require(ok: bool, message: str) -> None:
   if not ok:
@@ -64,8 +110,8 @@ class Sampling:
 
 @dataclasses.dataclass(frozen=True)
 class NGramDraft:
-  """A draft without a model (prompt lookup, jaxspec.decoding.ngram): `jaxspec.Speculation(jaxspec.NGramDraft(),
-  gamma=...)`. Each iteration a row proposes the tokens that followed the earliest earlier occurrence of its
+  """A draft without a model (prompt lookup, jaxspec.decoding.drafters.ngram):
+  `jaxspec.Speculation(jaxspec.NGramDraft(), gamma=...)`. Each iteration a row proposes the tokens that followed the earliest earlier occurrence of its
   context's last n tokens, n from max_ngram down to min_ngram. Static settings: each pair compiles its own loop.
   """
 
@@ -83,7 +129,7 @@ class NGramDraft:
 
   def drafter(self) -> "NGramDrafter":
     """The loop's drafter for this setting."""
-    from jaxspec.decoding.ngram import NGramDrafter  # pylint: disable=import-outside-toplevel
+    from jaxspec.decoding.drafters.ngram import NGramDrafter  # pylint: disable=import-outside-toplevel
     return NGramDrafter(int(self.max_ngram), int(self.min_ngram))
 
 
@@ -95,7 +141,7 @@ class Speculation:
     model), or a `jaxspec.FeatureHead` (an EAGLE-3 head from `jaxspec.load`, trained on the target: it drafts
     from the target's hidden states).
   gamma: the most draft tokens per row and iteration (>= 1).
-  schedule: how many of them each iteration drafts (jaxspec.decoding.adaptive): "constant" (gamma every
+  schedule: how many of them each iteration drafts (jaxspec.decoding.device.adaptive): "constant" (gamma every
     iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma]) or
     "adaptive" (the length that maximises Theorem 3.8's tokens per cost from the running acceptance estimates).
     At batch > 1 the length is the batch's. Output is exact under every schedule; when sampling, a row's sample
@@ -129,10 +175,9 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
-    from jaxspec.models.loaded import FeatureHead, Model  # pylint: disable=import-outside-toplevel
-    _require(isinstance(self.draft, (Model, NGramDraft, FeatureHead)),
-             f"Speculation.draft must be a jaxspec.Model or a jaxspec.FeatureHead (from jaxspec.load), or a "
-             f"jaxspec.NGramDraft, got {type(self.draft).__name__}.")
+    from jaxspec.decoding.drafters import registry  # pylint: disable=import-outside-toplevel  (it reads NGramDraft)
+    _require(registry.accepts(self.draft), f"Speculation.draft must be {registry.kind_names()} (a model or a head "
+             f"from jaxspec.load), got {type(self.draft).__name__}.")
     g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
                         self.prior_alpha)
     check_int(g, "Speculation.gamma", 1, 256, note=" (draft tokens per iteration)")

@@ -76,10 +76,11 @@ import numpy as np
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxspec.decoding import adaptive, arguments, loop, placement
-from jaxspec.decoding import engine as generate_engine
-from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.sampling import SamplingKnobs
+from jaxspec.decoding import arguments, placement
+from jaxspec.decoding.device import adaptive, loop
+from jaxspec.decoding.device.sampling import SamplingKnobs
+from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.checks import check_seed, is_int
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
@@ -367,7 +368,7 @@ class SlotEngine:
         adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                                 tree=speculation.tree),))
     self.table = adaptive
-    source = generate_engine._drafter(target, speculation)  # pylint: disable=protected-access
+    source = registry.draft_source(target, speculation)
     drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)

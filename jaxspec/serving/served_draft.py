@@ -13,7 +13,7 @@ from `generate`:
   draft cache is zeros. The row stays so until it finishes, even when the load falls and others draft again.
 
 The drafter's state is `ServedDraftState`: the draft cache and, per row, whether the row drafts. Everything else is
-the wrapped `ModelDrafter`'s (drafter.py's protocol).
+the wrapped `ModelDrafter`'s (decoding/drafters/protocol.py).
 
 Shapes: B rows, V vocabulary.
 """
@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 
 
 @struct.dataclass

@@ -17,7 +17,7 @@ import dataclasses
 import json
 
 from jaxspec.checks import check_int
-from jaxspec.decoding.tree import Tree
+from jaxspec.decoding.settings import Tree
 from jaxspec.errors import SettingsError
 
 

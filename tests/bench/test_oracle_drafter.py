@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from jaxspec.bench import oracle
-from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.ngram import NGramDrafter
-from jaxspec.decoding.head_drafter import HeadDrafter
-from jaxspec.decoding.tree import Tree
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
+from jaxspec.decoding.drafters.ngram import NGramDrafter
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter
+from jaxspec.decoding.settings import Tree
 from jaxspec.errors import SettingsError
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3, t5
@@ -52,8 +52,8 @@ def head_pair():
   hcfg = eagle3.Eagle3Config(vocab_size=V, draft_vocab_size=V, hidden_size=32, target_hidden_size=32,
                              intermediate_size=64, num_heads=4, num_kv_heads=2, head_dim=8, aux_layer_ids=(0, 1, 2))
   head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.PRNGKey(1)), name="tiny-head")
-  from jaxspec.decoding import engine
-  drafter, head_params = engine.head_drafter(model, head)
+  from jaxspec.decoding.drafters import registry
+  drafter, head_params = registry.head_drafter(model, head)
   ids = jnp.asarray(np.random.RandomState(1).randint(2, V, size=(4, 6)), jnp.int32)
   lengths = jnp.asarray([6, 4, 5, 6], jnp.int32)
   greedy = oracle.greedy_tokens(model.decoder(), params, ids, lengths, N + GAMMA + 1)
@@ -130,7 +130,8 @@ def test_head_chain_and_tree(head_pair):
 
 def test_inner_work_is_live(t5_pair):
   """XLA keeps the inner drafter's step: the oracle's propose costs at least the inner's flops."""
-  from jaxspec.decoding import drafter as drafter_lib, sampling
+  from jaxspec.decoding.drafters import protocol as drafter_lib
+  from jaxspec.decoding.device import sampling
   target, (d_dec, d_params), ids, lengths, greedy = t5_pair
   settings = oracle.drafter_settings(target[0], oracle.OracleDrafter(ModelDrafter(d_dec), V), GAMMA, N)
   static = settings.proposal

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import adaptive, arguments, loop, model_drafter, placement, sampling, theory, verify
-from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding import arguments, placement, theory
+from jaxspec.decoding.drafters import model_drafter
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import t5
 
 

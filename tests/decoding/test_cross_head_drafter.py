@@ -1,5 +1,5 @@
-"""A T5 target's feature head (jaxspec.decoding.cross_head_drafter, jaxspec.models.eagle3.cross) drafting inside
-the loop: exact greedy output, the head's cache (self-attention entries and encoder keys / values) against a fresh
+"""A T5 target's feature head (jaxspec.decoding.drafters.cross_head_drafter, jaxspec.models.eagle3.cross)
+drafting inside the loop: exact greedy output, the head's cache (self-attention entries and encoder keys / values) against a fresh
 prefill after rollbacks, save / load, and the refusals. Lossless sampling: test_cross_head_sampling.py.
 
 The greedy tests use a tiny random T5 (1 encoder layer, 3 decoder layers, untied lm_head) whose decoder layers
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import adaptive, loop, sampling
-from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
+from jaxspec.decoding.device import adaptive, loop, sampling
+from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.errors import CheckpointError
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig

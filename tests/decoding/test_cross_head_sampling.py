@@ -1,4 +1,4 @@
-"""Lossless sampling with a T5 target's feature head (jaxspec.decoding.cross_head_drafter): chi-square of whole
+"""Lossless sampling with a T5 target's feature head (jaxspec.decoding.drafters.cross_head_drafter): chi-square of whole
 outputs against an exact enumeration, and a negative control that must fail.
 
 A Markov stub target with an "encoder" (stub_models.MarkovEncoderFeatureDecoder) of a 5-token vocabulary, so that
@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.decoding import adaptive, loop, sampling, verify
-from jaxspec.decoding.cross_head_drafter import CrossHeadDrafter
+from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.models import eagle3
 
 from stub_models import MarkovEncoderFeatureDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp

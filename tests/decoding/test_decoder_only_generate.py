@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import jaxspec
-from jaxspec.decoding import loop, placement, sampling
-from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.device import loop, sampling
+from jaxspec.decoding import placement
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import decoder_only as do
 from jaxspec.models.decoder_only.llama import LlamaConfig
 from jaxspec.models.decoder_only.qwen import QwenConfig

@@ -1,5 +1,5 @@
-"""Unit tests of each drafter behind the Drafter protocol (jaxspec/decoding/drafter.py): what it proposes for a
-known context, and the state it settles on after a verdict (the loop-level tests are in test_generate.py,
+"""Unit tests of each drafter behind the Drafter protocol (jaxspec/decoding/drafters/protocol.py): what it
+proposes for a known context, and the state it settles on after a verdict (the loop-level tests are in test_generate.py,
 test_ngram.py, test_adaptive.py and test_sampling_lossless.py)."""
 
 import jax
@@ -7,9 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.decoding import ngram, sampling
-from jaxspec.decoding.drafter import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
-from jaxspec.decoding.model_drafter import ModelDrafter
+import jaxspec
+from jaxspec.decoding.drafters import ngram
+from jaxspec.decoding.device import sampling
+from jaxspec.decoding.drafters.protocol import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 
 from stub_models import MarkovDecoder
 
@@ -43,7 +45,7 @@ def test_plain_drafter_proposes_nothing():
 
 
 def test_ngram_proposes_the_continuation_within_its_limit_and_settles_on_what_was_emitted():
-  draft = ngram.NGramDraft(max_ngram=2).drafter()  # the setting makes the drafter
+  draft = jaxspec.NGramDraft(max_ngram=2).drafter()  # the setting makes the drafter
   ids = jnp.asarray([[5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 9, 9]], jnp.int32)  # row 0 repeats "5 6": then 7 8 5
   state = draft.init(None, ids, jnp.asarray([6, 6], jnp.int32), CACHE_LEN)
   history = _history(np.zeros((2, 8)), [1, 1])

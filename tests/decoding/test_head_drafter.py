@@ -1,4 +1,4 @@
-"""The EAGLE-3 head drafting inside the loop (jaxspec.decoding.head_drafter): exact greedy output, lossless
+"""The EAGLE-3 head drafting inside the loop (jaxspec.decoding.drafters.head_drafter): exact greedy output, lossless
 sampling, the head's cache against a fresh prefill, loading and saving through jaxspec.load / jaxspec.save.
 
 The greedy tests use a tiny random Llama target whose layers write little into the residual stream (so its next
@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import adaptive, loop, sampling, verify
-from jaxspec.decoding.head_drafter import HeadDrafter
+from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3

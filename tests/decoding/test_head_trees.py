@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import loop, sampling, tree_verify
-from jaxspec.decoding.head_drafter import HeadDrafter
+from jaxspec.decoding.device import loop, sampling, tree_verify
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig

@@ -16,6 +16,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding import engine, memory_guard, placement
+from jaxspec.decoding.drafters import registry
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig
@@ -82,7 +83,7 @@ def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatc
   target, speculation, sampling = _cases()[name]
   plain_plan, plan = _plan(monkeypatch, target, None, sampling), _plan(monkeypatch, target, speculation, sampling)
   plain, need = (p.caches + p.state + p.activations for p in (plain_plan, plan))
-  source = engine._drafter(target, speculation)
+  source = registry.draft_source(target, speculation)
   draft_params = None if isinstance(speculation.draft, jaxspec.Model) else source.params
   state = memory_guard.loop_shape(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False).settings,
                                   target.params, draft_params, isinstance(speculation.draft, jaxspec.Model),
@@ -126,11 +127,11 @@ def test_estimate_is_within_a_factor_of_xla(monkeypatch, name):
 
 
 def test_every_speculation_drafts_from_one_source_placed_one_way():
-  """Issue 30: `engine._drafter` gives a `DraftSource` (the drafter and the params it reads) for every kind, and
+  """Issue 30: `registry.draft_source` gives a `DraftSource` (the drafter and the params it reads) for every kind, and
   `placement.draft_params_on` places it one way: as it is without a mesh; on a mesh, arrays already there kept, the
   rest placed once (the same copy on the next call), a draft model's by its axes, and nothing stored on the user's
   object."""
-  from jaxspec.decoding.drafter import DraftSource
+  from jaxspec.decoding.drafters.protocol import DraftSource
   from jaxspec.sharding import make_mesh, mesh_of
   target, head, t5_target, _, t5_draft = _models()
   mesh = make_mesh(data=1, model=1, devices=jax.devices()[:1])
@@ -139,7 +140,7 @@ def test_every_speculation_drafts_from_one_source_placed_one_way():
                                                                  t5_draft),
            (target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2), None), (target, None, None)]
   for model, speculation, owner in cases:
-    source = engine._drafter(model, speculation)
+    source = registry.draft_source(model, speculation)
     assert isinstance(source, DraftSource) and source.owner is (None if speculation is None else speculation.draft)
     assert (source.model is t5_draft) == (owner is t5_draft)
     assert placement.draft_params_on(source, None) is source.params

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import ngram
+from jaxspec.decoding.drafters import ngram
 from jaxspec.models import t5
 
 
@@ -40,7 +40,7 @@ def test_search_matches_a_python_reference(max_n, min_n):
   tokens = rng.randint(0, 4, size=(batch, width))  # a small vocabulary: many repeats
   tokens[np.arange(width)[None] >= lengths[:, None]] = 7  # junk past each row's end must never match
   context = ngram.NGramContext(tokens=jnp.asarray(tokens, jnp.int32), lengths=jnp.asarray(lengths, jnp.int32))
-  got, counts = jax.jit(ngram.propose, static_argnums=(0, 2))(ngram.NGramDraft(max_n, min_n), context, gamma)
+  got, counts = jax.jit(ngram.propose, static_argnums=(0, 2))(jaxspec.NGramDraft(max_n, min_n), context, gamma)
   got, counts = np.asarray(got), np.asarray(counts)
   found = 0
   for b in range(batch):
@@ -124,7 +124,7 @@ def test_lookup_trees_match_a_python_reference():
   tokens[np.arange(width)[None] >= lengths[:, None]] = 7
   context = ngram.NGramContext(tokens=jnp.asarray(tokens, jnp.int32), lengths=jnp.asarray(lengths, jnp.int32))
   root = jnp.asarray(tokens[np.arange(batch), lengths - 1], jnp.int32)
-  got = jax.jit(ngram.propose_tree, static_argnums=(0, 3, 4, 5))(ngram.NGramDraft(2, 1), context, root, gamma,
+  got = jax.jit(ngram.propose_tree, static_argnums=(0, 3, 4, 5))(jaxspec.NGramDraft(2, 1), context, root, gamma,
                                                                   top_k, 64)
   tokens_t, parents, depths, _ = (np.asarray(x) for x in got)
   assert tokens_t.shape == (batch, 1 + top_k * gamma)

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 import torch
 
-from jaxspec.decoding import adaptive, loop, ngram, sampling, tree, tree_verify, verify
-from jaxspec.decoding.drafter import PlainDrafter
-from jaxspec.decoding.model_drafter import ModelDrafter
-from jaxspec.decoding.tree import Tree
+from jaxspec.decoding.device import adaptive, loop, sampling, tree_verify, verify
+from jaxspec.decoding.drafters import ngram, tree
+from jaxspec.decoding.drafters.protocol import PlainDrafter
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
+from jaxspec.decoding.settings import Tree
 from jaxspec.models import t5
 
 from stub_models import MarkovDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp

@@ -1,4 +1,5 @@
-"""The `Tree` setting and EAGLE-2's tree builder (jaxspec/decoding/tree.py), on a hand-made example."""
+"""The `Tree` setting (settings.py) and EAGLE-2's tree builder (jaxspec/decoding/drafters/tree.py), on a hand-made
+example."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.decoding import tree as tr
+from jaxspec.decoding import settings
+from jaxspec.decoding.drafters import tree as tr
 from jaxspec.errors import SettingsError
 
 V = 6
@@ -22,18 +24,18 @@ def strict_ranks():
 
 
 def test_tree_setting_is_checked_and_frozen():
-  t = tr.Tree(top_k=np.int64(4), nodes=20)
+  t = settings.Tree(top_k=np.int64(4), nodes=20)
   assert (t.top_k, t.nodes) == (4, 20) and type(t.top_k) is int
   with pytest.raises(dataclasses.FrozenInstanceError):
     t.nodes = 3  # type: ignore[misc]
-  for kwargs, field in ((dict(top_k=0), "top_k"), (dict(top_k=tr.MAX_TOP_K + 1), "top_k"), (dict(top_k=2.0), "top_k"),
+  for kwargs, field in ((dict(top_k=0), "top_k"), (dict(top_k=settings.MAX_TOP_K + 1), "top_k"), (dict(top_k=2.0), "top_k"),
                         (dict(top_k=True), "top_k"), (dict(nodes=0), "nodes"), (dict(nodes="60"), "nodes"),
-                        (dict(nodes=tr.MAX_NODES + 1), "nodes")):
+                        (dict(nodes=settings.MAX_NODES + 1), "nodes")):
     with pytest.raises(SettingsError, match=f"Tree.{field} must be an integer"):
-      tr.Tree(**kwargs)
-  tr.Tree(top_k=2, nodes=6).check_depth(2)  # 2 + 4 candidates
+      settings.Tree(**kwargs)
+  settings.Tree(top_k=2, nodes=6).check_depth(2)  # 2 + 4 candidates
   with pytest.raises(SettingsError, match="depth 1 proposes 2"):
-    tr.Tree(top_k=2, nodes=6).check_depth(1)
+    settings.Tree(top_k=2, nodes=6).check_depth(1)
 
 
 def _logprobs(rows: list[dict[int, float]]) -> np.ndarray:
@@ -73,7 +75,7 @@ def test_grow_keeps_the_best_beam():
 ])
 def test_build_tree_hand_made(nodes, tokens, parents, depths):
   got = tr.build_tree(jnp.asarray([0]), [jnp.asarray(LOGPROBS[0][:, 0])] + [jnp.asarray(x) for x in LOGPROBS[1:]],
-                      tr.Tree(top_k=2, nodes=nodes))
+                      settings.Tree(top_k=2, nodes=nodes))
   np.testing.assert_array_equal(got[0], [tokens])
   np.testing.assert_array_equal(got[1], [parents])
   np.testing.assert_array_equal(got[2], [depths])
@@ -90,7 +92,7 @@ def test_top_k_1_is_a_chain():
   rng = np.random.RandomState(0)
   logprobs = [jax.nn.log_softmax(jnp.asarray(rng.randn(3, V)))] + [
       jax.nn.log_softmax(jnp.asarray(rng.randn(3, 1, V))) for _ in range(3)]
-  tokens, parents, depths, ancestors = tr.build_tree(jnp.zeros((3,), jnp.int32), logprobs, tr.Tree(top_k=1, nodes=4))
+  tokens, parents, depths, ancestors = tr.build_tree(jnp.zeros((3,), jnp.int32), logprobs, settings.Tree(top_k=1, nodes=4))
   np.testing.assert_array_equal(parents, np.tile([-1, 0, 1, 2, 3], (3, 1)))
   np.testing.assert_array_equal(depths, np.tile(np.arange(5), (3, 1)))
   np.testing.assert_array_equal(ancestors, np.tile(np.tril(np.ones((5, 5), bool)), (3, 1, 1)))

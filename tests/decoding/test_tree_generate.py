@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import loop, sampling
-from jaxspec.decoding.model_drafter import ModelDrafter
+from jaxspec.decoding.device import loop, sampling
+from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 
 from conftest import write_hf_t5
 from decoder_only_models import checkpoint_dirs, ragged_prompts

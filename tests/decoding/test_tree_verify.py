@@ -1,4 +1,4 @@
-"""Exact acceptance over token trees (jaxspec/decoding/tree_verify.py).
+"""Exact acceptance over token trees (jaxspec/decoding/device/tree_verify.py).
 
 A position-dependent Markov chain is the target (tests/stub_models.py: logits of the token at position t are
 table[token] + position_bias[t]), so a node's distribution is known from its token and position alone. Trees of
@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from stub_models import chi_square, chi_square_limit, exact_sequence_probs  # noqa: E402
 
-from jaxspec.decoding import tree_verify  # noqa: E402
+from jaxspec.decoding.device import tree_verify  # noqa: E402
 
 VOCAB, POSITIONS, LENGTH, ROWS = 4, 64, 3, 4000
 # A tree of 8 nodes: two candidates under the root, two under node 1, one under nodes 2, 3 and 5 (depth 3).

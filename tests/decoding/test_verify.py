@@ -1,12 +1,12 @@
-"""Unit tests of jaxspec.decoding.verify: greedy acceptance, the rejection rule and the residual, on hand-made p and
-q whose answers are known (the loop-level exactness tests are in test_generate.py and test_sampling_lossless.py)."""
+"""Unit tests of jaxspec.decoding.device.verify: greedy acceptance, the rejection rule and the residual, on hand-made
+p and q whose answers are known (the loop-level exactness tests are in test_generate.py and test_sampling_lossless.py)."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.decoding import verify
+from jaxspec.decoding.device import verify
 
 
 @pytest.fixture(autouse=True)

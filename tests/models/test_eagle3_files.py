@@ -123,7 +123,7 @@ def test_a_head_records_its_target_and_warns_on_another(tmp_path):
   import warnings
   import jax.numpy as jnp
   import jaxspec
-  from jaxspec.decoding import engine
+  from jaxspec.decoding.drafters import registry
   from jaxspec.models import decoder_only
   from jaxspec.models.decoder_only.llama import LlamaConfig
   from script_helpers import random_head, random_params
@@ -141,10 +141,10 @@ def test_a_head_records_its_target_and_warns_on_another(tmp_path):
   loaded = jaxspec.load(str(tmp_path / "head"))
   assert loaded.target == head.target
   with pytest.warns(UserWarning, match=r"was trained on another target \(llama-0\), not llama-1"):
-    engine.head_drafter(other, loaded)
+    registry.head_drafter(other, loaded)
   bf16 = jaxspec.Model(cfg, jax.tree.map(lambda x: x.astype(jnp.bfloat16), mine.params), name="llama-0 bf16")
   with warnings.catch_warnings():
     warnings.simplefilter("error")
-    engine.head_drafter(mine, loaded)
-    engine.head_drafter(bf16, loaded)
-    engine.head_drafter(other, jaxspec.FeatureHead(head.config, head.params))  # no record: nothing to compare
+    registry.head_drafter(mine, loaded)
+    registry.head_drafter(bf16, loaded)
+    registry.head_drafter(other, jaxspec.FeatureHead(head.config, head.params))  # no record: nothing to compare

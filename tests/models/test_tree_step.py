@@ -222,7 +222,7 @@ def test_compact_rows():
 def test_greedy_tree_rounds_are_greedy_decoding(family):
   """step_tree, tree_verify.accept_tree_greedy and compact, round after round (a tree per round with the
   target's greedy token hidden among siblings, at random depths), emit the target's greedy decode."""
-  from jaxspec.decoding import tree_verify
+  from jaxspec.decoding.device import tree_verify
   decoder, params, cache, vocab = setup(family)
   rng = np.random.RandomState(5)
   greedy, c, token = [], cache, jnp.asarray([3, 4], jnp.int32)  # a first token per row

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import verify
+from jaxspec.decoding.device import verify
 from jaxspec.serving import RequestSettings, SlotEngine
 
 from stub_models import chi_square, chi_square_limit, np_warp

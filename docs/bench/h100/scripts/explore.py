@@ -69,8 +69,8 @@ import numpy as np  # noqa: E402
 from jaxspec import presets, profiling  # noqa: E402
 from jaxspec.bench import oracle  # noqa: E402
 from jaxspec.bench import paper_speedups as ps  # noqa: E402
-from jaxspec.decoding import loop as L  # noqa: E402
-from jaxspec.decoding import sampling  # noqa: E402
+from jaxspec.decoding.device import loop as L  # noqa: E402
+from jaxspec.decoding.device import sampling  # noqa: E402
 from jaxspec.models import t5  # noqa: E402
 import t5_variants as tv  # noqa: E402
 

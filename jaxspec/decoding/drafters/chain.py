@@ -19,8 +19,9 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from jaxspec.decoding import sampling, tree
-from jaxspec.decoding.drafter import Proposal, ProposalSettings
+from jaxspec.decoding.device import sampling
+from jaxspec.decoding.drafters import tree
+from jaxspec.decoding.drafters.protocol import Proposal, ProposalSettings
 
 Step = Callable[[Any, jax.Array], tuple[jax.Array, Any]]  # (carry, token [B]) -> (logits [B, V], carry)
 

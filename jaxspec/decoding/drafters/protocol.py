@@ -1,6 +1,6 @@
 """The `Drafter` protocol: what the decoding loop asks of anything that proposes tokens for the target to verify.
 
-The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
+The loop (device/loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
 
     proposal = drafter.propose(DraftRequest(params, state, history, limit, static, knobs, confidence, keys,
                                             some_row_drafts))
@@ -36,8 +36,9 @@ target's `prefill(..., encoder=True)` for it and passes `encoder=(encoded [B, S,
 per input. The loop's iterations are unchanged.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
-weights, if any, come in `params`. To add one: a module with a frozen dataclass implementing these four methods,
-its unit tests (tests/decoding/), and the exactness and lossless-sampling tests run with it (docs/drafters.md).
+weights, if any, come in `params`. To add one: a module of this subpackage with a frozen dataclass implementing
+these methods and a factory, one entry in `registry.KINDS`, its unit tests (tests/decoding/), and the exactness
+and lossless-sampling tests run with it (docs/drafters.md).
 
 What keeps the output exact (REFERENCE.md): a proposal may depend on anything known before the target scores it
 (the context, the drafter's own probabilities, the rows' past verdicts), never on the verdict it is about to get;
@@ -49,14 +50,16 @@ Shapes: B batch, G = gamma (the most tokens a row drafts), V vocabulary, N the l
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.sampling import SamplingKnobs
-from jaxspec.decoding.tree import Tree, TreeProposal
+from jaxspec.decoding.device.sampling import SamplingKnobs
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import Tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +136,31 @@ class Verdict(NamedTuple):
   #   j is the accepted path's node j, junk past it; None without feature_layers).
 
 
+@struct.dataclass
+class SampledSiblings:
+  """The children DRAWN from q at every expanded node of a tree (`tree.draft_tree` with keys), kept in the tree or
+  not, for `device.tree_verify.accept_tree_recursive`. E = 1 + K (D - 1) expanded nodes (the root, then each depth's
+  beam), in pool order."""
+
+  nodes: jax.Array  # [B, E] int32 tree node of each expanded node (-1: not kept in the tree).
+  children: jax.Array  # [B, E, K] int32 its K draws without replacement from q, in draw order.
+  child_nodes: jax.Array  # [B, E, K] int32 tree node of each draw (-1: dropped by the final rerank).
+  q: jax.Array  # [B, E, V] float32 the draft's distribution at the expanded node (the draws came from it).
+
+
+@struct.dataclass
+class TreeProposal:
+  """One iteration's tree of drafts per row (what a tree drafter's `propose_tree` returns to the loop)."""
+
+  tokens: jax.Array  # [B, N] int32 node tokens; node 0 is the root, the loop's last token (not a draft).
+  parents: jax.Array  # [B, N] int32 parent node of each node (-1 at the root).
+  depths: jax.Array  # [B, N] int32 (0 at the root; the deepest node has depth <= gamma).
+  ancestors: jax.Array  # [B, N, N] bool (a node is its own ancestor).
+  after: Any  # The drafter's state after proposing, as its `settle` reads it.
+  siblings: SampledSiblings | None = None  # Children drawn from q (a draft model sampling), else None: the
+  #                                          children are deterministic candidates (greedy, prompt lookup).
+
+
 @runtime_checkable
 class Drafter(Protocol):
   """Proposes tokens for the target to verify (see the module docstring)."""
@@ -189,7 +217,8 @@ class Drafter(Protocol):
 @dataclasses.dataclass(frozen=True, eq=False)
 class DraftSource:
   """What a speculation drafts with: the loop's drafter and the parameters it reads, placed on a target's mesh one
-  way for every kind (`placement.draft_params_on`). `engine._drafter` makes it from the user's setting.
+  way for every kind (`placement.draft_params_on`). `registry.draft_source` makes it from the user's
+  setting.
 
   drafter: the loop's `Drafter` (static: part of the loop's settings).
   params: the pytree passed to the drafter as `params` (a draft model's weights, a feature head's {"head",

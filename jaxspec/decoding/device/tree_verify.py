@@ -3,7 +3,7 @@
 The target scored every node of a tree in one call (`Decoder.step(..., tree=...)`): node n's distribution p[:, n] is
 the target's next-token distribution after the path root..n. Both rules walk down from the root (node 0, the
 token the loop feeds first), trying the children of the current node in node order (a tree builder puts
-siblings in decreasing draft score: `jaxspec.decoding.tree.build_tree`), and stop at a node where no child is
+siblings in decreasing draft score: `jaxspec.decoding.drafters.tree.build_tree`), and stop at a node where no child is
 accepted; the next token then comes from that node. What they return, `TreeVerdict`, is what the loop needs:
 the path (for `cache.compact(base, path, path_len)` and the emitted tokens tokens[path[1:]]) and the next token.
 
@@ -25,7 +25,7 @@ long as the tree was chosen from draft information only (never from the target's
 with the same token has r(x) = 0 by then and is never accepted.
 
 Sampled children (`accept_tree_recursive`): when the drafter DREW each expanded node's K children from its q
-without replacement (x_1 .. x_K in draw order; `tree.SampledSiblings`), recursive rejection sampling (Jeon et
+without replacement (x_1 .. x_K in draw order; `protocol.SampledSiblings`), recursive rejection sampling (Jeon et
 al. 2024, "Recursive Speculative Decoding") accepts more: with r = p at the node and q_1 = q, accept x_i with
 probability min(1, r_i(x_i) / q_i(x_i)); on rejection r_{i+1} = norm(max(0, r_i - q_i)) and q_{i+1} = q_i
 without x_i, renormalised; when every draw is rejected, the next token comes from r_{K+1}. Each stage is
@@ -51,9 +51,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import sampling
-from jaxspec.decoding.tree import SampledSiblings
-from jaxspec.decoding.verify import residual_probs
+from jaxspec.decoding.device import sampling
+from jaxspec.decoding.drafters.protocol import SampledSiblings
+from jaxspec.decoding.device.verify import residual_probs
 
 
 @struct.dataclass

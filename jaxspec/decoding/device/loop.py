@@ -11,10 +11,10 @@ first token the prefill returned (T5's decoder start token, a decoder-only promp
 generated tokens; a cache's `positions` count how many of them it has fed.
 
 Each iteration, for every unfinished row:
-  1. the drafter proposes k <= gamma tokens (a draft model: model_drafter.py; prompt lookup: ngram.py; nothing:
-     drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else at most the batch's length from
-     its schedule and fallback (adaptive.py), and fewer where the drafter stops early (draft confidence, a lookup
-     without a match);
+  1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:
+     drafters/ngram.py; nothing: protocol.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
+     at most the batch's length from its schedule and fallback (adaptive.py), and fewer where the drafter stops
+     early (draft confidence, a lookup without a match);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
      drafted anything: the iteration is then plain decoding). Under "heuristic" / "adaptive", with a drafter that
      proposes whenever asked, the loop has two inner loops (`LoopSettings.phased`): drafting iterations (always
@@ -42,17 +42,21 @@ Buffers have gamma + 1 slots of slack, so no per-row write runs past the end (pi
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, sampling, streaming, tree_verify, verify
-from jaxspec.decoding.drafter import DraftRequest, Drafter, History, Proposal, ProposalSettings, Verdict
-from jaxspec.decoding.tree import Tree, TreeProposal
+from jaxspec.decoding import streaming
+from jaxspec.decoding.device import adaptive, sampling, tree_verify, verify
+from jaxspec.decoding.drafters.protocol import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
+                                                TreeProposal, Verdict)
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import Tree
 
 
 @dataclasses.dataclass(frozen=True)

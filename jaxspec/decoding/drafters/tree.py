@@ -1,6 +1,7 @@
-"""Token trees: the `Tree` setting and EAGLE-2's dynamic tree shape built from draft log-probabilities.
+"""Token trees: EAGLE-2's dynamic tree shape built from draft log-probabilities (the `jaxspec.Tree` setting that
+shapes it is in settings.py; the `TreeProposal` a drafter hands the loop in protocol.py).
 
-    tree = Tree(top_k=8, nodes=60)   # later: jaxspec.Speculation(draft, gamma=6, tree=tree)
+    tree = Tree(top_k=8, nodes=60)   # jaxspec.Speculation(draft, gamma=6, tree=tree): draft_tree grows it
 
 EAGLE-2 (Li et al. 2024, arXiv 2406.16858) grows the tree by expected acceptance, estimated by the cumulative
 draft log-probability of a node's path. Depth 1: the root's top_k tokens. Each further depth expands the
@@ -29,64 +30,18 @@ Shape letters: B rows, K top_k, V vocabulary, M candidates in the pool, N = node
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from jaxspec.decoding import sampling
-from jaxspec.checks import check_int
-from jaxspec.errors import SettingsError
+from jaxspec.decoding.device import sampling
+from jaxspec.decoding.drafters.protocol import SampledSiblings, TreeProposal
 
-MAX_TOP_K = 64  # k^2 candidates per depth; EAGLE-2 uses 8 to 10
-MAX_NODES = 1024  # the target verifies nodes + 1 tokens in one call; EAGLE-2 uses 60
-
-
-def _check_int(name: str, value, low: int, high: int) -> None:
-  check_int(value, f"Tree.{name}", low, high)
-
-
-@dataclasses.dataclass(frozen=True)
-class Tree:
-  """The shape of the token tree a drafter proposes each iteration (EAGLE-2's dynamic tree).
-
-  top_k: children proposed per expanded node, and nodes expanded per depth (1: a chain).
-  nodes: drafted nodes kept after the rerank (the target verifies nodes + 1 tokens: the root too).
-  The depth is the speculation's gamma. Checked when made: one SettingsError naming the field.
-  """
-
-  top_k: int = 8
-  nodes: int = 60
-
-  def __post_init__(self):
-    _check_int("top_k", self.top_k, 1, MAX_TOP_K)
-    _check_int("nodes", self.nodes, 1, MAX_NODES)
-    object.__setattr__(self, "top_k", int(self.top_k))
-    object.__setattr__(self, "nodes", int(self.nodes))
-
-  def pool_size(self, depth: int) -> int:
-    """Candidates proposed over `depth` expansions (the root excluded): k + (depth - 1) k^2."""
-    return self.top_k + (depth - 1) * self.top_k ** 2
-
-  def fits(self, depth: int) -> bool:
-    """Whether `depth` (gamma) suits this shape: 1 <= depth <= nodes (a tree of N nodes is at most N deep) and
-    depth expansions propose at least `nodes` candidates (top_k=1: exactly depth == nodes, the chain of gamma)."""
-    return 1 <= depth <= self.nodes and self.pool_size(depth) >= self.nodes
-
-  def check_depth(self, depth: int) -> None:
-    """SettingsError unless `fits(depth)`: `depth` (gamma) >= 1 expansions propose at least `nodes` candidates,
-    and depth <= nodes."""
-    if depth > self.nodes >= 1:
-      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) with gamma {depth} is deeper than its "
-                          f"{self.nodes} nodes: a tree of {self.nodes} nodes is at most {self.nodes} deep. Use gamma "
-                          f"<= {self.nodes} or more nodes.")
-    if depth < 1 or self.pool_size(depth) < self.nodes:
-      raise SettingsError(f"Tree(top_k={self.top_k}, nodes={self.nodes}) needs a depth (gamma) proposing at least "
-                          f"{self.nodes} candidates; depth {depth} proposes {self.pool_size(max(depth, 1))}.")
-
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import Tree
 
 @struct.dataclass
 class TreeDraft:
@@ -185,18 +140,6 @@ def _kept(state: TreeDraft, nodes: int) -> tuple[jax.Array, jax.Array]:
   return slots, node_of_slot
 
 
-@struct.dataclass
-class SampledSiblings:
-  """The children DRAWN from q at every expanded node of a tree (`draft_tree` with keys), kept in the tree or
-  not, for `tree_verify.accept_tree_recursive`. E = 1 + K (D - 1) expanded nodes (the root, then each depth's
-  beam), in pool order."""
-
-  nodes: jax.Array  # [B, E] int32 tree node of each expanded node (-1: not kept in the tree).
-  children: jax.Array  # [B, E, K] int32 its K draws without replacement from q, in draw order.
-  child_nodes: jax.Array  # [B, E, K] int32 tree node of each draw (-1: dropped by the final rerank).
-  q: jax.Array  # [B, E, V] float32 the draft's distribution at the expanded node (the draws came from it).
-
-
 def _siblings(pool: TreeDraft, expanded: list[jax.Array], logprobs: list[jax.Array], nodes: int) -> SampledSiblings:
   """SampledSiblings of a grown pool: expanded [B, 1] (the root) then [B, K] per depth (that depth's beam slots);
   logprobs [B, V] then [B, K, V] per depth, q's logs there. A beam's children fill k consecutive slots each, in
@@ -242,19 +185,6 @@ def build_tree(root_tokens: jax.Array, logprobs: list[jax.Array], tree: Tree
   for lp in logprobs[1:]:
     state = grow(state, lp)
   return select(state, tree.nodes)
-
-
-@struct.dataclass
-class TreeProposal:
-  """One iteration's tree of drafts per row (what a tree drafter's `propose_tree` returns to the loop)."""
-
-  tokens: jax.Array  # [B, N] int32 node tokens; node 0 is the root, the loop's last token (not a draft).
-  parents: jax.Array  # [B, N] int32 parent node of each node (-1 at the root).
-  depths: jax.Array  # [B, N] int32 (0 at the root; the deepest node has depth <= gamma).
-  ancestors: jax.Array  # [B, N, N] bool (a node is its own ancestor).
-  after: Any  # The drafter's state after proposing, as its `settle` reads it.
-  siblings: SampledSiblings | None = None  # Children drawn from q (a draft model sampling), else None: the
-  #                                          children are deterministic candidates (greedy, prompt lookup).
 
 
 def draft_tree(root_tokens: jax.Array, root_logprobs: jax.Array, beam_step: Callable, state: Any, tree: Tree,

@@ -11,11 +11,11 @@ match drafts nothing this iteration: for it, the iteration is plain decoding.
 
 The proposals are deterministic, so q is one-hot on each proposed token: verification accepts x with probability
 min(1, p(x) / 1) = p(x), and a rejection draws from the residual norm(max(0, p - onehot(x))) = p without x,
-renormalised (`verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
+renormalised (`device.verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
 target's argmax. Either way the output is the target's, exactly as with a draft model.
 
-`jaxspec.NGramDraft` (settings.py) is the user's setting; `NGramDrafter` (here) the drafter it makes (drafter.py's
-protocol). Its state is an `NGramContext`: the input ids with the loop's cache_len positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
+`jaxspec.NGramDraft` (settings.py) is the user's setting; `NGramDrafter` (here) the drafter it makes (protocol.py's
+`Drafter`). Its state is an `NGramContext`: the input ids with the loop's cache_len positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
 for each n (a static, small loop) n shifted comparisons of the whole [B, C] context.
 
 Shape letters: B batch, S input positions, C = S + cache_len context positions, G = gamma.
@@ -29,9 +29,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import tree
-from jaxspec.decoding.drafter import Proposal
-from jaxspec.decoding.settings import NGramDraft  # noqa: F401  (the setting, re-exported where it used to live)
+from jaxspec.decoding.drafters import tree
+from jaxspec.decoding.drafters.protocol import Proposal, TreeProposal
 from jaxspec.models.contract import write_rows
 
 
@@ -67,7 +66,7 @@ class NGramDrafter:
     """The continuations of up to top_k earlier matches as branches of one tree (`propose_tree`)."""
     tokens, parents, depths, ancestors = propose_tree(self, state, history.last, static.gamma, static.tree.top_k,
                                                       static.tree.nodes)
-    return tree.TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, after=state)
+    return TreeProposal(tokens=tokens, parents=parents, depths=depths, ancestors=ancestors, after=state)
 
 
 @struct.dataclass
@@ -151,7 +150,7 @@ def propose_tree(draft: NGramDrafter | NGramDraft, context: NGramContext, root: 
   (parent -1: never reached). N = 1 + min(nodes, top_k * gamma).
 
   Returns:
-    tokens [B, N], parents [B, N], depths [B, N], ancestors [B, N, N] (`tree.TreeProposal`'s fields).
+    tokens [B, N], parents [B, N], depths [B, N], ancestors [B, N, N] (`TreeProposal`'s fields).
   """
   batch = root.shape[0]
   found = [_continuation_starts(context.tokens, context.lengths, n, top_k)

@@ -23,14 +23,14 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from jaxspec.decoding.head_drafter import HeadDrafter, HeadState
+from jaxspec.decoding.drafters.head_drafter import HeadDrafter, HeadState
 
 
 @dataclasses.dataclass(frozen=True)
 class CrossHeadDrafter(HeadDrafter):
   """A T5 target's feature head behind the `Drafter` protocol (hashable: part of the loop's static settings)."""
 
-  reads_encoder: bool = True  # The loop's prefill passes init the target's encoder output (drafter.py).
+  reads_encoder: bool = True  # The loop's prefill passes init the target's encoder output (protocol.py).
 
   def __post_init__(self):
     super().__post_init__()

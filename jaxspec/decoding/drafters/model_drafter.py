@@ -1,4 +1,5 @@
-"""`ModelDrafter`: a smaller model of the target's tokenizer drafts (the paper's drafter; drafter.py's protocol).
+"""`ModelDrafter`: a smaller model of the target's tokenizer drafts (the paper's drafter; protocol.py's `Drafter`),
+and `draft_decoder`, the check that a draft model and a target can speculate together.
 
 Each iteration it catches its cache up with the accepted sequence, then drafts.
 
@@ -33,9 +34,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import adaptive, chain
-from jaxspec.decoding.drafter import ProposalSettings
+from jaxspec.decoding.device import adaptive
+from jaxspec.decoding.drafters import chain
+from jaxspec.decoding.drafters.protocol import ProposalSettings
+from jaxspec.errors import SettingsError
 from jaxspec.models.contract import Decoder, TreeNodes
+from jaxspec.models.loaded import Model
 
 
 @struct.dataclass
@@ -140,3 +144,64 @@ class ModelDrafter(chain.LearnedDrafter):
         res = self.decoder.step(params, cache, tokens, tree=TreeNodes.of(depths, ancestors))
       return rank(res.logits), res.cache
     return beam_step
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabResized:
+  """A draft decoder whose logits are cut or padded (with -inf: never proposed) to the target's vocabulary size,
+  for pairs whose embeddings differ only by padding rows beyond their shared tokenizer."""
+
+  inner: Decoder
+  vocab_size: int
+
+  @property
+  def num_feature_layers(self) -> int:
+    return self.inner.num_feature_layers
+
+  @property
+  def feature_size(self) -> int:
+    return self.inner.feature_size
+
+  def prefill(self, params, input_ids, input_lengths, cache_len, *, layers=(), encoder=False):
+    return self.inner.prefill(params, input_ids, input_lengths, cache_len, layers=layers, encoder=encoder)
+
+  def step(self, params, cache, tokens, *, tree=None, layers=()):
+    res = self.inner.step(params, cache, tokens, tree=tree, layers=layers)
+    return res.replace(logits=self._resized(res.logits))
+
+  def _resized(self, logits):
+    v = logits.shape[-1]
+    if v >= self.vocab_size:
+      return logits[..., :self.vocab_size]
+    pad = jnp.full(logits.shape[:-1] + (self.vocab_size - v,), -jnp.inf, logits.dtype)
+    return jnp.concatenate([logits, pad], axis=-1)
+
+
+def draft_decoder(target: Model, draft: Model) -> Decoder:
+  """The draft's decoder for this target, after checking that the two can speculate together."""
+  tf, df = target.family, draft.family
+  if tf.encoder_decoder != df.encoder_decoder:
+    raise SettingsError(f"the draft is a {df.name} model and the target a {tf.name} model: an encoder-decoder and a "
+                     f"decoder-only model cannot draft for each other.")
+  tt, dt = target.tokenizer, draft.tokenizer
+  if tt is not None and dt is not None and not tt.same_as(dt):
+    raise SettingsError("Draft and target tokenizers differ (different token ids): the draft's tokens would mean "
+                     "different text to the target.")
+  if tf.name != df.name and (tt is None or dt is None):
+    raise SettingsError(f"the draft is a {df.name} model and the target a {tf.name} model: a pair of two families "
+                     f"needs both tokenizers to prove they share token ids.")
+  t, d = target.config, draft.config
+  if tf.encoder_decoder:
+    for name in ("pad_token_id", "eos_token_id", "decoder_start_token_id"):
+      if getattr(t, name) != getattr(d, name):
+        raise SettingsError(f"Draft and target special ids differ: {name} is {getattr(d, name)} in the draft and "
+                         f"{getattr(t, name)} in the target.")
+  decoder = draft.decoder()
+  if t.vocab_size == d.vocab_size:
+    return decoder
+  shared = tt.vocab_size if tt is not None and dt is not None else None
+  if shared is None or shared > min(t.vocab_size, d.vocab_size):
+    raise SettingsError(f"Draft and target vocabularies differ: draft vocab_size {d.vocab_size}, target "
+                     f"{t.vocab_size}. Speculative decoding needs one shared vocabulary (sizes may differ only by "
+                     f"padding rows beyond a shared tokenizer's {shared or 'unknown'} tokens).")
+  return VocabResized(decoder, t.vocab_size)

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import sampling
+from jaxspec.decoding.device import sampling
 
 # A residual with less mass than this is rounding noise from p == q (rejection then has probability ~0):
 # sample from p instead, never renormalise noise (REFERENCE.md pitfall 2).

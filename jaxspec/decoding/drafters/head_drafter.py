@@ -1,5 +1,5 @@
 """`HeadDrafter`: a feature head (EAGLE-3, `jaxspec.models.eagle3`) drafts from the target's own hidden states
-(drafter.py's protocol).
+(protocol.py's `Drafter`).
 
     out = jaxspec.generate(target, prompts, jaxspec.Speculation(jaxspec.load(head_dir), gamma=3))
 
@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import chain
+from jaxspec.decoding.drafters import chain
 from jaxspec.models.contract import TreeNodes
 from jaxspec.models.eagle3 import Eagle3Cache, Eagle3Head, HeadInput
 
