@@ -218,7 +218,7 @@ def train_and_evaluate(c, workdir: str, programs: steps.TrainPrograms | None = N
   programs = ready["programs"]
   used = {bucket_of(max(len(s), len(t)), buckets) for s, t in zip(src, tgt)}  # Buckets without pairs: no program.
   programs.keep_only([s for s in programs.planned if s[1] in used])
-  cfg, optimizer, settings = programs.settings.model, programs.optimizer, programs.settings
+  cfg, optimizer = programs.settings.model, programs.optimizer
   dev_natural = [p for p in dev_all if p.is_natural][:c.dev_bleu_sentences]
   dev_loss_pairs = evenly_spaced(dev_all, c.dev_loss_pairs)
   eval_compile = _compile_eval(cfg, programs.params, tokenizer, dev_loss_pairs, c, timings)

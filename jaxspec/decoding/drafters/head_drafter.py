@@ -111,7 +111,7 @@ class HeadDrafter(chain.LearnedDrafter):
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     """The head's prefill from the prompt's features [B, S', F] (S' = S for a decoder-only target; 0 for T5,
     whose decoder starts empty: an empty cache and a zero `hidden`)."""
-    head_params, embed = params["head"], params["embed"]
+    head_params = params["head"]
     batch = input_ids.shape[0]
     if features.shape[1] == 0:
       dtype = head_params["fc"].dtype

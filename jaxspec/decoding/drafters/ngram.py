@@ -24,6 +24,7 @@ Shape letters: B batch, S input positions, C = S + cache_len context positions, 
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +33,9 @@ from flax import struct
 from jaxspec.decoding.drafters import tree
 from jaxspec.decoding.drafters.protocol import Proposal, TreeProposal
 from jaxspec.models.contract import write_rows
+
+if TYPE_CHECKING:
+  from jaxspec.decoding.settings import NGramDraft
 
 
 @dataclasses.dataclass(frozen=True)
