@@ -35,6 +35,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Request i is sent with seed + i; also s
                              lower_bound=0)
 _TIMEOUT = flags.DEFINE_float("timeout", 600.0, "Seconds a request may take before it counts as failed.",
                               lower_bound=1.0)
+_ROUNDS = flags.DEFINE_integer("rounds", 1, "Times each level runs on each server, the servers' order reversed "
+                                "every other round (A B, B A, ...); figures over all rounds' requests.", lower_bound=1)
 _OUTPUT = flags.DEFINE_string("output", "", "Path prefix for .md, .json and .png ('' prints the table).")
 
 
@@ -46,7 +48,8 @@ def main(argv):
     servers[_LABELS.value[1] if len(_LABELS.value) > 1 else "baseline"] = _BASELINE.value
   rows = serving.compare(servers, items, concurrencies=flags.FLAGS.concurrency, rates=flags.FLAGS.rate,
                          requests=_REQUESTS.value, max_tokens=_MAX_TOKENS.value, temperature=_TEMPERATURE.value,
-                         seed=_SEED.value, timeout=_TIMEOUT.value)
+                         seed=_SEED.value, timeout=_TIMEOUT.value,
+                         rounds=_ROUNDS.value)
   table = serving.markdown(rows)
   print(table)
   if _OUTPUT.value:

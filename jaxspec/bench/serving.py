@@ -4,7 +4,7 @@ clients see.
     items = read_workload("docs/bench/serving_ende.jsonl")          # {"prompt" | "messages", "max_tokens"?} a line
     rows = run_levels("http://127.0.0.1:8000", items, concurrencies=(1, 4, 16, 64), rates=(2.0,))
     print(markdown(rows)); plot(rows, "serving.png")
-    both = compare({"speculative": URL_A, "plain": URL_B}, items, concurrencies=(1, 16))   # side by side
+    both = compare({"speculative": URL_A, "plain": URL_B}, items, concurrencies=(1, 16), rounds=2)  # A B, B A
 
 Each level sends `requests` streaming requests (stream=true, include_usage), either from `concurrency` workers that
 each send their next request as soon as the last one ends (a closed loop), or at a Poisson rate (exponential
@@ -14,7 +14,9 @@ chunk) and inter-token latency = (e2e - TTFT) / (tokens - 1), the time per outpu
 TPOT). A level reports P50 / P90 / P99 of each over its requests, output tokens per second (all completion tokens
 over the level's wall time) and acceptance (draft tokens accepted / proposed, the difference of the server's
 /metrics counters over the level; '-' for a plain server). Failed requests are counted and reported, never
-dropped silently.
+dropped silently. Two servers are compared level by level, each level on one then the other, and with
+`rounds` > 1 again in the reverse order (A B, B A): on a machine whose speed drifts (a shared CPU), a run of every
+level on one server and then on the other measured the same program 20-30 % apart.
 """
 
 from __future__ import annotations
@@ -186,43 +188,66 @@ def summarize(results: list[Result], wall: float) -> dict:
           "e2e": _pct([r.e2e for r in ok])}
 
 
-def run_levels(url: str, items: Sequence[Item], *, concurrencies: Sequence[int] = (1, 4, 16, 64),
-               rates: Sequence[float] = (), requests: int = 0, max_tokens: int = 64, temperature: float = 0.0,
-               seed: int = 0, timeout: float = 600.0, warmup: int = 1, label: str = "") -> list[dict]:
-  """One row per level (each concurrency, then each Poisson rate) against the server at `url`.
+def _measure(url: str, model: str, items: Sequence[Item], kind: str, value: float, *, requests: int,
+             max_tokens: int, temperature: float, seed: int, timeout: float, rng: np.random.Generator) -> dict:
+  """One level against one server: its requests' results, wall time and the draft counters' differences."""
+  n = requests or (max(8, 2 * value) if kind == "concurrency" else max(8, int(np.ceil(4 * value))))
+  before = scrape(url)
+  results, wall = asyncio.run(_level(
+      url, model, items, concurrency=value if kind == "concurrency" else None,
+      rate=value if kind == "rate" else None, requests=n, max_tokens=max_tokens, temperature=temperature,
+      seed=seed, timeout=timeout, rng=rng))
+  after = scrape(url)
+  counted = {k: after.get(f"jaxspec_{k}_tokens_total", 0) - before.get(f"jaxspec_{k}_tokens_total", 0)
+             for k in ("draft", "accepted")}
+  return {"results": results, "wall": wall, "drafted": counted["draft"], "accepted": counted["accepted"]}
 
-  requests: per level (0: max(8, 2 * concurrency), or 4 * rate rounded up, at least 8). warmup: requests sent
-  first and not counted (the first request of a fresh server pays for anything left to compile)."""
-  url = url.rstrip("/")
-  model = served_model(url)
-  rng = np.random.default_rng(seed)
-  if warmup:
-    asyncio.run(_level(url, model, items, concurrency=1, rate=None, requests=warmup, max_tokens=max_tokens,
-                       temperature=temperature, seed=seed, timeout=timeout, rng=rng))
+
+def run_levels(url: str, items: Sequence[Item], *, label: str = "", **kwargs) -> list[dict]:
+  """One row per level (each concurrency, then each Poisson rate) against the server at `url` (`compare`'s
+  arguments)."""
+  return compare({label or url.rstrip("/"): url}, items, **kwargs)
+
+
+def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Sequence[int] = (1, 4, 16, 64),
+            rates: Sequence[float] = (), requests: int = 0, max_tokens: int = 64, temperature: float = 0.0,
+            seed: int = 0, timeout: float = 600.0, warmup: int = 1, rounds: int = 1) -> list[dict]:
+  """Each level on each server ({label: url}; e.g. speculative and plain with the same settings), the servers
+  side by side in time: level by level, `rounds` times, the servers' order reversed every other round (A B, B A,
+  ...), so that a machine's drift over the run falls on both alike. A row per server and level (the servers in
+  order, then the levels), its figures over every round's requests pooled (tokens / s: all tokens over all rounds'
+  wall time); `markdown` puts them side by side with the speedup against the last server.
+
+  requests: per level and round (0: max(8, 2 * concurrency), or 4 * rate rounded up, at least 8). warmup:
+  requests sent to each server first and not counted (a fresh server's first request pays for anything left to
+  compile). A Poisson level's gaps are the same for every server (drawn from seed, round and level)."""
+  if not isinstance(rounds, int) or rounds < 1:
+    raise InputError(f"rounds must be an integer >= 1, got {rounds!r}.")
+  urls = {label: url.rstrip("/") for label, url in servers.items()}
+  models = {label: served_model(url) for label, url in urls.items()}
+  for label, url in urls.items():
+    if warmup:
+      asyncio.run(_level(url, models[label], items, concurrency=1, rate=None, requests=warmup,
+                         max_tokens=max_tokens, temperature=temperature, seed=seed, timeout=timeout,
+                         rng=np.random.default_rng(seed)))
   levels = [("concurrency", c) for c in concurrencies] + [("rate", r) for r in rates]
+  parts: dict[tuple[str, int], list[dict]] = {}
+  for index, (kind, value) in enumerate(levels):
+    for r in range(rounds):
+      for label in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+        parts.setdefault((label, index), []).append(_measure(
+            urls[label], models[label], items, kind, value, requests=requests, max_tokens=max_tokens,
+            temperature=temperature, seed=seed, timeout=timeout, rng=np.random.default_rng((seed, r, index))))
   rows = []
-  for kind, value in levels:
-    n = requests or (max(8, 2 * value) if kind == "concurrency" else max(8, int(np.ceil(4 * value))))
-    before = scrape(url)
-    results, wall = asyncio.run(_level(
-        url, model, items, concurrency=value if kind == "concurrency" else None,
-        rate=value if kind == "rate" else None, requests=n, max_tokens=max_tokens, temperature=temperature,
-        seed=seed, timeout=timeout, rng=rng))
-    after = scrape(url)
-    drafted = after.get("jaxspec_draft_tokens_total", 0) - before.get("jaxspec_draft_tokens_total", 0)
-    accepted = after.get("jaxspec_accepted_tokens_total", 0) - before.get("jaxspec_accepted_tokens_total", 0)
-    rows.append({"server": label or url, "url": url, "model": model, "mode": kind, "level": value,
-                 "temperature": temperature, **summarize(results, wall), "drafted": drafted, "accepted": accepted,
-                 "acceptance": accepted / drafted if drafted else None})
-  return rows
-
-
-def compare(servers: dict[str, str], items: Sequence[Item], **kwargs) -> list[dict]:
-  """run_levels on each server in turn ({label: url}; e.g. speculative and plain with the same settings), rows in
-  order; `markdown` puts them side by side with the speedup against the last server."""
-  rows = []
-  for label, url in servers.items():
-    rows += run_levels(url, items, label=label, **kwargs)
+  for label in urls:
+    for index, (kind, value) in enumerate(levels):
+      got = parts[(label, index)]
+      drafted, accepted = sum(p["drafted"] for p in got), sum(p["accepted"] for p in got)
+      rows.append({"server": label, "url": urls[label], "model": models[label], "mode": kind, "level": value,
+                   "temperature": temperature, "rounds": rounds,
+                   **summarize([x for p in got for x in p["results"]], sum(p["wall"] for p in got)),
+                   "round_tokens_per_s": [sum(x.tokens for x in p["results"] if x.ok) / p["wall"] for p in got],
+                   "drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted if drafted else None})
   return rows
 
 

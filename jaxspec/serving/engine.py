@@ -53,8 +53,9 @@ Load-adaptive speculation. All table entries share one state layout. A plain ent
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
 head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
 of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
-A request inserted at a load the table runs plain skips the draft model's prefill and never drafts (`insert`'s
-`load`): at high load the speculative server prefills what the plain one does.
+A request inserted at a load the table runs plain skips the draft model's prefill (`insert`'s `load`): at high
+load the speculative server prefills what the plain one does; if the load falls to a drafting entry while the
+request runs, its draft is prefilled then (one program per prompt bucket) and it drafts (served_draft.py).
 
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
 runs them from one loop and hands results to its request handlers.
@@ -271,8 +272,28 @@ def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, dr
                    top_p=put(state.top_p, top_p))
 
 
+def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state: SlotState, slot: jax.Array,
+                  ids: jax.Array, length: jax.Array) -> SlotState:
+  """Prefills the draft model of row `slot` ([] int32) on its prompt (ids [1, bucket], length [1]): a row inserted
+  without it (served_draft.py) drafts from now on; its draft lags by the tokens generated since, which the
+  catch-up feeds. The target's cache and every other array are left as they are."""
+  draft = alloc.drafter.init(draft_params, ids, length, alloc.cache_len)
+  n = len(jax.tree_util.tree_leaves(state.target_cache))
+  leaves, treedef = jax.tree_util.tree_flatten(draft)
+  new = []
+  for leaf, old, axis, shape in zip(leaves, jax.tree_util.tree_leaves(state.draft_state), layout.axes[n:],
+                                    layout.shapes[n:]):
+    if axis is None:
+      new.append(old)
+      continue
+    leaf = jnp.pad(leaf, [(0, t - s) for s, t in zip(leaf.shape, shape)])
+    new.append(jax.lax.dynamic_update_slice_in_dim(old, leaf.astype(old.dtype), slot, axis=axis))
+  return dataclasses.replace(state, draft_state=jax.tree_util.tree_unflatten(treedef, new))
+
+
 _STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
 _INSERT = jax.jit(_insert_program, static_argnums=(0, 1), donate_argnums=4)
+_WAKE = jax.jit(_wake_program, static_argnums=(0, 1), donate_argnums=3)
 
 
 def _row_buckets(row_buckets, slots: int) -> tuple[int, ...]:
@@ -413,6 +434,8 @@ class SlotEngine:
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots
+    self._prompts: list[np.ndarray | None] = [None] * self.slots  # padded ids [1, bucket], length [1]
+    self._quiet = np.zeros((self.slots,), bool)  # inserted without the draft's prefill, not yet woken
 
   # -- construction ------------------------------------------------------------------------------------------
 
@@ -535,6 +558,8 @@ class SlotEngine:
                           np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
                           np.int32(settings.max_tokens))
     self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
+    self._quiet[slot] = alloc is self._quiet_alloc
+    self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
 
   def free(self, slot: int) -> None:
     """Stops `slot` now (a stop string, a client gone): it decodes no more and is free for the next insert."""
@@ -542,6 +567,7 @@ class SlotEngine:
     if self._active[slot]:
       self._stop[slot] = True
     self._active[slot], self._requests[slot] = False, None
+    self._quiet[slot], self._prompts[slot] = False, None
 
   def _bucket(self, active: int) -> int:
     """The smallest row bucket holding `active` (>= 1) rows."""
@@ -576,6 +602,8 @@ class SlotEngine:
       return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
                         drafted=zeros, accepted=zeros.copy())
     key = self._pick() if program is None else program
+    if not self.table.entries[key[0]].plain:
+      self._wake(np.flatnonzero(self._active & self._quiet))
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
@@ -599,6 +627,14 @@ class SlotEngine:
     return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
                       accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2])
 
+  def _wake(self, slots) -> None:
+    """Prefills the draft of each slot in `slots` (active, inserted without it): the load fell to where the table
+    drafts, and these rows draft from now on (one compiled program per prompt bucket)."""
+    for slot in slots:
+      padded, length = self._prompts[slot]
+      self._state = _WAKE(self._alloc, self._layout, self.draft_params, self._state, np.int32(slot), padded, length)
+      self._quiet[slot], self._prompts[slot] = False, None
+
   def warmup(self) -> None:
     """Compiles every program: each bucket's insert and each step program (the engine is left idle)."""
     busy = self._active.any()
@@ -610,11 +646,13 @@ class SlotEngine:
     for bucket, load in itertools.product(self.buckets, sorted(loads.values())):  # with a draft prefill, without
       prompt = [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id]
       self.insert(0, prompt, RequestSettings(1), load=load)
+      if self._quiet[0]:
+        self._wake([0])
       self.free(0)
     for key in self._programs:
       self.step(program=key)
       self._stop[:] = False
 
   def compiled_programs(self) -> int:
-    """Programs compiled so far by every engine (step and insert jits): a test of "nothing recompiles" reads it."""
-    return _STEP._cache_size() + _INSERT._cache_size()  # pylint: disable=protected-access
+    """Programs compiled so far by every engine (step, insert and wake jits): a test of "nothing recompiles" reads it."""
+    return _STEP._cache_size() + _INSERT._cache_size() + _WAKE._cache_size()  # pylint: disable=protected-access

@@ -10,7 +10,9 @@ from `generate`:
   slower than plain: docs/serving.md). So `insert` prefills the draft only when the table drafts at the load it is
   inserted at; a row inserted without it drafts no chain (its limit is 0: the target decodes it alone, exactly;
   in a tree step its tree is junk, verified like any other, and its lag does not widen the catch-up call) and its
-  draft cache is zeros. The row stays so until it finishes, even when the load falls and others draft again.
+  draft cache is zeros. When the load falls to an entry that drafts, the engine prefills the draft of each such
+  row still active ("wakes" it: engine._WAKE, the prompt only) and the row drafts from then on, its catch-up
+  feeding the tokens generated meanwhile. So a draft model's prefill is paid only by requests that draft.
 
 The drafter's state is `ServedDraftState`: the draft cache and, per row, whether the row drafts. Everything else is
 the wrapped `ModelDrafter`'s (decoding/drafters/protocol.py).

@@ -128,14 +128,15 @@ def test_benchmark_drives_the_server(server, tmp_path):
   (tmp_path / "w.jsonl").write_text("".join(f'{{"prompt": "{p}", "max_tokens": 8}}\n' for p in PROMPTS[:3]))
   res = run_script(["launch/serve_benchmark.py", f"--url={server[0]}", f"--baseline_url={server[0]}",
                     "--labels=a,b", f"--workload={tmp_path / 'w.jsonl'}", "--concurrency=1,2", "--rate=20",
-                    "--requests=3", "--timeout=120", f"--output={tmp_path / 'out'}"], timeout=300)
+                    "--requests=3", "--rounds=2", "--timeout=120", f"--output={tmp_path / 'out'}"], timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
   rows = json.loads((tmp_path / "out.json").read_text())
   assert [(r["server"], r["mode"], r["level"]) for r in rows] == [
       ("a", "concurrency", 1), ("a", "concurrency", 2), ("a", "rate", 20.0)] + [
       ("b", "concurrency", 1), ("b", "concurrency", 2), ("b", "rate", 20.0)]
   for r in rows:
-    assert r["failed"] == 0 and r["requests"] == 3 and r["output_tokens"] > 0, r
+    assert r["failed"] == 0 and r["requests"] == 6 and r["output_tokens"] > 0, r  # 3 a round, 2 rounds
+    assert r["rounds"] == 2 and len(r["round_tokens_per_s"]) == 2 and min(r["round_tokens_per_s"]) > 0
     assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
     assert 0 < r["acceptance"] <= 1
   table = (tmp_path / "out.md").read_text()

@@ -102,16 +102,17 @@ def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
 
 def test_a_request_inserted_under_a_plain_load_skips_the_draft_prefill():
   """A draft model's prompt prefill is skipped for a request inserted at a load the table runs plain (its draft
-  cache row is zeros, nothing of the slot's previous request survives) and that request drafts no chain, alone or
-  beside a drafting one (in a tree step its tree is junk, verified: TABLE's test); both equal generate's greedy
-  tokens; nothing compiles after warmup."""
+  cache row is zeros: nothing of the slot's previous request survives); it drafts nothing while the load stays
+  plain, and when the load falls to a drafting entry its draft is prefilled then (woken) and it drafts, catching up
+  on the tokens generated meanwhile; every request equals generate's greedy tokens; nothing compiles after
+  warmup."""
   target, speculation = _case("draft")
   table = SpeculationTable((TableEntry(max_active=2, gamma=3), TableEntry(max_active=3, gamma=0)))
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                       iterations_per_step=2, adaptive=table, modes=("greedy",))
   engine.warmup()
   compiled = engine.compiled_programs()
-  refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:3]]
+  refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:4]]
 
   def draft_rows(slot):
     state = engine._state  # pylint: disable=protected-access
@@ -120,28 +121,34 @@ def test_a_request_inserted_under_a_plain_load_skips_the_draft_prefill():
     n = len(jax.tree_util.tree_leaves(state.target_cache))
     return [np.take(np.asarray(x), slot, axis=a) for x, a in zip(leaves[n:], axes[n:]) if a is not None]
 
-  def run(slots):
-    tokens, drafted = {s: [] for s in slots}, {s: 0 for s in slots}
-    for _ in range(100):
-      out = engine.step()
-      for s in slots:
-        tokens[s] += out.tokens[s]
-        drafted[s] += int(out.drafted[s])
-      if not engine.active_slots():
-        return tokens, drafted
-    raise AssertionError("still running")
+  def drafts(slot):
+    return bool(engine._state.draft_state.drafts[slot])  # pylint: disable=protected-access
 
-  engine.insert(1, PROMPTS[0], RequestSettings(MAX_NEW), load=1)  # drafts: its draft cache row is prefilled
-  assert any(np.any(r != 0) for r in draft_rows(1))
-  tokens, drafted = run([1])
-  assert tokens[1] == refs[0] and drafted[1] > 0
-  engine.insert(0, PROMPTS[1], RequestSettings(MAX_NEW), load=1)
-  engine.insert(1, PROMPTS[2], RequestSettings(MAX_NEW), load=3)  # the table's plain entry: no draft prefill
-  assert bool(engine._state.draft_state.drafts[0]) and not bool(engine._state.draft_state.drafts[1])  # pylint: disable=protected-access
-  assert all(np.all(r == 0) for r in draft_rows(1))  # the previous request's draft cache is gone
-  tokens, drafted = run([0, 1])
-  assert tokens[0] == refs[1] and tokens[1] == refs[2]
-  assert drafted[0] > 0 and drafted[1] == 0, drafted
+  engine.insert(1, PROMPTS[3], RequestSettings(MAX_NEW), load=1)  # drafts: its draft cache row is prefilled
+  assert drafts(1) and any(np.any(r != 0) for r in draft_rows(1))
+  out = engine.step()
+  assert out.drafted[1] > 0
+  budgets = {0: 4, 1: MAX_NEW, 2: MAX_NEW}
+  engine.free(1)
+  engine.insert(0, PROMPTS[0], RequestSettings(budgets[0]), load=3)
+  engine.insert(1, PROMPTS[1], RequestSettings(MAX_NEW), load=3)  # the table's plain entry: no draft prefill
+  engine.insert(2, PROMPTS[2], RequestSettings(MAX_NEW), load=3)
+  assert not drafts(1) and all(np.all(r == 0) for r in draft_rows(1))  # the previous request's draft is gone
+  tokens, plain_steps = {s: [] for s in budgets}, 0
+  drafted = {(s, plain): 0 for s in budgets for plain in (True, False)}
+  for _ in range(100):
+    out = engine.step()
+    plain_steps += out.entry.plain
+    for s in budgets:
+      tokens[s] += out.tokens[s]
+      drafted[(s, out.entry.plain)] += int(out.drafted[s])
+    if not engine.active_slots():
+      break
+  assert plain_steps > 0 and all(drafted[(s, True)] == 0 for s in budgets)  # no drafts while the load runs plain
+  assert drafts(1) and drafts(2)  # woken when slot 0 finished and 2 active slots draft
+  assert drafted[(1, False)] > 0 and drafted[(2, False)] > 0
+  for s, ref in zip(budgets, refs):
+    assert tokens[s] == ref[:budgets[s]], (s, tokens[s], ref)
   assert engine.compiled_programs() == compiled
 
 

@@ -16,4 +16,4 @@ for port in 8100 8101; do
 done
 $PY launch/serve_benchmark.py --url=http://127.0.0.1:8100 --baseline_url=http://127.0.0.1:8101 \
     --labels=speculative,plain --workload=docs/bench/serving_ende.jsonl --max_tokens=64 \
-    --concurrency=64 --requests=128 --output=$OUT/ende_c64
+    --concurrency=64 --requests=128 --rounds=2 --output=$OUT/ende_c64

@@ -14,4 +14,4 @@ for port in 8200 8201; do
 done
 $PY launch/serve_benchmark.py --url=http://127.0.0.1:8200 --baseline_url=http://127.0.0.1:8201 \
     --labels=speculative,plain --workload=docs/bench/qwen_prompts.jsonl --max_tokens=48 \
-    --concurrency=16 --requests=16 --timeout=900 --output=docs/bench/serving/qwen_c16
+    --concurrency=16 --requests=16 --rounds=2 --timeout=900 --output=docs/bench/serving/qwen_c16
