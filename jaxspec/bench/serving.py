@@ -15,8 +15,9 @@ TPOT). A level reports P50 / P90 / P99 of each over its requests, output tokens 
 over the level's wall time) and acceptance (draft tokens accepted / proposed, the difference of the server's
 /metrics counters over the level; '-' for a plain server). Failed requests are counted and reported, never
 dropped silently. Two servers are compared level by level, each level on one then the other, and with
-`rounds` > 1 again in the reverse order (A B, B A): on a machine whose speed drifts (a shared CPU), a run of every
-level on one server and then on the other measured the same program 20-30 % apart.
+`rounds` > 1 again in the reverse order (A B, B A): on a machine whose speed drifts (a shared CPU: the same plain
+server measured 9.6 and 7.4 tok/s in two runs an hour apart, docs/serving.md), one order alone can make equal
+servers look 15 % apart.
 """
 
 from __future__ import annotations
