@@ -243,21 +243,28 @@ class _Layout:
   shapes: tuple
 
 
-def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, draft_params, state: SlotState,
-                    slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
-                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array) -> SlotState:
-  """Prefills one request (ids [1, bucket], length [1]) and writes it into row `slot` ([] int32) of `state`."""
-  cache, draft_state, first = loop.prefill(alloc, target_params, draft_params, ids, length)
-  leaves, treedef = jax.tree_util.tree_flatten((cache, draft_state))
-  olds = jax.tree_util.tree_leaves((state.target_cache, state.draft_state))
+def _write_row(row, state, axes, shapes, slot: jax.Array):
+  """`state` (a pytree of every slot's arrays) with the batch-1 pytree `row` written at `slot` ([] int32): per
+  leaf its batch axis (None: shared, kept as it is) and one row's shape at the largest bucket (`row`'s leaves,
+  shaped by the prompt's bucket, are zero-padded to it)."""
+  leaves, treedef = jax.tree_util.tree_flatten(row)
   new = []
-  for leaf, old, axis, shape in zip(leaves, olds, layout.axes, layout.shapes):
+  for leaf, old, axis, shape in zip(leaves, jax.tree_util.tree_leaves(state), axes, shapes):
     if axis is None:
       new.append(old)
       continue
     leaf = jnp.pad(leaf, [(0, t - s) for s, t in zip(leaf.shape, shape)])
     new.append(jax.lax.dynamic_update_slice_in_dim(old, leaf.astype(old.dtype), slot, axis=axis))
-  cache, draft_state = jax.tree_util.tree_unflatten(treedef, new)
+  return jax.tree_util.tree_unflatten(treedef, new)
+
+
+def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, draft_params, state: SlotState,
+                    slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
+                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array) -> SlotState:
+  """Prefills one request (ids [1, bucket], length [1]) and writes it into row `slot` ([] int32) of `state`."""
+  cache, draft_state, first = loop.prefill(alloc, target_params, draft_params, ids, length)
+  cache, draft_state = _write_row((cache, draft_state), (state.target_cache, state.draft_state), layout.axes,
+                                  layout.shapes, slot)
   row = jnp.full((1, state.sequences.shape[1]), alloc.pad_id, jnp.int32).at[:, 0].set(first)
   key = jax.random.fold_in(jax.random.key(seed), 0)
 
@@ -278,17 +285,9 @@ def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state
   without it (served_draft.py) drafts from now on; its draft lags by the tokens generated since, which the
   catch-up feeds. The target's cache and every other array are left as they are."""
   draft = alloc.drafter.init(draft_params, ids, length, alloc.cache_len)
-  n = len(jax.tree_util.tree_leaves(state.target_cache))
-  leaves, treedef = jax.tree_util.tree_flatten(draft)
-  new = []
-  for leaf, old, axis, shape in zip(leaves, jax.tree_util.tree_leaves(state.draft_state), layout.axes[n:],
-                                    layout.shapes[n:]):
-    if axis is None:
-      new.append(old)
-      continue
-    leaf = jnp.pad(leaf, [(0, t - s) for s, t in zip(leaf.shape, shape)])
-    new.append(jax.lax.dynamic_update_slice_in_dim(old, leaf.astype(old.dtype), slot, axis=axis))
-  return dataclasses.replace(state, draft_state=jax.tree_util.tree_unflatten(treedef, new))
+  n = len(jax.tree_util.tree_leaves(state.target_cache))  # the layout lists the target's leaves first
+  return dataclasses.replace(state, draft_state=_write_row(draft, state.draft_state, layout.axes[n:],
+                                                           layout.shapes[n:], slot))
 
 
 _STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
