@@ -16,7 +16,7 @@ import pytest
 
 import jaxspec
 from jaxspec.bench.oracle import OracleDecoder, OracleDrafter
-from jaxspec.decoding.drafters import model_drafter, ngram
+from jaxspec.decoding.drafters import model_drafter, ngram, registry
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.protocol import Drafter, PlainDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
@@ -93,8 +93,8 @@ def test_every_drafter_is_the_protocol(cls):
 
 def test_the_lookup_setting_is_not_a_drafter():
   assert not isinstance(jaxspec.NGramDraft(), Drafter)
-  assert isinstance(jaxspec.NGramDraft(2).drafter(), Drafter)
-  assert jaxspec.NGramDraft(2).drafter() == ngram.NGramDrafter(2, 1)
+  assert isinstance(registry.ngram_drafter(jaxspec.NGramDraft(2)), Drafter)
+  assert registry.ngram_drafter(jaxspec.NGramDraft(2)) == ngram.NGramDrafter(2, 1)
 
 
 def test_an_undeclared_keyword_or_method_fails():

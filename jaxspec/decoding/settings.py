@@ -22,7 +22,6 @@ from jaxspec.checks import check_int, is_int, is_real
 from jaxspec.errors import SettingsError
 
 if TYPE_CHECKING:
-  from jaxspec.decoding.drafters.ngram import NGramDrafter
   from jaxspec.models.loaded import FeatureHead, Model
 
 SCHEDULES = ("constant", "heuristic", "adaptive")
@@ -127,11 +126,6 @@ class NGramDraft:
   def name(self) -> str:
     return f"ngram({self.min_ngram}-{self.max_ngram})"
 
-  def drafter(self) -> "NGramDrafter":
-    """The loop's drafter for this setting."""
-    from jaxspec.decoding.drafters.ngram import NGramDrafter  # pylint: disable=import-outside-toplevel
-    return NGramDrafter(int(self.max_ngram), int(self.min_ngram))
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Speculation:
@@ -175,9 +169,6 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
-    from jaxspec.decoding.drafters import registry  # pylint: disable=import-outside-toplevel  (it reads NGramDraft)
-    _require(registry.accepts(self.draft), f"Speculation.draft must be {registry.kind_names()} (a model or a head "
-             f"from jaxspec.load), got {type(self.draft).__name__}.")
     g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
                         self.prior_alpha)
     check_int(g, "Speculation.gamma", 1, 256, note=" (draft tokens per iteration)")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding.drafters import ngram
+from jaxspec.decoding.drafters import ngram, registry
 from jaxspec.decoding.device import sampling
 from jaxspec.decoding.drafters.protocol import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
@@ -45,7 +45,7 @@ def test_plain_drafter_proposes_nothing():
 
 
 def test_ngram_proposes_the_continuation_within_its_limit_and_settles_on_what_was_emitted():
-  draft = jaxspec.NGramDraft(max_ngram=2).drafter()  # the setting makes the drafter
+  draft = registry.ngram_drafter(jaxspec.NGramDraft(max_ngram=2))  # the registry makes the setting's drafter
   ids = jnp.asarray([[5, 6, 7, 8, 5, 6], [1, 2, 3, 4, 9, 9]], jnp.int32)  # row 0 repeats "5 6": then 7 8 5
   state = draft.init(None, ids, jnp.asarray([6, 6], jnp.int32), CACHE_LEN)
   history = _history(np.zeros((2, 8)), [1, 1])

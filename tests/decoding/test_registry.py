@@ -83,6 +83,8 @@ def test_a_registered_kind_drafts_in_generate_and_stays_exact(target, schedule):
   assert out.stats.drafted.sum() > 0  # it did draft: the output equal to plain is the verifier's doing
 
 
-def test_an_unregistered_kind_is_one_clear_error():
+def test_an_unregistered_kind_is_one_clear_error(target):
+  """The registry checks the kind when the draft source is made (settings.py imports no drafter)."""
+  spec = jaxspec.Speculation(RepeatDraft(), gamma=3)
   with pytest.raises(jaxspec.errors.SettingsError, match="Speculation.draft must be .*NGramDraft.* got RepeatDraft"):
-    jaxspec.Speculation(RepeatDraft(), gamma=3)
+    jaxspec.generate(target, [[5, 6, 1]], spec, max_new_tokens=4)

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 @dataclasses.dataclass(frozen=True)
 class NGramDrafter:
   """Prompt lookup behind the `Drafter` protocol (the loop's drafter for a `jaxspec.NGramDraft` setting, which
-  checks the values: `NGramDraft.drafter()`). max_ngram / min_ngram: static, each pair compiles its own loop."""
+  checks the values; `registry.ngram_drafter` makes this from it). max_ngram / min_ngram: static, each pair compiles its own loop."""
 
   max_ngram: int = 3
   min_ngram: int = 1

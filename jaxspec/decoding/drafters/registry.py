@@ -3,9 +3,10 @@
     source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
-`make(target, setting) -> DraftSource` (protocol.py: the drafter and the params it reads). `Speculation` accepts
-exactly these kinds (its check reads `KINDS`), and the engine and the serving engine know drafters only through
-`draft_source`. A new drafter kind
+`make(target, setting) -> DraftSource` (protocol.py: the drafter and the params it reads). `draft_source` accepts
+exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when the engine or the
+serving engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and the engine and the
+serving engine know drafters only through `draft_source`. A new drafter kind
 is one module of this subpackage (its setting, its `Drafter`, its factory) and one entry here; nothing in the loop
 (device/) or the engine changes (docs/drafters.md has a worked example).
 """
@@ -17,6 +18,7 @@ from typing import Any, Callable, NamedTuple
 from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
+from jaxspec.decoding.drafters.ngram import NGramDrafter
 from jaxspec.decoding.drafters.protocol import DraftSource, PlainDrafter
 from jaxspec.decoding.settings import NGramDraft
 from jaxspec.errors import SettingsError
@@ -49,6 +51,11 @@ def head_drafter(target: Model, head: FeatureHead) -> tuple[HeadDrafter, dict]:
   return kind(eagle3.Eagle3Head(head.config), layers, target.config.vocab_size), params
 
 
+def ngram_drafter(setting: NGramDraft) -> NGramDrafter:
+  """The loop's drafter for a prompt-lookup setting (its values checked when the setting was made)."""
+  return NGramDrafter(int(setting.max_ngram), int(setting.min_ngram))
+
+
 def _model(target: Model, draft: Model) -> DraftSource:
   decoder = model_drafter.draft_decoder(target, draft)
   return DraftSource(model_drafter.ModelDrafter(decoder), draft.params, model=draft, owner=draft)
@@ -62,7 +69,7 @@ def _head(target: Model, head: FeatureHead) -> DraftSource:
 KINDS: tuple[Kind, ...] = (
     Kind(Model, _model, "a jaxspec.Model"),  # a draft model (from jaxspec.load)
     Kind(FeatureHead, _head, "a jaxspec.FeatureHead"),  # an EAGLE-3 head (from jaxspec.load)
-    Kind(NGramDraft, lambda target, setting: DraftSource(setting.drafter(), owner=setting), "a jaxspec.NGramDraft"),
+    Kind(NGramDraft, lambda target, setting: DraftSource(ngram_drafter(setting), owner=setting), "a jaxspec.NGramDraft"),
 )
 
 
