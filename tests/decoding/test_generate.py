@@ -166,6 +166,11 @@ def test_a_top_p_too_small_for_float32_keeps_the_top_token(pair, top_p):
   logits = jnp.asarray([[0.5, 2.0, 1.0, -1.0], [3.0, 0.0, 2.9, 1.0]])
   probs = sampling.warp_probs(logits, sampling.SamplingKnobs.create(1.0, 0, top_p), filtering=True)
   np.testing.assert_array_equal(np.asarray(probs), np.eye(4, dtype=np.float32)[[1, 0]])
+  rows = sampling.SamplingKnobs(temperature=np.float32([1.0, 1.0]), top_k=np.int32([0, 0]),  # the slot engine's
+                                top_p=np.float32([top_p, 1.0]))                               # per-row knobs
+  probs = np.asarray(sampling.warp_probs(logits, rows, filtering=True))
+  np.testing.assert_array_equal(probs[0], np.eye(4, dtype=np.float32)[1])
+  assert (probs[1] > 0).all()  # the other row keeps its whole distribution
 
 
 def test_same_bucket_does_not_recompile(pair):
