@@ -247,7 +247,7 @@ def parse_completion(body: Any, *, served_model: str, tokenizer, vocab_size: int
   if isinstance(prompt, str):
     _check_chars(len(prompt), max_input_length, "prompt")
     ids = list(tokenizer.encode(prompt)) if prompt else []
-  elif isinstance(prompt, list) and prompt and all(isinstance(t, (int, float)) for t in prompt):
+  elif isinstance(prompt, list) and all(isinstance(t, (int, float)) for t in prompt):  # ([]: empty, below)
     odd = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
     if odd:
       raise _bad(f"prompt token ids must be integers, got {type(odd[0]).__name__} {odd[0]!r}.", "prompt",
