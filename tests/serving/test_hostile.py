@@ -213,10 +213,20 @@ def test_hostile_json_gets_openai_400s_counted_and_the_connection_lives(live, ht
     r = http.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
     error = _openai_error(r, 400, word)
     assert len(error["message"]) < 300, error  # a 400-digit number is not echoed whole
-  # The same connection serves the next request (a 500 from an exception used to close it under the client).
-  assert http.post("/v1/completions", json={"model": MODEL, "prompt": "The cat.", "max_tokens": 3}).status_code == 200
+  # The same connection serves the next request (an exception's 500 used to close it under the client).
+  good = json.dumps({"model": MODEL, "prompt": "The cat.", "max_tokens": 3}).encode()
+  with socket.create_connection(("127.0.0.1", live[0].port), timeout=10) as sock:
+    reader = sock.makefile("rb")
+    for raw, status in ((RAW_500S[4][0], 400), (good, 200)):
+      sock.sendall(_head(live[0].port, f"Content-Length: {len(raw)}").encode() + raw)
+      assert int(reader.readline().split()[1]) == status
+      length = 0
+      while (line := reader.readline().strip()):
+        if line.lower().startswith(b"content-length:"):
+          length = int(line.split(b":")[1])
+      reader.read(length)
   after = _scrape(url)
-  assert _count(after, "400") - _count(before, "400") == len(RAW_500S)
+  assert _count(after, "400") - _count(before, "400") == len(RAW_500S) + 1
   assert _count(after, "500") == _count(before, "500")
 
 
@@ -225,6 +235,7 @@ def test_hostile_json_gets_openai_400s_counted_and_the_connection_lives(live, ht
 BAD = [  # (extra fields, a word the message names)
     ({"prompt": [5, True, 7]}, "integers, got bool True"),
     ({"prompt": [5, 7.5]}, "integers, got float 7.5"),
+    ({"prompt": []}, "prompt is empty"),
     ({"seed": -1}, "[0, 2147483647]"),
     ({"top_k": 10**10}, "[0, 1000000000]"),
     ({"logprobs": 0}, "logprobs=0"),  # completions' logprobs 0 asks for the chosen tokens' log probabilities
