@@ -309,8 +309,8 @@ def parse_chat(body: Any, *, served_model: str, tokenizer, max_input_length: int
     if not isinstance(content, str):
       raise _bad(f"messages[{i}].content must be a string, got {type(content).__name__}.",
                  f"messages[{i}].content", "invalid_type")
-    _check_chars(len(content), max_input_length, "messages")
     clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+  _check_chars(sum(len(m["content"]) for m in clean), max_input_length, "messages")
   if not getattr(getattr(tokenizer, "hf_tokenizer", None), "chat_template", None):
     raise _bad(f"the model {served_model!r} has no chat template (not a chat or instruct model): use "
                "/v1/completions with a plain prompt.", "messages", "no_chat_template")

@@ -190,6 +190,10 @@ def test_a_long_prompt_text_is_refused_before_encoding(live, http):
   error = _openai_error(http.post("/v1/completions", json={"model": MODEL, "prompt": text}), 400,
                         f"{len(text)} characters", "--max_input_length")
   assert error["code"] == "context_length_exceeded"
+  half = {"role": "user", "content": text[:len(text) // 2 + 1]}  # chat: the messages' characters together
+  error = _openai_error(http.post("/v1/chat/completions", json={"model": MODEL, "messages": [half, half]}), 400,
+                        "characters")
+  assert error["code"] == "context_length_exceeded"
   assert tokenizer.encodes == before  # never handed to the tokenizer
 
 
