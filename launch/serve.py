@@ -10,8 +10,16 @@ Then any OpenAI client: `openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_
 503 while the engine compiles (every prompt bucket and step program, before the first request) and 200 after;
 GET /metrics is Prometheus text. --draft as in generate.py ('' or 'none': plain decoding); --speculation_table a
 JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of active slots, measured by the
-tuner) in place of the fixed --gamma / --tree. docs/serving.md has the API and the benchmark.
+tuner) in place of the fixed --gamma / --tree (which are then ignored, said on stderr). --api_key (or the
+JAXSPEC_API_KEY environment variable) makes every /v1 route want `Authorization: Bearer KEY`; binding beyond
+loopback without one is warned about. The start-up line names the real port (--port=0 picks a free one). A failed
+warm-up ends the server (status 1, the reason on one line); Ctrl-C ends it with status 130, at once during the
+warm-up. docs/serving.md has the API, its limits and the benchmark.
 """
+
+import ipaddress
+import os
+import sys
 
 from absl import flags
 
@@ -34,12 +42,28 @@ _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the
                           "smallest that holds them); [] = powers of two below --slots, and --slots.")
 _MODES = flags.DEFINE_multi_enum("modes", ["greedy", "sampled", "filtered"], ["greedy", "sampled", "filtered"],
                                  "Sampling modes compiled (a request no compiled mode decodes is answered 400).")
-_NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target).")
+_NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target, a local "
+                            "directory's name).")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on (0.0.0.0 exposes the server).")
-_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on.", lower_bound=0, upper_bound=65535)
+_PORT = flags.DEFINE_integer("port", 8000, "Port to listen on (0: a free one, printed).", lower_bound=0,
+                             upper_bound=65535)
+_API_KEY = flags.DEFINE_string("api_key", "", "A key clients must send as 'Authorization: Bearer KEY' on the /v1 "
+                               "routes ('' = the JAXSPEC_API_KEY environment variable, else none).")
 _LOG = flags.DEFINE_enum("log_level", "info", ["critical", "error", "warning", "info", "debug"], "uvicorn's log level.")
 flags.register_validator("tree", lambda v: v != cli_flags.AUTO, message="--tree takes 'K,N' or '' here")
 flags.register_validator("gamma", lambda v: v != cli_flags.AUTO, message="--gamma takes an integer here")
+flags.register_multi_flags_validator(
+    ["max_tokens", "max_new_tokens"], lambda v: v["max_tokens"] <= v["max_new_tokens"],
+    message="--max_tokens (the default of a request) must be at most --max_new_tokens (the most a request may ask)")
+
+
+def _loopback(host: str) -> bool:
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a host name: assume it reaches beyond this machine
+    return False
 
 
 def _draft_spec(target) -> str:
@@ -60,11 +84,23 @@ def _row_buckets() -> list[int] | None:
 
 
 def main(argv):
+  try:
+    sys.exit(_serve(argv))
+  except KeyboardInterrupt:  # Ctrl-C while the models load (after that, server.run handles it)
+    print("interrupted.", file=sys.stderr)
+    sys.exit(130)
+
+
+def _serve(argv) -> int:
   del argv
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  api_key = _API_KEY.value or os.environ.get("JAXSPEC_API_KEY", "")
+  if not api_key and not _loopback(_HOST.value):
+    print(f"warning: --host={_HOST.value} reaches beyond this machine and no --api_key is set: anyone who can "
+          "connect can use the server.", file=sys.stderr, flush=True)
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
   spec = _draft_spec(target)
@@ -79,16 +115,25 @@ def main(argv):
         table = SpeculationTable.from_json(f.read())
     except OSError as e:
       raise InputError(f"--speculation_table={_TABLE.value}: {e.strerror}.") from None
+    ignored = [f"--{n}" for n in ("gamma", "tree") if FLAGS[n].present]
+    if ignored:
+      print(f"warning: {' and '.join(ignored)} ignored: --speculation_table={_TABLE.value} sets the speculation at "
+            "each load.", file=sys.stderr, flush=True)
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
                       row_buckets=_row_buckets(), modes=_MODES.value)
-  scheduler, app = server.build(engine, model_name=_NAME.value or FLAGS.target, max_tokens=_MAX_TOKENS.value or None,
-                                queue_size=_QUEUE.value)
-  print(f"serving {_NAME.value or FLAGS.target} ({'plain' if draft is None else f'draft {spec}'}, {_SLOTS.value} "
-        f"slots) on http://{_HOST.value}:{_PORT.value}/v1 (compiling first: GET /health is 503 until ready)",
-        flush=True)
-  server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value)
+  name = _NAME.value or server.model_id(FLAGS.target)
+  scheduler, app = server.build(engine, model_name=name, max_tokens=_MAX_TOKENS.value or None,
+                                queue_size=_QUEUE.value, api_key=api_key or None)
+  drafting = "plain" if draft is None else f"draft {spec}"
+  if table is not None:
+    drafting += f", table {_TABLE.value}"
+
+  def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
+    return (f"serving {name} ({drafting}, {_SLOTS.value} slots) on http://{_HOST.value}:{port}/v1 (compiling first: "
+            f"GET /health is 503 until ready)")
+  return server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value, banner=banner)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,9 @@ class Sampling:
   """How the next token is chosen from the target's distribution (and the draft's, warped the same way).
 
   temperature: 0 for greedy (argmax on both sides; the output is the target's greedy decode), > 0 samples.
-  top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1] (1 = off).
+  top_k: keep the k most likely tokens (0 = off). top_p: nucleus mass in (0, 1] (1 = off); the most likely token
+  is always kept, so a top_p smaller than any token's probability (1e-300 included, which float32 holds as 0)
+  samples that token alone.
   """
 
   temperature: float = 0.0

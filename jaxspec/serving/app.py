@@ -10,12 +10,22 @@ server-sent events, one `data: {json}` chunk per text delta and `data: [DONE]` l
 refused request gets OpenAI's error body (`protocol.error_body`) with a 4xx status; a streaming client that
 disconnects cancels its request (its slot is freed before the engine's next step), and so does a non-streaming
 one (checked every `_DISCONNECT_POLL_S`).
+
+Hostile bodies: a body over `max_body_bytes` (default `body_limit(max_input_length)`) is answered 413 as soon as
+its Content-Length or its bytes so far say so (a chunked body is never buffered beyond the limit); one not read
+whole within `body_timeout_s` is answered 408 (a client trickling bytes); both close the connection. The body is
+parsed, checked and its prompt encoded in a worker thread, never on the event loop, so one client's large prompt
+does not stall /health or the other streams. Anything unexpected is a 500 with OpenAI's body, counted in /metrics.
+With `api_key`, every /v1 route wants `Authorization: Bearer <api_key>` (401 otherwise); /health and /metrics stay
+open, as vLLM's --api-key leaves them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import logging
 import time
 import uuid
 
@@ -23,23 +33,61 @@ import anyio
 from fastapi import FastAPI, Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from jaxspec.serving import protocol
 from jaxspec.serving.protocol import APIError
 from jaxspec.serving.scheduler import Handle, Scheduler
 
 _DISCONNECT_POLL_S = 0.5
+BODY_TIMEOUT_S = 30.0  # a request body not read whole in this time is answered 408
+_BODY_BYTES = 1 << 20  # the body limit's floor: fields, messages' wrapping, stop strings
+_BODY_BYTES_PER_TOKEN = 4 * protocol.MAX_CHARS_PER_TOKEN  # a prompt text the pre-check accepts, as UTF-8
+
+
+def body_limit(max_input_length: int) -> int:
+  """The largest request body accepted (413 beyond): 1 MiB plus 256 bytes per token of --max_input_length, room
+  for the longest prompt text the length pre-check lets through (protocol.MAX_CHARS_PER_TOKEN characters a
+  token, 4 bytes a character) or max_input_length token ids."""
+  return _BODY_BYTES + _BODY_BYTES_PER_TOKEN * max_input_length
 
 
 def _error(e: APIError) -> JSONResponse:
   return JSONResponse(e.body(), status_code=e.status)
 
 
-def create_app(scheduler: Scheduler, *, model_name: str, max_tokens: int) -> FastAPI:
-  """The FastAPI app serving `scheduler`'s engine as `model_name`; requests without max_tokens get `max_tokens`."""
+class _RequireKey:
+  """ASGI middleware: /v1 routes answer 401 (OpenAI's body) without `Authorization: Bearer <key>`."""
+
+  def __init__(self, app, *, key: str, metrics):
+    self.app, self.key, self.metrics = app, key.encode(), metrics
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] == "http" and scope["path"].startswith("/v1"):
+      given = dict(scope["headers"]).get(b"authorization", b"")
+      scheme, _, token = given.partition(b" ")
+      if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), self.key)):
+        message = ("Incorrect API key provided." if given else "You didn't provide an API key: send it as "
+                   "'Authorization: Bearer YOUR_KEY' (this server was started with --api_key).")
+        self.metrics.requests.labels(status="401").inc()
+        response = _error(APIError(401, message, code="invalid_api_key"))
+        response.headers["www-authenticate"] = "Bearer"
+        await response(scope, receive, send)
+        return
+    await self.app(scope, receive, send)
+
+
+def create_app(scheduler: Scheduler, *, model_name: str, max_tokens: int, api_key: str | None = None,
+               max_body_bytes: int | None = None, body_timeout_s: float = BODY_TIMEOUT_S) -> FastAPI:
+  """The FastAPI app serving `scheduler`'s engine as `model_name`; requests without max_tokens get `max_tokens`.
+  api_key: required on /v1 routes when given. max_body_bytes (default `body_limit` of the engine's
+  max_input_length) and body_timeout_s bound what one request body may cost."""
   engine, metrics, tokenizer = scheduler.engine, scheduler.metrics, scheduler.tokenizer
   created = int(time.time())
+  max_body_bytes = max_body_bytes or body_limit(engine.max_input_length)
   app = FastAPI(title="jaxspec", docs_url=None, redoc_url=None, openapi_url=None)
+  if api_key:
+    app.add_middleware(_RequireKey, key=api_key, metrics=metrics)
   limits = dict(served_model=model_name, tokenizer=tokenizer, max_input_length=engine.max_input_length,
                 max_tokens=max_tokens, max_new_tokens=engine.max_new_tokens)
   vocab_size = tokenizer.vocab_size
@@ -65,28 +113,51 @@ def create_app(scheduler: Scheduler, *, model_name: str, max_tokens: int) -> Fas
     body, content_type = metrics.render()
     return Response(body, media_type=content_type)
 
-  async def _body(http: HTTPRequest):
-    raw = await http.body()
+  too_big = (f"the request body is larger than this server's limit of {max_body_bytes} bytes (sized from "
+             f"--max_input_length={engine.max_input_length}).")
+
+  async def _body(http: HTTPRequest) -> bytes:
+    """The raw body: 413 past max_body_bytes (by Content-Length, or as the bytes arrive), 408 past the deadline."""
+    length = http.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_body_bytes:
+      raise APIError(413, too_big, code="request_too_large")
+    chunks, size = [], 0
     try:
-      return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise APIError(400, f"the request body is not valid JSON: {e}.", code="invalid_json") from None
+      with anyio.fail_after(body_timeout_s):
+        async for chunk in http.stream():
+          size += len(chunk)
+          if size > max_body_bytes:
+            raise APIError(413, too_big, code="request_too_large")
+          chunks.append(chunk)
+    except TimeoutError:
+      raise APIError(408, f"the request body was not received within {body_timeout_s:g} s.",
+                     code="request_timeout") from None
+    return b"".join(chunks)
+
+  def _parse(raw: bytes, kind: str) -> protocol.Request:  # in a worker thread: json, checks, the tokenizer
+    body = protocol.parse_json(raw)
+    if kind == "chat":
+      return protocol.parse_chat(body, **limits)
+    return protocol.parse_completion(body, vocab_size=vocab_size, **limits)
 
   async def _serve(http: HTTPRequest, kind: str):
     try:
-      body = await _body(http)
-      if kind == "chat":
-        request = protocol.parse_chat(body, **limits)
-      else:
-        request = protocol.parse_completion(body, vocab_size=vocab_size, **limits)
+      request = await anyio.to_thread.run_sync(_parse, await _body(http), kind)
       handle = scheduler.submit(request, asyncio.get_running_loop())
+      if request.stream:
+        metrics.requests.labels(status="200").inc()
+        return _EventStream(handle, _stream(handle, kind, model_name))
+      response = await _complete(http, handle, kind, model_name)
     except APIError as e:
-      metrics.requests.labels(status=str(e.status)).inc()
-      return _error(e)
-    if request.stream:
-      metrics.requests.labels(status="200").inc()
-      return _EventStream(handle, _stream(handle, kind, model_name))
-    response = await _complete(http, handle, kind, model_name)
+      response = _error(e)
+      if e.status in (408, 413):  # the rest of the body is not read: the connection cannot be reused
+        response.headers["connection"] = "close"
+    except ClientDisconnect:  # gone while its body was read
+      response = _error(APIError(499, "client disconnected", type="client_closed"))
+    except Exception as e:  # pylint: disable=broad-except  (a bug: OpenAI's body and a count, not a raw 500)
+      logging.exception("request failed")
+      response = _error(APIError(500, f"internal error: {type(e).__name__}: {e}", type="server_error",
+                                 code="internal_error"))
     metrics.requests.labels(status=str(response.status_code)).inc()
     return response
 

@@ -10,23 +10,32 @@ and `code`), never a traceback. Supported: prompt (a string, a list of one strin
 max_tokens (max_completion_tokens for chat), temperature [0, 2] (default 1, as OpenAI's), top_p (0, 1], top_k >= 0 (an extension), seed
 [0, 2**31 - 1], stop (a string or up to 4), n (1 only), stream, stream_options.include_usage. Fields OpenAI
 defines that change nothing here (user, presence/frequency penalties at 0, logit_bias empty, ...) are accepted;
-any other field is refused.
+any other field is refused. `parse_json` reads the body (400 for what Python's JSON decoder or a tokenizer cannot
+take: too deep, an over-long integer, a lone surrogate); a prompt text longer than MAX_CHARS_PER_TOKEN characters
+per token of max_input_length is refused before it is encoded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import re
 from typing import Any
 
 from jaxspec.checks import MAX_SEED  # the HTTP layer words its own 400s; the bound is the one
 MAX_STOPS = 4
+MAX_DEPTH = 32  # JSON nesting a body may have (OpenAI's deepest field, a content part, is 4 levels down)
+# The cheap pre-check before encoding: a prompt text longer than this many characters per token of
+# --max_input_length is refused unencoded (real text runs 3 to 5 characters a token).
+MAX_CHARS_PER_TOKEN = 64
 
-# OpenAI fields that are accepted when left at a value that changes nothing (None, the default shown).
-_NEUTRAL = {"user": None, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": None, "logprobs": None,
-            "echo": False, "best_of": 1, "suffix": None, "top_logprobs": None, "parallel_tool_calls": None,
-            "tools": None, "tool_choice": None, "response_format": None, "service_tier": None, "store": None,
-            "metadata": None}
+# OpenAI fields that are accepted when left at a value that changes nothing: the values shown (None always is;
+# True/False and 1/0 are told apart: `best_of: true` or `logprobs: 0` asks for something).
+_NEUTRAL = {"user": (), "presence_penalty": (0,), "frequency_penalty": (0,), "logit_bias": ({},),
+            "logprobs": (False,), "echo": (False,), "best_of": (1,), "suffix": ("",), "top_logprobs": (0,),
+            "parallel_tool_calls": (True, False), "tools": ([],), "tool_choice": ("none",),
+            "response_format": ({"type": "text"},), "service_tier": (), "store": (), "metadata": ()}
 _FREE = ("user", "service_tier", "store", "metadata")  # any value: bookkeeping, no effect on the answer
 
 
@@ -68,16 +77,67 @@ def _bad(message: str, param: str | None = None, code: str | None = None, status
   return APIError(status, message, param=param, code=code)
 
 
+def _show(value, limit: int = 60) -> str:
+  """repr(value), cut to `limit` characters (a 4000-digit integer or a long string is not echoed whole)."""
+  text = repr(value)
+  return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _bound(x: float) -> str:
+  """A bound as people write it: 2147483647, not 2.14748e+09."""
+  return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _same(value, neutral) -> bool:
+  """value == neutral with bools apart from numbers (True == 1 and False == 0 in Python)."""
+  if isinstance(value, bool) or isinstance(neutral, bool):
+    return value is neutral
+  return value == neutral
+
+
+def parse_json(raw: bytes) -> Any:
+  """A request body -> its JSON value; APIError 400 for anything json.loads refuses (bad bytes, bad syntax, an
+  integer of more than 4300 digits, nesting deeper than Python's recursion), nesting deeper than MAX_DEPTH, and a
+  lone UTF-16 surrogate ("\\ud800") in any string or field name (no tokenizer nor UTF-8 encoder takes one)."""
+  try:
+    value = json.loads(raw)
+  except RecursionError:
+    raise _bad(f"the request body is nested deeper than {MAX_DEPTH} levels.", code="invalid_json") from None
+  except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError, an integer too long to convert
+    raise _bad(f"the request body is not valid JSON: {e}.", code="invalid_json") from None
+  stack = [(value, 1, None)]
+  while stack:  # iterative: a body nested 1000 deep must not exhaust the recursion limit here either
+    item, depth, where = stack.pop()
+    if isinstance(item, (dict, list)) and depth > MAX_DEPTH:
+      raise _bad(f"the request body is nested deeper than {MAX_DEPTH} levels.", code="invalid_json")
+    if isinstance(item, dict):
+      for key, v in item.items():
+        field = key if where is None else f"{where}.{key}"
+        if _SURROGATE.search(key):
+          raise _bad(f"a field name holds a lone UTF-16 surrogate: {_show(key)}.", code="invalid_json")
+        stack.append((v, depth + 1, field))
+    elif isinstance(item, list):
+      stack.extend((v, depth + 1, where) for v in item)
+    elif isinstance(item, str) and _SURROGATE.search(item):
+      raise _bad(f"{where or 'the body'} holds a lone UTF-16 surrogate (not a character): {_show(item)}.",
+                 where, "invalid_json")
+  return value
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def _number(body: dict, name: str, default, *, lo: float, hi: float, integer: bool = False, lo_open: bool = False):
   value = body.get(name, default)
   if value is None:
     return default
   kind = "an integer" if integer else "a number"
   if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-    raise _bad(f"{name} must be {kind}, got {type(value).__name__} {value!r}.", name, "invalid_type")
-  if not math.isfinite(value) or value < lo or value > hi or (lo_open and value == lo):
-    bounds = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
-    raise _bad(f"{name} must be in {bounds}, got {value!r}.", name, "invalid_value")
+    raise _bad(f"{name} must be {kind}, got {type(value).__name__} {_show(value)}.", name, "invalid_type")
+  finite = isinstance(value, int) or math.isfinite(value)  # (math.isfinite of a 400-digit int overflows)
+  if not finite or value < lo or value > hi or (lo_open and value == lo):
+    bounds = f"{'(' if lo_open else '['}{_bound(lo)}, {_bound(hi)}]"
+    raise _bad(f"{name} must be in {bounds}, got {_show(value)}.", name, "invalid_value")
   return int(value) if integer else float(value)
 
 
@@ -104,8 +164,9 @@ def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_toke
     raise _bad(f"unknown or unsupported field(s): {', '.join(unknown)}.", unknown[0], "unsupported_parameter")
   for name, neutral in _NEUTRAL.items():  # a value that would change the answer is refused, named
     value = body.get(name)
-    if not (name in _FREE or value is None or value == neutral or value in ({}, [], False)):
-      raise _bad(f"{name}={value!r} is not supported by this server (only {neutral!r}).", name,
+    if not (name in _FREE or value is None or any(_same(value, v) for v in neutral)):
+      allowed = " or ".join(json.dumps(v) for v in neutral)
+      raise _bad(f"{name}={_show(value)} is not supported by this server (only null or {allowed}).", name,
                  "unsupported_parameter")
   model = body.get("model")
   if model is None:
@@ -151,6 +212,14 @@ def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_toke
       stop=_stop(body), stream=stream, include_usage=include_usage)
 
 
+def _check_chars(chars: int, max_input_length: int, param: str) -> None:
+  """The pre-check before encoding: a text of more than MAX_CHARS_PER_TOKEN characters per allowed token."""
+  if chars > MAX_CHARS_PER_TOKEN * max_input_length:
+    raise _bad(f"the prompt has {chars} characters, more than this server encodes for its maximum of "
+               f"{max_input_length} tokens (--max_input_length; {MAX_CHARS_PER_TOKEN} characters a token at most).",
+               param, "context_length_exceeded")
+
+
 def _check_length(ids: list[int], max_input_length: int, param: str) -> tuple[int, ...]:
   if not ids:
     raise _bad(f"{param} is empty: nothing to continue.", param, "invalid_value")
@@ -176,13 +245,20 @@ def parse_completion(body: Any, *, served_model: str, tokenizer, vocab_size: int
   if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
     prompt = prompt[0]
   if isinstance(prompt, str):
+    _check_chars(len(prompt), max_input_length, "prompt")
     ids = list(tokenizer.encode(prompt)) if prompt else []
-  elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+  elif isinstance(prompt, list) and all(isinstance(t, (int, float)) for t in prompt):  # ([]: empty, below)
+    odd = [t for t in prompt if isinstance(t, bool) or not isinstance(t, int)]
+    if odd:
+      raise _bad(f"prompt token ids must be integers, got {type(odd[0]).__name__} {odd[0]!r}.", "prompt",
+                 "invalid_type")
+    if len(prompt) > max_input_length:  # before looking at each id
+      _check_length(prompt, max_input_length, "prompt")
     bad = [t for t in prompt if not 0 <= t < vocab_size]
     if bad:
-      raise _bad(f"prompt token ids must be in [0, {vocab_size}), got {bad[0]}.", "prompt", "invalid_value")
+      raise _bad(f"prompt token ids must be in [0, {vocab_size}), got {_show(bad[0])}.", "prompt", "invalid_value")
     ids = list(prompt)
-  elif isinstance(prompt, list) and len(prompt) > 1:
+  elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, (str, list)) for p in prompt):
     raise _bad(f"one prompt per request (n=1): got a list of {len(prompt)} prompts.", "prompt", "invalid_value")
   else:
     raise _bad(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}.", "prompt",
@@ -190,10 +266,23 @@ def parse_completion(body: Any, *, served_model: str, tokenizer, vocab_size: int
   return Request(prompt_ids=_check_length(ids, max_input_length, "prompt"), **common)
 
 
+def _special_texts(tokenizer) -> tuple[str, ...]:
+  """The texts the tokenizer reads as one added token (<|im_start|>, </s>, ...): special tokens and added ones."""
+  hf = getattr(tokenizer, "hf_tokenizer", None)
+  if hf is None:
+    return ()
+  texts = set(getattr(hf, "all_special_tokens", ()))
+  texts.update(str(t) for t in getattr(hf, "added_tokens_decoder", {}).values())
+  return tuple(sorted((t for t in texts if t), key=len, reverse=True))
+
+
 def parse_chat(body: Any, *, served_model: str, tokenizer, max_input_length: int, max_tokens: int,
                max_new_tokens: int) -> Request:
   """POST /v1/chat/completions' body -> Request: messages ({"role", "content": str}) rendered by the target
-  tokenizer's chat template with the assistant's turn opened; APIError (400) when the target has none."""
+  tokenizer's chat template with the assistant's turn opened; APIError (400) when the target has none. A message
+  with another field holding a value (name, tool_calls, ...) is refused, not dropped; so is content holding one of
+  the tokenizer's special or added tokens' text (<|im_start|>, ...): the rendered text is encoded with special
+  tokens parsed, so such content would forge the template's turn markers."""
   common = _common(body, "chat", served_model, _CHAT_FIELDS, max_tokens, max_new_tokens)
   messages = body.get("messages")
   if messages is None:
@@ -207,6 +296,10 @@ def parse_chat(body: Any, *, served_model: str, tokenizer, max_input_length: int
     if m["role"] not in ("system", "user", "assistant", "developer"):
       raise _bad(f"messages[{i}].role {m['role']!r} is not supported (system, user, assistant, developer).",
                  f"messages[{i}].role", "invalid_value")
+    extra = sorted(k for k, v in m.items() if k not in ("role", "content") and v not in (None, [], ""))
+    if extra:  # said, never dropped: a name or tool calls the template would not see
+      raise _bad(f"messages[{i}].{extra[0]} is not supported by this server (messages take role and content).",
+                 f"messages[{i}].{extra[0]}", "unsupported_parameter")
     content = m.get("content")
     if isinstance(content, list):  # [{"type": "text", "text": ...}, ...]
       if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
@@ -217,9 +310,17 @@ def parse_chat(body: Any, *, served_model: str, tokenizer, max_input_length: int
       raise _bad(f"messages[{i}].content must be a string, got {type(content).__name__}.",
                  f"messages[{i}].content", "invalid_type")
     clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+  _check_chars(sum(len(m["content"]) for m in clean), max_input_length, "messages")
   if not getattr(getattr(tokenizer, "hf_tokenizer", None), "chat_template", None):
     raise _bad(f"the model {served_model!r} has no chat template (not a chat or instruct model): use "
                "/v1/completions with a plain prompt.", "messages", "no_chat_template")
+  specials = _special_texts(tokenizer)
+  for i, m in enumerate(clean):  # the rendered text is encoded with special tokens parsed: this would forge a turn
+    marker = next((t for t in specials if t in m["content"]), None)
+    if marker is not None:
+      raise _bad(f"messages[{i}].content holds the special token {marker!r}, which the chat template's text would "
+                 "read as a marker of its own: not allowed in message content.", f"messages[{i}].content",
+                 "invalid_value")
   try:
     text = tokenizer.apply_chat_template(clean)
   except Exception as e:  # pylint: disable=broad-except  (a template's own error: a role order it refuses)

@@ -130,7 +130,8 @@ class Scheduler:
     """Queues the request; APIError 429 when queue_size requests already wait beyond the free slots, 503 before
     warmup is done."""
     if not self.ready.is_set():
-      raise APIError(503, f"the server is not ready: {self.failure or 'compiling (GET /health says when)'}.",
+      why = (self.failure or "compiling (GET /health says when)").rstrip(".")  # (a failure ends in its own period)
+      raise APIError(503, f"the server is not ready: {why}.",
                      type="server_error", code="not_ready")
     try:  # the engine's own checks, in the caller's thread: a refused setting is the client's 400
       settings = self.settings_type(max_tokens=request.max_tokens, temperature=request.temperature,

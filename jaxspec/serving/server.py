@@ -10,22 +10,35 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import sys
 import threading
 import time
+from typing import Callable
 
 import uvicorn
 
-from jaxspec.serving.app import create_app
+from jaxspec.errors import JaxspecError
+from jaxspec.serving.app import BODY_TIMEOUT_S, create_app
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.scheduler import Scheduler
 
+INTERRUPTED = 130  # the exit status of a server stopped by Ctrl-C (128 + SIGINT), as shells report it
 
-def build(engine, *, model_name: str, max_tokens: int | None = None, queue_size: int = 64, settings_type=None):
+
+class WarmupFailed(JaxspecError):
+  """The engine's warm-up (compiling every program) failed: the server cannot answer anything."""
+
+
+def build(engine, *, model_name: str, max_tokens: int | None = None, queue_size: int = 64, settings_type=None,
+          api_key: str | None = None, max_body_bytes: int | None = None, body_timeout_s: float = BODY_TIMEOUT_S):
   """(Scheduler, FastAPI app) over `engine`; requests without max_tokens get `max_tokens` (default: the engine's
-  max_new_tokens)."""
+  max_new_tokens). api_key, max_body_bytes, body_timeout_s: as `create_app` takes them."""
   scheduler = Scheduler(engine, queue_size=queue_size, metrics=Metrics(engine.slots), settings_type=settings_type)
-  app = create_app(scheduler, model_name=model_name, max_tokens=max_tokens or engine.max_new_tokens)
+  app = create_app(scheduler, model_name=model_name, max_tokens=max_tokens or engine.max_new_tokens,
+                   api_key=api_key, max_body_bytes=max_body_bytes, body_timeout_s=body_timeout_s)
   return scheduler, app
 
 
@@ -35,13 +48,71 @@ def free_port(host: str = "127.0.0.1") -> int:
     return s.getsockname()[1]
 
 
-def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info") -> None:
-  """Starts the engine thread (warmup, then the loop) and serves until interrupted."""
-  scheduler.start()
+def model_id(target: str) -> str:
+  """The id clients send for a --target: a local directory's name (not its path), else the name as given (an
+  embedded model, a hub id)."""
+  if os.path.isdir(target):
+    return os.path.basename(os.path.normpath(os.path.abspath(target)))
+  return target
+
+
+def _listening_port(server: uvicorn.Server, default: int) -> int:
+  """The port uvicorn bound (the real one when asked for port 0)."""
+  for s in getattr(server, "servers", ()):
+    for sock in s.sockets or ():
+      return sock.getsockname()[1]
+  return default
+
+
+def _watch(server: uvicorn.Server, scheduler: Scheduler, banner: Callable[[int], str] | None, port: int) -> None:
+  """Prints the banner once uvicorn listens (its signal handlers are in place by then: a Ctrl-C after the banner
+  is uvicorn's), then stops uvicorn if the warm-up fails."""
+  while not server.started:
+    if server.should_exit:
+      return
+    time.sleep(0.05)
+  if banner is not None:
+    print(banner(_listening_port(server, port)), flush=True)
+  while not scheduler.ready.wait(0.1):
+    if scheduler.failure or server.should_exit:
+      server.should_exit = True
+      return
+
+
+def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+        banner: Callable[[int], str] | None = None) -> int:
+  """Starts the engine thread (warm-up, then the loop) and serves until interrupted; returns 0, or INTERRUPTED
+  after a Ctrl-C (in-flight requests finished first, as uvicorn's shutdown does).
+
+  banner(port) is printed once uvicorn listens, with the port it bound (port 0 picks a free one). A failed
+  warm-up stops the server and raises WarmupFailed with its one-line reason (not a server answering 503 for
+  ever). A Ctrl-C or a failure to listen during the warm-up ends the process at once (status INTERRUPTED, or 1):
+  XLA's compilation in the engine thread cannot be interrupted, and an interpreter torn down around it aborts in
+  C++, so os._exit skips the teardown.
+  """
+  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+  status = 0
+  if threading.current_thread() is threading.main_thread():  # (a parent that ignored SIGINT must not decide)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
-  finally:
+    scheduler.start()
+    threading.Thread(target=_watch, args=(server, scheduler, banner, port), name="jaxspec-watch",
+                     daemon=True).start()
+    server.run()  # uvicorn re-raises a SIGINT it handled (KeyboardInterrupt) once it has shut down
+  except KeyboardInterrupt:
+    status = INTERRUPTED
+  except SystemExit as e:  # uvicorn could not start (it logged why: the port taken, ...)
+    status = e.code if isinstance(e.code, int) and e.code else 1
+  if scheduler.failure:
     scheduler.stop()
+    raise WarmupFailed(scheduler.failure)
+  if not scheduler.ready.is_set():
+    why = "interrupted during the warm-up" if status == INTERRUPTED else "the server did not start"
+    print(f"{why}: exiting without waiting for the compilation.", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(status or 1)  # pylint: disable=protected-access
+  scheduler.stop()
+  return status
 
 
 class Background:

@@ -10,6 +10,7 @@ import torch
 
 import jaxspec
 from jaxspec.decoding import arguments, placement
+from jaxspec.decoding.device import sampling
 
 from conftest import load_hf_reference, write_hf_t5
 
@@ -147,6 +148,29 @@ def test_sampling_is_reproducible_and_seed_dependent(pair):
   c = jaxspec.generate(target, prompts, seed=2, **kw)
   np.testing.assert_array_equal(a.tokens, b.tokens)
   assert not np.array_equal(a.tokens, c.tokens)
+
+
+@pytest.mark.parametrize("top_p", [1e-300, 1e-44])  # 0 in float32; a denormal (flushed to 0 on accelerators)
+def test_a_top_p_too_small_for_float32_keeps_the_top_token(pair, top_p):
+  """A top_p float32 cannot hold (or a device flushes) once kept no token, and the cutoff then kept them all:
+  sampling from the whole distribution. The nucleus keeps the most likely token: the greedy text, speculative or
+  not."""
+  _, target, noisy, _ = pair
+  prompts = _prompts(target.config.vocab_size)
+  greedy = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
+  for speculation in (None, jaxspec.Speculation(noisy, gamma=3)):
+    for seed in (1, 2):
+      out = jaxspec.generate(target, prompts, speculation, jaxspec.Sampling(1.0, top_p=top_p),
+                             max_new_tokens=MAX_NEW, seed=seed)
+      np.testing.assert_array_equal(out.tokens, greedy.tokens)
+  logits = jnp.asarray([[0.5, 2.0, 1.0, -1.0], [3.0, 0.0, 2.9, 1.0]])
+  probs = sampling.warp_probs(logits, sampling.SamplingKnobs.create(1.0, 0, top_p), filtering=True)
+  np.testing.assert_array_equal(np.asarray(probs), np.eye(4, dtype=np.float32)[[1, 0]])
+  rows = sampling.SamplingKnobs(temperature=np.float32([1.0, 1.0]), top_k=np.int32([0, 0]),  # the slot engine's
+                                top_p=np.float32([top_p, 1.0]))                               # per-row knobs
+  probs = np.asarray(sampling.warp_probs(logits, rows, filtering=True))
+  np.testing.assert_array_equal(probs[0], np.eye(4, dtype=np.float32)[1])
+  assert (probs[1] > 0).all()  # the other row keeps its whole distribution
 
 
 def test_same_bucket_does_not_recompile(pair):

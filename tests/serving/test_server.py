@@ -156,6 +156,9 @@ def test_script_errors_are_one_line(tmp_path):
   runs = [(["launch/serve.py", "--slots=0"], "--slots"),
           (["launch/serve.py", f"--speculation_table={bad_table}"], "SpeculationTable"),
           (["launch/serve.py", "--row_buckets=2,x"], "--row_buckets"),
+          (["launch/serve.py", "--max_tokens=100", "--max_new_tokens=16"], "--max_tokens (the default of a request) "
+           "must be at most --max_new_tokens"),
+          (["launch/serve.py", "--host=0.0.0.0", f"--target={tmp_path / 'missing'}"], "no --api_key is set"),
           (["launch/serve_benchmark.py", f"--url=http://127.0.0.1:{free_port()}",
             "--workload=docs/bench/serving_ende.jsonl"], "no OpenAI-compatible server")]
   for (args, needle), res in zip(runs, run_scripts([a for a, _ in runs], timeout=300)):

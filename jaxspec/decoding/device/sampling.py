@@ -19,7 +19,7 @@ class SamplingKnobs:
 
   temperature: jax.Array  # [] float32, > 0 (temperature 0 is the separate greedy branch).
   top_k: jax.Array  # [] int32, 0 = off.
-  top_p: jax.Array  # [] float32 in (0, 1], 1 = off.
+  top_p: jax.Array  # [] float32 in [0, 1], 1 = off (a top_p too small for float32 is 0: the top token only).
 
   @classmethod
   def of(cls, sampling) -> "SamplingKnobs":
@@ -71,11 +71,12 @@ def warp_probs(logits: jax.Array, knobs: SamplingKnobs, filtering: bool) -> jax.
     x = jnp.where(x < kth, -jnp.inf, x)
     sorted_desc = jnp.where(sorted_desc < kth, -jnp.inf, sorted_desc)
     # top-p: keep the smallest prefix of the sorted tokens whose mass reaches top_p, i.e. every token whose
-    # higher-ranked tokens hold less than top_p (the first token is always kept).
+    # higher-ranked tokens hold less than top_p. The first token is always kept: a top_p that float32 rounds to 0
+    # (below 1.2e-38, or a denormal a device flushes) would otherwise keep none, and cutoff's index -1 everything.
     sorted_probs = jax.nn.softmax(sorted_desc, axis=-1)
     mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
     keep = (mass_before < top_p) | (top_p >= 1.0)
-    num_kept = jnp.sum(keep, axis=-1, keepdims=True)
+    num_kept = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
     cutoff = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
     x = jnp.where(x < cutoff, -jnp.inf, x)
   probs = jax.nn.softmax(x, axis=-1)
