@@ -9,11 +9,11 @@
 
 State. A fixed number of `slots` (static), each a row of one preallocated loop state (loop.LoopState's fields:
 the target's cache, the drafter's state, the token buffer, lengths, done / failed flags, the row's PRNG key) plus
-the row's request settings as runtime arrays ([slots] temperature, top_k, top_p, max_tokens) and its own
-iteration count (its keys fold it in). Every shape is fixed when the engine is built: the caches hold
-max_new_tokens + the largest slack of any step program (the largest gamma or tree of the table), and whatever a
-prefill shapes by the prompt's bucket is padded to max_input_length's bucket (a decoder-only cache's and a
-head's prompt positions, the lookup context, T5's cross-attention keys / values and encoder mask, a T5 head's
+the row's request settings as runtime arrays ([slots] temperature, top_k, top_p, max_tokens, ignore_eos,
+min_tokens) and its own iteration count (its keys fold it in). Every shape is fixed when the engine is built: the
+caches hold max_new_tokens + the largest slack of any step program (the largest gamma or tree of the table), and
+whatever a prefill shapes by the prompt's bucket is padded to max_input_length's bucket (a decoder-only cache's
+and a head's prompt positions, the lookup context, T5's cross-attention keys / values and encoder mask, a T5 head's
 encoder keys / values and mask: zeros, a False mask).
 
 insert(slot, prompt, settings): one compiled program per prompt bucket (`arguments.bucket_length`: powers of two
@@ -45,9 +45,16 @@ default), plus one insert per prompt bucket, all compiled by `warmup`.
 
 Exactness. A row's computation never reads another row (the models are row-independent; finished and idle rows
 are frozen), its random draws come from its own key folded with its own iteration count (loop.py), and its token
-budget is its own (LoopState.budget). So at temperature 0 a request's tokens are `generate`'s greedy tokens for
-its prompt alone, and a seeded sampled request draws the same tokens alone or under load (and as
-`generate(..., seed=[seed])` with the same settings, up to float rounding of batch shapes).
+budget is its own (LoopState.budget). So a request's tokens depend on its prompt, settings and seed and on the
+step programs that decode it, never on its slot or its neighbours' tokens: at temperature 0 they are
+`generate`'s greedy tokens for its prompt alone, and a seeded sampled request draws the same tokens alone or under
+load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry). Another
+row bucket computes the batch in other shapes (another mode: other fused code), which can round differently; a
+sampled draw or acceptance test that falls within that rounding of its threshold then flips, and the rest of the
+answer differs (still an exact draw from the target's distribution). One row bucket (`row_buckets=(slots,)`)
+and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
+each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
+`generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
 
 Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
@@ -100,7 +107,7 @@ class RequestSettings:
 
   max_tokens: new tokens at most (EOS included), in [1, engine.max_new_tokens]. temperature: 0 greedy, > 0
   samples. top_k: 0 off. top_p: in (0, 1], 1 off. seed: in [0, 2**31 - 1]; a sampled request's tokens depend
-  on its prompt, settings and seed (and on the row bucket its steps run in: the module docstring's Exactness).
+  on its prompt, settings and seed (and on the step programs that decode it: the module docstring's Exactness).
   ignore_eos: an EOS does not end the request, which decodes to max_tokens (its EOS tokens among its tokens).
   min_tokens: in [0, max_tokens]; the first min_tokens new tokens are never EOS (the target's EOS logits are
   masked for them), as vLLM's min_tokens."""
@@ -352,7 +359,8 @@ class SlotEngine:
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
       computes few rows. None: powers of two below `slots`, and `slots` (always added). (slots,): every step
-      decodes every slot. Each bucket a table entry can meet is one more step program per mode.
+      decodes every slot (with one sampled mode, a seeded request is then the same under any load: Exactness,
+      above). Each bucket a table entry can meet is one more step program per mode.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.

@@ -21,7 +21,8 @@ Each iteration, for every unfinished row:
      gamma + 1 positions) while the batch drafts, resting ones (1 position, `Drafter.idle`) while it rests; a
      drafter that may find nothing (lookup) has the width picked per iteration with a `lax.cond`;
   3. `verify` keeps the longest acceptable prefix of each row's k drafts and picks the correction or bonus token;
-  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), the target's cache is rolled
+  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens; the slot engine's rows may
+     ignore EOS or forbid it before min_tokens: LoopState.ignore_eos / min_tokens), the target's cache is rolled
      back per row by setting its positions, the drafter settles its state (`Drafter.settle`), and with
      `streaming` the new tokens go to the host (streaming.py).
 With gamma == 0 and `PlainDrafter` this is plain autoregressive decoding through the same model code and caches.
