@@ -72,7 +72,7 @@ def test_guidellm_benchmarks_the_server(server, tmp_path):
   # guidellm stops the benchmark once max_requests were created and may leave the last ones (at most one per
   # stream) in flight, uncounted: none may fail.
   assert (requests["errored"], requests["incomplete"], state["errored_requests"]) == ([], [], 0), (
-      [r.get("error") for r in requests["errored"]])
+      [r["info"].get("error") for r in requests["errored"]])
   assert REQUESTS - 2 <= len(requests["successful"]) <= REQUESTS
   for r in requests["successful"]:  # ignore_eos: every answer runs to its max_tokens, streamed in pieces
     assert r["output_metrics"]["text_tokens"] == OUTPUT_TOKENS, r["output_metrics"]
