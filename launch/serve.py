@@ -39,7 +39,9 @@ _QUEUE = flags.DEFINE_integer("queue", 64, "Requests that may wait for a slot; o
 _TABLE = flags.DEFINE_string("speculation_table", "", "A SpeculationTable JSON file: the draft length (or tree, "
                              "or plain) per number of active slots; '' uses --gamma / --tree at every load.")
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
-                          "smallest that holds them); [] = powers of two below --slots, and --slots.")
+                          "smallest that holds them); [] = powers of two below --slots, and --slots. A seeded "
+                          "request's tokens are the same alone and under load within one bucket and sampling mode: "
+                          "--row_buckets=SLOTS with one sampled --modes makes that any load (docs/serving.md).")
 _MODES = flags.DEFINE_multi_enum("modes", ["greedy", "sampled", "filtered"], ["greedy", "sampled", "filtered"],
                                  "Sampling modes compiled (a request no compiled mode decodes is answered 400).")
 _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target, a local "

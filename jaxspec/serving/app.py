@@ -6,7 +6,8 @@
 Routes: GET /health (503 until the engine is compiled, then 200), GET /v1/models, POST /v1/completions,
 POST /v1/chat/completions (targets with a chat template), GET /metrics (Prometheus text). `stream: true` answers
 server-sent events, one `data: {json}` chunk per text delta and `data: [DONE]` last; with
-`stream_options.include_usage` a last chunk before [DONE] carries `usage` (choices empty), as OpenAI's does. Every
+`stream_options.include_usage` a last chunk before [DONE] carries `usage` (choices empty), as OpenAI's does, and
+with `continuous_usage_stats` too every chunk carries the usage so far (vLLM's extension, which guidellm asks). Every
 refused request gets OpenAI's error body (`protocol.error_body`) with a 4xx status; a streaming client that
 disconnects cancels its request (its slot is freed before the engine's next step), and so does a non-streaming
 one (checked every `_DISCONNECT_POLL_S`).
@@ -197,9 +198,11 @@ class _EventStream(StreamingResponse):
       self.handle.cancel()  # a no-op when the request had finished
 
 
-def _usage(handle: Handle) -> dict:
-  return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": handle.completion_tokens,
-          "total_tokens": handle.prompt_tokens + handle.completion_tokens}
+def _usage(handle: Handle, completion_tokens: int | None = None) -> dict:
+  """The request's usage: its completion tokens so far (`completion_tokens`, an event's count) or all of them."""
+  done = handle.completion_tokens if completion_tokens is None else completion_tokens
+  return {"prompt_tokens": handle.prompt_tokens, "completion_tokens": done,
+          "total_tokens": handle.prompt_tokens + done}
 
 
 def _ids(kind: str) -> tuple[str, str, str]:
@@ -249,10 +252,13 @@ async def _stream(handle: Handle, kind: str, model: str):
   """SSE chunks of one request; a client that disconnects cancels the generator, and with it the request."""
   rid, _, obj = _ids(kind)
   created = int(time.time())
-  usage_field = {"usage": None} if handle.request.include_usage else {}
+  include_usage, continuous = handle.request.include_usage, handle.request.continuous_usage
 
-  def chunk(choices):
-    return _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **usage_field})
+  def chunk(choices, completion_tokens: int = 0):
+    usage = {}
+    if include_usage:  # OpenAI's: null in every chunk but the last; vLLM's continuous stats: the usage so far
+      usage = {"usage": _usage(handle, completion_tokens) if continuous else None}
+    return _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": choices, **usage})
 
   finished = False
   try:
@@ -267,12 +273,14 @@ async def _stream(handle: Handle, kind: str, model: str):
       if event.text or event.finish_reason is not None:
         if kind == "chat":
           delta = {"content": event.text} if event.text else {}
-          yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}])
+          yield chunk([{"index": 0, "delta": delta, "logprobs": None, "finish_reason": event.finish_reason}],
+                      event.completion_tokens)
         else:
-          yield chunk([{"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}])
+          yield chunk([{"index": 0, "text": event.text, "logprobs": None, "finish_reason": event.finish_reason}],
+                      event.completion_tokens)
       if event.finish_reason is not None:
         finished = True
-    if finished and handle.request.include_usage:
+    if finished and include_usage:
       yield _sse({"id": rid, "object": obj, "created": created, "model": model, "choices": [],
                   "usage": _usage(handle)})
     yield "data: [DONE]\n\n"

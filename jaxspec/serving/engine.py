@@ -9,11 +9,11 @@
 
 State. A fixed number of `slots` (static), each a row of one preallocated loop state (loop.LoopState's fields:
 the target's cache, the drafter's state, the token buffer, lengths, done / failed flags, the row's PRNG key) plus
-the row's request settings as runtime arrays ([slots] temperature, top_k, top_p, max_tokens) and its own
-iteration count (its keys fold it in). Every shape is fixed when the engine is built: the caches hold
-max_new_tokens + the largest slack of any step program (the largest gamma or tree of the table), and whatever a
-prefill shapes by the prompt's bucket is padded to max_input_length's bucket (a decoder-only cache's and a
-head's prompt positions, the lookup context, T5's cross-attention keys / values and encoder mask, a T5 head's
+the row's request settings as runtime arrays ([slots] temperature, top_k, top_p, max_tokens, ignore_eos,
+min_tokens) and its own iteration count (its keys fold it in). Every shape is fixed when the engine is built: the
+caches hold max_new_tokens + the largest slack of any step program (the largest gamma or tree of the table), and
+whatever a prefill shapes by the prompt's bucket is padded to max_input_length's bucket (a decoder-only cache's
+and a head's prompt positions, the lookup context, T5's cross-attention keys / values and encoder mask, a T5 head's
 encoder keys / values and mask: zeros, a False mask).
 
 insert(slot, prompt, settings): one compiled program per prompt bucket (`arguments.bucket_length`: powers of two
@@ -45,9 +45,16 @@ default), plus one insert per prompt bucket, all compiled by `warmup`.
 
 Exactness. A row's computation never reads another row (the models are row-independent; finished and idle rows
 are frozen), its random draws come from its own key folded with its own iteration count (loop.py), and its token
-budget is its own (LoopState.budget). So at temperature 0 a request's tokens are `generate`'s greedy tokens for
-its prompt alone, and a seeded sampled request draws the same tokens alone or under load (and as
-`generate(..., seed=[seed])` with the same settings, up to float rounding of batch shapes).
+budget is its own (LoopState.budget). So a request's tokens depend on its prompt, settings and seed and on the
+step programs that decode it, never on its slot or its neighbours' tokens: at temperature 0 they are
+`generate`'s greedy tokens for its prompt alone, and a seeded sampled request draws the same tokens alone or under
+load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry). Another
+row bucket computes the batch in other shapes (another mode: other fused code), which can round differently; a
+sampled draw or acceptance test that falls within that rounding of its threshold then flips, and the rest of the
+answer differs (still an exact draw from the target's distribution). One row bucket (`row_buckets=(slots,)`)
+and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
+each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
+`generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
 
 Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
@@ -100,19 +107,29 @@ class RequestSettings:
 
   max_tokens: new tokens at most (EOS included), in [1, engine.max_new_tokens]. temperature: 0 greedy, > 0
   samples. top_k: 0 off. top_p: in (0, 1], 1 off. seed: in [0, 2**31 - 1]; a sampled request's tokens depend
-  on its prompt, settings and seed only."""
+  on its prompt, settings and seed (and on the step programs that decode it: the module docstring's Exactness).
+  ignore_eos: an EOS does not end the request, which decodes to max_tokens (its EOS tokens among its tokens).
+  min_tokens: in [0, max_tokens]; the first min_tokens new tokens are never EOS (the target's EOS logits are
+  masked for them), as vLLM's min_tokens."""
 
   max_tokens: int
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  ignore_eos: bool = False
+  min_tokens: int = 0
 
   def __post_init__(self):
     if not is_int(self.max_tokens) or self.max_tokens < 1:
       raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
     Sampling(self.temperature, self.top_k, self.top_p)  # raises SettingsError naming the field
     check_seed(self.seed)
+    if not isinstance(self.ignore_eos, (bool, np.bool_)):
+      raise SettingsError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}.")
+    if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+      raise SettingsError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got "
+                          f"{self.min_tokens!r}.")
 
   @property
   def mode(self) -> str:
@@ -153,6 +170,8 @@ class SlotState:
   temperature: jax.Array  # [S] float32 (0: greedy)
   top_k: jax.Array  # [S] int32
   top_p: jax.Array  # [S] float32
+  ignore_eos: jax.Array  # [S] bool: an EOS does not end the row (it decodes to its budget)
+  min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -172,7 +191,8 @@ def _state_of(program: _Program, state: SlotState) -> loop.LoopState:
   stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
   return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done,
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
-                        schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget)
+                        schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
+                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
 
 
 def _slot_axes(program: _Program, state: SlotState) -> SlotState:
@@ -260,7 +280,8 @@ def _write_row(row, state, axes, shapes, slot: jax.Array):
 
 def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, draft_params, state: SlotState,
                     slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
-                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array) -> SlotState:
+                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array, ignore_eos: jax.Array,
+                    min_tokens: jax.Array) -> SlotState:
   """Prefills one request (ids [1, bucket], length [1]) and writes it into row `slot` ([] int32) of `state`."""
   cache, draft_state, first = loop.prefill(alloc, target_params, draft_params, ids, length)
   cache, draft_state = _write_row((cache, draft_state), (state.target_cache, state.draft_state), layout.axes,
@@ -276,7 +297,8 @@ def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, dr
                    target_cache=cache, draft_state=draft_state, keys=put(state.keys, key),
                    iterations=put(state.iterations, 0), budget=put(state.budget, max_tokens),
                    temperature=put(state.temperature, temperature), top_k=put(state.top_k, top_k),
-                   top_p=put(state.top_p, top_p))
+                   top_p=put(state.top_p, top_p), ignore_eos=put(state.ignore_eos, ignore_eos),
+                   min_tokens=put(state.min_tokens, min_tokens))
 
 
 def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state: SlotState, slot: jax.Array,
@@ -337,7 +359,8 @@ class SlotEngine:
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
       computes few rows. None: powers of two below `slots`, and `slots` (always added). (slots,): every step
-      decodes every slot. Each bucket a table entry can meet is one more step program per mode.
+      decodes every slot (with one sampled mode, a seeded request is then the same under any load: Exactness,
+      above). Each bucket a table entry can meet is one more step program per mode.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
@@ -477,7 +500,8 @@ class SlotEngine:
                        draft_state=draft, keys=jax.vmap(jax.random.key)(jnp.zeros((n,), jnp.uint32)),
                        iterations=zeros_i, budget=jnp.ones((n,), jnp.int32),
                        temperature=jnp.zeros((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
-                       top_p=jnp.ones((n,), jnp.float32))
+                       top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
+                       min_tokens=jnp.zeros((n,), jnp.int32))
 
     state = zeros()
     if self.mesh is not None:  # every slot's state replicated on the target's mesh (the compiler shards the work)
@@ -555,7 +579,8 @@ class SlotEngine:
     self._state = _INSERT(alloc, self._layout, self.target_params, self.draft_params, self._state,
                           np.int32(slot), padded, np.asarray([len(ids)], np.int32), np.uint32(settings.seed),
                           np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
-                          np.int32(settings.max_tokens))
+                          np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
+                          np.int32(settings.min_tokens))
     self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
     self._quiet[slot] = alloc is self._quiet_alloc
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
@@ -586,6 +611,12 @@ class SlotEngine:
     """Every step program's key: (table entry index, sampling mode, rows decoded)."""
     return tuple(self._programs)
 
+  def _known(self, program) -> bool:
+    try:
+      return isinstance(program, tuple) and program in self._programs
+    except TypeError:  # unhashable parts
+      return False
+
   def _rows(self, rows: int) -> np.ndarray:
     """[rows] int32 sorted slots to decode: every active slot, then idle ones (frozen) up to `rows`."""
     active = np.flatnonzero(self._active)
@@ -596,6 +627,9 @@ class SlotEngine:
     """Runs <= iterations_per_step loop iterations over every active slot (one compiled program, one copy to the
     host) and frees the slots that finished. program: a key of `programs` to force one (warmup, tests)."""
     n = self.slots
+    if program is not None and not self._known(program):
+      raise SettingsError(f"program must be one of engine.programs ((table entry, mode, rows) keys, e.g. "
+                          f"{next(iter(self._programs))!r}), got {program!r}.")
     if not self._active.any() and program is None:
       zeros = np.zeros((n,), np.int64)
       return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
@@ -619,7 +653,8 @@ class SlotEngine:
       out_tokens.append(row)
       reason = None
       if finished[s] and self._active[s]:
-        reason = "error" if failed[s] else "stop" if row and row[-1] in self.eos_ids else "length"
+        ended_by_eos = row and row[-1] in self.eos_ids and not self._requests[s].ignore_eos
+        reason = "error" if failed[s] else "stop" if ended_by_eos else "length"
         self._active[s], self._requests[s] = False, None
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])

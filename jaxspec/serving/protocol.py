@@ -8,11 +8,14 @@
 Every problem is one `APIError` (status 4xx, a message naming the field and the value, OpenAI's `type`, `param`
 and `code`), never a traceback. Supported: prompt (a string, a list of one string, token ids), messages, model,
 max_tokens (max_completion_tokens for chat), temperature [0, 2] (default 1, as OpenAI's), top_p (0, 1], top_k >= 0 (an extension), seed
-[0, 2**31 - 1], stop (a string or up to 4), n (1 only), stream, stream_options.include_usage. Fields OpenAI
-defines that change nothing here (user, presence/frequency penalties at 0, logit_bias empty, ...) are accepted;
-any other field is refused. `parse_json` reads the body (400 for what Python's JSON decoder or a tokenizer cannot
-take: too deep, an over-long integer, a lone surrogate); a prompt text longer than MAX_CHARS_PER_TOKEN characters
-per token of max_input_length is refused before it is encoded.
+[0, 2**31 - 1], stop (a string or up to 4, or null), n (1 only), stream, stream_options.include_usage. What
+vLLM's and SGLang's benchmark clients send (guidellm, vLLM's benchmark_serving), as vLLM reads it: ignore_eos
+(decode past EOS up to max_tokens), min_tokens (in [0, max_tokens]: no EOS before that many tokens; stop strings
+still apply), stream_options.continuous_usage_stats (with include_usage: `usage` so far in every chunk). Fields
+OpenAI defines that change nothing here (user, presence/frequency penalties at 0, logit_bias empty, ...) are
+accepted; any other field is refused. `parse_json` reads the body (400 for what Python's JSON decoder or a
+tokenizer cannot take: too deep, an over-long integer, a lone surrogate); a prompt text longer than
+MAX_CHARS_PER_TOKEN characters per token of max_input_length is refused before it is encoded.
 """
 
 from __future__ import annotations
@@ -71,6 +74,9 @@ class Request:
   stop: tuple[str, ...]
   stream: bool
   include_usage: bool
+  continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage): usage per chunk
+  ignore_eos: bool = False  # vLLM's: EOS does not end the answer; it runs to max_tokens
+  min_tokens: int = 0  # vLLM's: no EOS before this many new tokens
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:
@@ -197,8 +203,9 @@ def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_toke
   if options is not None:
     if not stream:
       raise _bad("stream_options is only allowed with stream=true.", "stream_options", "invalid_value")
-    if not isinstance(options, dict) or any(k != "include_usage" for k in options):
-      raise _bad(f"stream_options takes only include_usage, got {options!r}.", "stream_options", "invalid_value")
+    if not isinstance(options, dict) or any(k not in _STREAM_OPTIONS for k in options):
+      raise _bad(f"stream_options takes only {' and '.join(_STREAM_OPTIONS)}, got {options!r}.", "stream_options",
+                 "invalid_value")
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
       raise _bad(f"stream_options.include_usage must be a boolean, got {include_usage!r}.",
@@ -209,7 +216,32 @@ def _common(body: Any, kind: str, served_model: str, allowed: set[str], max_toke
       top_p=_number(body, "top_p", 1.0, lo=0, hi=1, lo_open=True),
       top_k=_number(body, "top_k", 0, lo=0, hi=1e9, integer=True),
       seed=_number(body, "seed", 0, lo=0, hi=MAX_SEED, integer=True),
-      stop=_stop(body), stream=stream, include_usage=include_usage)
+      stop=_stop(body), stream=stream, include_usage=include_usage,
+      **_benchmark_fields(body, options if options is not None else {}, include_usage, max_tokens))
+
+
+_STREAM_OPTIONS = ("include_usage", "continuous_usage_stats")
+_BENCHMARK_FIELDS = ("ignore_eos", "min_tokens")  # vLLM's sampling extensions that benchmark clients send
+
+
+def _flag(value, name: str) -> bool:
+  if value is None:
+    return False
+  if not isinstance(value, bool):
+    raise _bad(f"{name} must be a boolean, got {value!r}.", name, "invalid_type")
+  return value
+
+
+def _benchmark_fields(body: dict, options: dict, include_usage: bool, max_tokens: int) -> dict:
+  """ignore_eos, min_tokens and stream_options.continuous_usage_stats, read as vLLM reads them (continuous usage
+  only with include_usage; min_tokens at most the request's max_tokens)."""
+  continuous = _flag(options.get("continuous_usage_stats"), "stream_options.continuous_usage_stats")
+  min_tokens = _number(body, "min_tokens", 0, lo=0, hi=1e9, integer=True)
+  if min_tokens > max_tokens:
+    raise _bad(f"min_tokens must be at most max_tokens={max_tokens}, got {min_tokens}.", "min_tokens",
+               "invalid_value")
+  return dict(continuous_usage=include_usage and continuous, ignore_eos=_flag(body.get("ignore_eos"), "ignore_eos"),
+              min_tokens=min_tokens)
 
 
 def _check_chars(chars: int, max_input_length: int, param: str) -> None:
@@ -230,7 +262,7 @@ def _check_length(ids: list[int], max_input_length: int, param: str) -> tuple[in
 
 
 _COMPLETION_FIELDS = {"model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n",
-                      "stream", "stream_options"}
+                      "stream", "stream_options", *_BENCHMARK_FIELDS}
 _CHAT_FIELDS = (_COMPLETION_FIELDS - {"prompt"}) | {"messages", "max_completion_tokens"}
 
 

@@ -36,10 +36,12 @@ _IDLE_WAIT_S = 0.5  # the engine thread sleeps at most this long when nothing ru
 @dataclasses.dataclass(frozen=True)
 class Event:
   """What a request's consumer receives: a text delta, then one last event with finish_reason ("stop",
-  "length") or error (a message: the request failed on the server)."""
+  "length") or error (a message: the request failed on the server). completion_tokens: the request's tokens so
+  far when the event was made (a chunk's usage with continuous_usage_stats)."""
   text: str = ""
   finish_reason: str | None = None
   error: str | None = None
+  completion_tokens: int = 0
 
 
 class Handle:
@@ -135,7 +137,8 @@ class Scheduler:
                      type="server_error", code="not_ready")
     try:  # the engine's own checks, in the caller's thread: a refused setting is the client's 400
       settings = self.settings_type(max_tokens=request.max_tokens, temperature=request.temperature,
-                                    top_k=request.top_k, top_p=request.top_p, seed=request.seed)
+                                    top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+                                    ignore_eos=request.ignore_eos, min_tokens=request.min_tokens)
       self.engine.check_request(settings)
     except ValueError as e:
       raise APIError(400, str(e), code="invalid_value") from None
@@ -272,14 +275,15 @@ class Scheduler:
     self.metrics.completion_tokens.inc(n)
     delta = handle.text.add(tokens)
     if delta:
-      handle._put(Event(text=delta))  # pylint: disable=protected-access
+      handle._put(Event(text=delta, completion_tokens=handle.completion_tokens))  # pylint: disable=protected-access
 
   def _finish(self, handle: Handle, reason: str | None = None, error: str | None = None) -> None:
     if error is None and handle.text is not None:
       tail = handle.text.flush()
       if tail:
-        handle._put(Event(text=tail))  # pylint: disable=protected-access
+        handle._put(Event(text=tail, completion_tokens=handle.completion_tokens))  # pylint: disable=protected-access
     handle.done = True
     if error is None:
       self.metrics.e2e.observe(time.perf_counter() - handle.arrival)
-    handle._put(Event(finish_reason=reason, error=error))  # pylint: disable=protected-access
+    handle._put(Event(finish_reason=reason, error=error,  # pylint: disable=protected-access
+                      completion_tokens=handle.completion_tokens))

@@ -2,8 +2,9 @@
 bound, cancellation, metrics) where a real model would only add time: the same methods, no device.
 
 Slot s decoding a prompt p emits, each step, `per_step` tokens of a fixed cycle of ordinary ids picked by
-(p[0], seed) (temperature 0 uses seed 0), ending with EOS after `eos_after` tokens when that is set, or "length"
-at max_tokens. `step_s` sleeps per step so that a test can hold slots busy.
+(p[0], seed) (temperature 0 uses seed 0), ending with EOS after `eos_after` tokens when that is set (not before
+min_tokens; never with ignore_eos), or "length" at max_tokens. `step_s` sleeps per step so that a test can hold
+slots busy.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ class Settings:
   top_k: int = 0
   top_p: float = 1.0
   seed: int = 0
+  ignore_eos: bool = False
+  min_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +82,9 @@ class StubEngine:
     seed = settings.seed if settings.temperature > 0 else 0
     start = (prompt_ids[0] + 7 * seed) % len(self.cycle)
     out = [self.cycle[(start + i) % len(self.cycle)] for i in range(settings.max_tokens)]
-    if self.eos_after is not None and self.eos_after < settings.max_tokens:
-      out = out[:self.eos_after] + [self.tokenizer.eos_id]
+    eos_after = None if self.eos_after is None else max(self.eos_after, settings.min_tokens)
+    if eos_after is not None and eos_after < settings.max_tokens and not settings.ignore_eos:
+      out = out[:eos_after] + [self.tokenizer.eos_id]
     return out
 
   def step(self):

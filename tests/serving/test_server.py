@@ -1,9 +1,9 @@
 """launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3) in a subprocess on 127.0.0.1, driven by
 the official `openai` client. Greedy text equals `jaxspec.generate`'s plain greedy text for each prompt whatever
-runs beside it, a seeded request gives the same text alone and under load, streaming equals the whole answer,
-a client that disconnects mid-stream frees its slot (GET /metrics: every slot free again) and later requests are
-still right; the benchmark (jaxspec.bench.serving) runs against it. The HTTP layer's every bad request, the 429
-and stop strings: test_api.py."""
+runs beside it, a seeded request gives the same text alone and under load (one row bucket: the promise's scope,
+docs/serving.md), streaming equals the whole answer, a client that disconnects mid-stream frees its slot
+(GET /metrics: every slot free again) and later requests are still right; the benchmark (jaxspec.bench.serving)
+runs against it. The HTTP layer's every bad request, the 429 and stop strings: test_api.py."""
 
 from __future__ import annotations
 

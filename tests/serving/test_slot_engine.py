@@ -1,8 +1,9 @@
 """The slot engine on the embedded T5 pair (jaxspec.load("ende-target") / "ende-draft"): at temperature 0 every
 request's tokens equal `generate`'s plain greedy tokens for its prompt alone, whatever else runs beside it
 (requests joining and leaving mid-decode, slots reused, a slot freed early); seeded sampled requests give the same
-tokens alone and under load (and generate's with seed=[s]); nothing recompiles after warmup; bad settings and
-prompts are refused with one clear error."""
+tokens alone and under load (and generate's with seed=[s]): here across row buckets 1-3, which on this CPU round
+alike for these prompts; the engine promises it within one row bucket (test_slot_engine_eos.py); nothing
+recompiles after warmup; bad settings and prompts are refused with one clear error."""
 
 from __future__ import annotations
 

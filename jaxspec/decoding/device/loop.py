@@ -21,7 +21,8 @@ Each iteration, for every unfinished row:
      gamma + 1 positions) while the batch drafts, resting ones (1 position, `Drafter.idle`) while it rests; a
      drafter that may find nothing (lookup) has the width picked per iteration with a `lax.cond`;
   3. `verify` keeps the longest acceptable prefix of each row's k drafts and picks the correction or bonus token;
-  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens), the target's cache is rolled
+  4. up to k + 1 tokens are written (cut at the first EOS and at max_new_tokens; the slot engine's rows may
+     ignore EOS or forbid it before min_tokens: LoopState.ignore_eos / min_tokens), the target's cache is rolled
      back per row by setting its positions, the drafter settles its state (`Drafter.settle`), and with
      `streaming` the new tokens go to the host (streaming.py).
 With gamma == 0 and `PlainDrafter` this is plain autoregressive decoding through the same model code and caches.
@@ -132,6 +133,11 @@ class LoopState:
   # [B] int32 per-row token budgets (<= max_new_tokens: the slot engine's per-request max_tokens), or None:
   # max_new_tokens for every row (`generate`).
   budget: jax.Array | None = None
+  # Per-row EOS rules of the slot engine (None in `generate`: nothing of them is compiled). ignore_eos [B] bool: an
+  # EOS does not end the row, which decodes to its budget. min_tokens [B] int32: the target's EOS logits are -inf
+  # (`_mask_eos`) for the row's first min_tokens new tokens, so it never ends by EOS before them.
+  ignore_eos: jax.Array | None = None
+  min_tokens: jax.Array | None = None
 
   @property
   def history(self) -> History:
@@ -189,8 +195,22 @@ def _score(settings: LoopSettings, params: Any, cache: Any, tokens: jax.Array,
     return settings.target.step(params, cache, tokens, tree=tree, layers=settings.drafter.feature_layers)
 
 
+def _mask_eos(settings: LoopSettings, logits: jax.Array, positions: jax.Array, eos_free: jax.Array | None
+              ) -> jax.Array:
+  """logits [B, W, V] with every EOS id at -inf where positions [B or 1, W] (the new token each logit predicts,
+  counted from the iteration's first: a chain's j, a tree node's depth) < eos_free [B] (new tokens the row still
+  must emit before an EOS may end it); None: logits unchanged. Both verifiers then see a target that cannot end
+  the row early, which is exactly plain decoding with the same mask (the draft's q is left as it is: a drafted
+  EOS there has p = 0 and is rejected)."""
+  if eos_free is None:
+    return logits
+  eos = jnp.zeros((logits.shape[-1],), bool).at[jnp.asarray(settings.eos_ids, jnp.int32)].set(True)  # [V]
+  masked = (positions < eos_free[:, None])[:, :, None] & eos[None, None]  # [B, W, V]
+  return jnp.where(masked, -jnp.inf, logits)
+
+
 def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal | TreeProposal,
-            knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
+            knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None, eos_free: jax.Array | None = None):
   """The target's call over this iteration's proposal (a chain or a tree) and its verdict, the one verification
   entry point: (verify.Verdict, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
   bool, the target cache (a tree's compacted to the accepted path), features).
@@ -198,14 +218,14 @@ def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, pr
   last [B, 1] the rows' last tokens (a tree's root is proposal.tokens[:, 0]). features: None unless the drafter
   reads features; then [B, G + 1, F], entry j the target's feature of the j-th position the call fed on the
   accepted path (a chain: position L - 1 + j, junk past the call's width; a tree: node path[j], junk past the
-  path's length), which is what `settle` reads for either."""
+  path's length), which is what `settle` reads for either. eos_free: [B] int32 or None (`_mask_eos`)."""
   if isinstance(proposal, TreeProposal):
-    return _verify_tree(settings, params, cache, proposal, knobs, keys)
-  return _verify_chain(settings, params, cache, last, proposal, knobs, keys, width)
+    return _verify_tree(settings, params, cache, proposal, knobs, keys, eos_free)
+  return _verify_chain(settings, params, cache, last, proposal, knobs, keys, width, eos_free)
 
 
 def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal,
-                  knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None):
+                  knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None, eos_free: jax.Array | None):
   """A chain's verification (`_verify`). width: the call's positions (gamma + 1, or 1 when nothing was drafted),
   or None: picked per iteration (1 when no row proposed anything); both branches of the lax.cond then return
   features of one shape (gamma + 1 positions, junk past the call's width)."""
@@ -220,6 +240,7 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
     # Non-finite logits (NaN or +inf; -inf is a legitimately excluded token) fail the row: it stops here, and
     # nothing drawn from them is written.
     bad = jnp.any(jnp.isnan(logits) | (logits == jnp.inf), axis=(1, 2))
+    logits = _mask_eos(settings, logits, jnp.arange(width)[None], eos_free)
     drafted = counts if width > 1 else None
     if settings.greedy:
       verdict = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
@@ -237,7 +258,7 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
 
 
 def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: TreeProposal,
-                 knobs: sampling.SamplingKnobs, keys: jax.Array):
+                 knobs: sampling.SamplingKnobs, keys: jax.Array, eos_free: jax.Array | None):
   """A tree's verification (`_verify`): every node in one call, the verdict as a chain's (the accepted depths'
   beta 1 and the first rejected depth's 0), the target cache compacted to the accepted path. The cache at the
   top of an iteration holds every token but the root (the last one), so the tree's root sits at slot
@@ -246,6 +267,8 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
   gamma, base = settings.gamma, cache.lengths
   res = _score(settings, params, cache, proposal.tokens, TreeNodes.of(proposal.depths, proposal.ancestors))
   logits, features, cache = res.logits, res.features, res.cache
+  checked = logits  # non-finite values are looked for before the EOS mask (as a chain's)
+  logits = _mask_eos(settings, logits, proposal.depths, eos_free)
   if settings.greedy:
     found = tree_verify.accept_tree_greedy(proposal.tokens, proposal.parents, logits, path_size=gamma + 1)
   else:
@@ -256,7 +279,7 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
       found = tree_verify.accept_tree_recursive(keys, proposal.tokens, proposal.parents, p, proposal.siblings,
                                                 path_size=gamma + 1)
   # Non-finite logits fail a row only on its path (what plain decoding would have computed).
-  on_path = jnp.take_along_axis(logits, found.path[:, :, None], axis=1)  # [B, G + 1, V]
+  on_path = jnp.take_along_axis(checked, found.path[:, :, None], axis=1)  # [B, G + 1, V]
   kept = jnp.arange(gamma + 1)[None] < found.path_len[:, None]
   bad = jnp.any((jnp.isnan(on_path) | (on_path == jnp.inf)) & kept[:, :, None], axis=(1, 2))
   n = found.num_accepted
@@ -281,9 +304,11 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   draft_keys, verify_keys = sampling.fold(step_keys, 0), sampling.fold(step_keys, 1)
 
   proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
+  # New tokens the row must still emit before an EOS may end it (min_tokens; lengths - 1 are emitted so far).
+  eos_free = None if state.min_tokens is None else state.min_tokens - (state.lengths - 1)
   verdict, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
                                                          state.history.last[:, None], proposal, knobs,
-                                                         verify_keys, kind.width)
+                                                         verify_keys, kind.width, eos_free)
   failed = state.failed | (active & bad)
   active = active & ~bad
   n = verdict.num_accepted
@@ -294,6 +319,8 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   block = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
   block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
+  if state.ignore_eos is not None:  # such a row's EOS is a token like any other: it ends at its budget
+    is_eos = is_eos & ~state.ignore_eos[:, None]
   has_eos = jnp.any(is_eos, axis=1)
   emit = jnp.where(has_eos, jnp.argmax(is_eos, axis=1) + 1, n + 1)
   budget = settings.max_new_tokens if state.budget is None else state.budget
@@ -317,7 +344,7 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
                    failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
                    stats=state.stats.add(active, drafted, n, verdict.beta, resting), rest=state.rest,
-                   budget=state.budget)
+                   budget=state.budget, ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
 
 
 def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_state, first_tokens: jax.Array,

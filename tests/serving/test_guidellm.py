@@ -1,0 +1,82 @@
+"""guidellm (the vLLM project's serving benchmark), unmodified, benchmarks launch/serve.py on the embedded pair.
+
+guidellm 0.8.1 streams with stream_options {include_usage, continuous_usage_stats}, and for fixed output lengths
+sends ignore_eos: true and stop: null (what vLLM reads): every request must succeed and run to its max_tokens, as
+guidellm counts from the usage the server reports. guidellm runs from a venv of its own (it pins its own numpy,
+pydantic, transformers and torch), made once under the user's cache directory by pip (`_guidellm`; a few minutes
+and ~6 GB the first time: torch), or $JAXSPEC_GUIDELLM names a guidellm executable to use instead.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxspec.bench import serving as bench
+from script_helpers import EMBEDDED_TOKENIZER
+from serve_helpers import serve
+
+GUIDELLM = "guidellm==0.8.1"
+REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 6, 8, 12
+
+
+def _guidellm() -> list[str]:
+  """The command that runs guidellm: $JAXSPEC_GUIDELLM, or `python -m guidellm` of its own venv (made once)."""
+  if os.environ.get("JAXSPEC_GUIDELLM"):
+    return [os.environ["JAXSPEC_GUIDELLM"]]
+  cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxspec-tests"
+  venv = cache / GUIDELLM.replace("==", "-")
+  python, complete = venv / "bin" / "python", venv / ".complete"
+  cache.mkdir(parents=True, exist_ok=True)
+  with open(cache / "guidellm.lock", "w", encoding="utf-8") as lock:  # one installer at a time (parallel runs)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not complete.exists():  # none yet, or a half-made one (an interrupted install): made anew
+      subprocess.run(["rm", "-rf", str(venv)], check=True)
+      for command in ([sys.executable, "-m", "venv", str(venv)],
+                      [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", GUIDELLM]):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+        assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+      complete.touch()
+  return [str(python), "-m", "guidellm"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+  """(url, the guidellm command): the server compiles while guidellm's venv is checked (or made)."""
+  args = ["--slots=2", "--max_input_length=32", "--max_new_tokens=16", "--iterations_per_step=2", "--gamma=3",
+          "--row_buckets=2", "--modes=sampled"]  # guidellm sends no temperature: OpenAI's default, 1
+  with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_guidellm) as (url, _, command):
+    yield url, command
+
+
+def test_guidellm_benchmarks_the_server(server, tmp_path):
+  url, command = server
+  out = tmp_path / "guidellm.json"
+  run = subprocess.run(
+      [*command, "run", "--backend", f"kind=openai_http,target={url},request_format=/v1/completions",
+       "--profile", "kind=concurrent,streams=2", "--constraint", f"kind=max_requests,count={REQUESTS}",
+       "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}",
+       "--tokenizer", f"kind=huggingface_auto,model={EMBEDDED_TOKENIZER}", "--output", f"kind=json,path={out}",
+       "--disable-console-interactive"],
+      cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+      env={**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"})
+  assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+  benchmark = json.loads(out.read_text())["benchmarks"][0]
+  requests, state = benchmark["requests"], benchmark["scheduler_state"]
+  # guidellm stops the benchmark once max_requests were created and may leave the last ones (at most one per
+  # stream) in flight, uncounted: none may fail.
+  assert (requests["errored"], requests["incomplete"], state["errored_requests"]) == ([], [], 0), (
+      [r["info"].get("error") for r in requests["errored"]])
+  assert REQUESTS - 2 <= len(requests["successful"]) <= REQUESTS
+  for r in requests["successful"]:  # ignore_eos: every answer runs to its max_tokens, streamed in pieces
+    assert r["output_metrics"]["text_tokens"] == OUTPUT_TOKENS, r["output_metrics"]
+    assert r["info"]["timings"]["token_iterations"] > 1
+  metrics = bench.scrape(url)
+  assert metrics["jaxspec_requests_total{200}"] >= len(requests["successful"])
+  assert not [k for k in metrics if k.startswith("jaxspec_requests_total{") and k != "jaxspec_requests_total{200}"]
