@@ -3,8 +3,10 @@
 guidellm 0.8.1 streams with stream_options {include_usage, continuous_usage_stats}, and for fixed output lengths
 sends ignore_eos: true and stop: null (what vLLM reads): every request must succeed and run to its max_tokens, as
 guidellm counts from the usage the server reports. guidellm runs from a venv of its own (it pins its own numpy,
-pydantic, transformers and torch), made once under the user's cache directory by pip (`_guidellm`; a few minutes
-and ~6 GB the first time: torch), or $JAXSPEC_GUIDELLM names a guidellm executable to use instead.
+pydantic and transformers), made once under the user's cache directory by pip (`_guidellm`; about 3 minutes and
+1.5 GB the first time), or $JAXSPEC_GUIDELLM names a guidellm executable to use instead. torch is pinned to the
+test extra's 2.13.0, whose CPU build the project's machines carry: left to itself pip takes the newest CUDA build
+(6 GB).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from jaxspec.bench import serving as bench
 from script_helpers import EMBEDDED_TOKENIZER
 from serve_helpers import serve
 
-GUIDELLM = "guidellm==0.8.1"
+GUIDELLM = ("guidellm==0.8.1", "torch==2.13.0")  # torch: the CPU build (pyproject's test extra), not CUDA's
 REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 6, 8, 12
 
 
@@ -31,7 +33,7 @@ def _guidellm() -> list[str]:
   if os.environ.get("JAXSPEC_GUIDELLM"):
     return [os.environ["JAXSPEC_GUIDELLM"]]
   cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxspec-tests"
-  venv = cache / GUIDELLM.replace("==", "-")
+  venv = cache / "-".join(GUIDELLM).replace("==", "-")
   python, complete = venv / "bin" / "python", venv / ".complete"
   cache.mkdir(parents=True, exist_ok=True)
   with open(cache / "guidellm.lock", "w", encoding="utf-8") as lock:  # one installer at a time (parallel runs)
@@ -39,7 +41,7 @@ def _guidellm() -> list[str]:
     if not complete.exists():  # none yet, or a half-made one (an interrupted install): made anew
       subprocess.run(["rm", "-rf", str(venv)], check=True)
       for command in ([sys.executable, "-m", "venv", str(venv)],
-                      [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", GUIDELLM]):
+                      [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *GUIDELLM]):
         done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
         assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
       complete.touch()
