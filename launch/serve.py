@@ -65,6 +65,7 @@ def main(argv):
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
+  table = SpeculationTable.read(_TABLE.value, f"--speculation_table={_TABLE.value}") if _TABLE.value else None
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
   spec = _draft_spec(target)
@@ -72,13 +73,6 @@ def main(argv):
   if len(drafts) > 1:
     raise InputError(f"--draft={spec}: one draft expected here, got {len(drafts)}.")
   draft = next(iter(drafts.values()), None)
-  table = None
-  if _TABLE.value:
-    try:
-      with open(_TABLE.value, encoding="utf-8") as f:
-        table = SpeculationTable.from_json(f.read())
-    except OSError as e:
-      raise InputError(f"--speculation_table={_TABLE.value}: {e.strerror}.") from None
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
