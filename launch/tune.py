@@ -14,7 +14,8 @@ lengths and fallback share, the draft's ms/token, c, r, Theorem 3.8's prediction
 and inter-token latency (a separate streaming pass), and BLEU/chrF against the references when the input is an EN-DE
 TSV (its 'de' column). Then the best choice per (batch size, temperature), plain decoding when nothing wins by
 --min_speedup. Writes tune.json, tune.md (aligned markdown), speedup_vs_gamma.png and acceptance.png to --output_dir
-and prints where they are.
+and prints where they are; with --speculation_table also the slot engine's load table (launch/serve.py), a path
+checked before anything loads: never the input, a file of --output_dir or an existing file that is no table.
 """
 
 import os
