@@ -5,12 +5,13 @@ over time, and a verdict on whether anything grows without bound or a slot leaks
     report["verdict"]   # {"ok": True, "reasons": []}
     plot(report, "soak.png")
 
-Requests go out at a steady rate (one every 1 / rate seconds, whatever the answers), cycling through KINDS: a greedy
-completion, a sampled one (seeded), a streamed one, a streamed one the client closes after its first chunk (a
-cancel: the server must free the slot) and a bad one (a malformed body or an out-of-range field, each answered 4xx
-with OpenAI's error body). Every `sample_s` seconds: the server process's resident memory and open file descriptors
-(its pid given, or found from the URL's port through /proc; psutil when installed, else /proc), the active slots
-and queue length from /metrics, and the P99 end-to-end latency of the requests that finished in the last `window_s`.
+After one request of each kind (a warm-up, not counted), requests go out at a steady rate (one every 1 / rate
+seconds, whatever the answers), cycling through KINDS: a greedy completion, a sampled one (seeded), a streamed
+one, a streamed one the client closes after its first chunk (a cancel: the server must free the slot) and a bad
+one (a malformed body or an out-of-range field, each answered 4xx with OpenAI's error body). Every `sample_s`
+seconds: the server process's resident memory and open file descriptors (its pid given, or found from the URL's
+port through /proc; psutil when installed, else /proc), the active slots and queue length from /metrics, and the
+P99 end-to-end latency of the requests that finished in the last `window_s`.
 
 The verdict (`judge`) fails the run when
 - a series grows: the median of its last third exceeds the median of its first third by more than its tolerance
@@ -139,7 +140,9 @@ def judge(samples: list[dict], after: dict, counts: dict, tolerances: dict | Non
   unexpected = {k: c["unexpected"] for k, c in counts.items() if c.get("unexpected")}
   if unexpected:
     reasons.append(f"unexpected answers {unexpected}")
-  return {"ok": not reasons, "reasons": reasons, "growth": checked}
+  notes = [f"{name}: {g['samples']} samples, fewer than {MIN_SAMPLES}: growth not judged"
+           for name, g in checked.items() if g["grows"] is None]
+  return {"ok": not reasons, "reasons": reasons, "growth": checked, "notes": notes}
 
 
 # --- the load ------------------------------------------------------------------------------------------------------
@@ -204,6 +207,8 @@ async def _run(url: str, model: str, items: Sequence[Item], *, seconds: float, r
   outcomes: list[_Outcome] = []
   samples: list[dict] = []
   async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
+    for i, kind in enumerate(KINDS):  # warm-up, not counted: a fresh server's first answers allocate, once
+      await _send(client, url, kind, *_body(kind, items[i % len(items)], model, i, max_tokens), timeout)
     t0 = time.perf_counter()
 
     async def sample() -> dict:
@@ -285,7 +290,7 @@ def soak(url: str, items: Sequence[Item], *, seconds: float, rate: float = 2.0, 
   good = [o.e2e for o in run["outcomes"] if o.ok and o.kind in ("greedy", "sampled", "stream")]
   verdict = judge(run["samples"], run["after"], counts, tolerances)
   if pid is None:
-    verdict["notes"] = ["no server pid here: RSS and open file descriptors not sampled"]
+    verdict["notes"].insert(0, "no server pid here: RSS and open file descriptors not sampled")
   return {"url": url, "model": model, "pid": pid, "seconds": seconds, "rate": rate, "sample_s": sample_s,
           "max_tokens": max_tokens, "sent": run["sent"], "wall_s": run["wall_s"], "counts": counts,
           "e2e_s": {f"p{p}": float(np.percentile(good, p)) if good else None for p in (50, 90, 99)},

@@ -53,6 +53,8 @@ def test_judge_names_what_grew_leaked_or_failed():
   assert not leaked["ok"] and "active_slots is 1 after the run" in leaked["reasons"][0]
   failed = soak.judge(_samples(flat), FLAT, {**OK_COUNTS, "bad": {"ok": 2, "unexpected": 1}})
   assert not failed["ok"] and failed["reasons"] == ["unexpected answers {'bad': 1}"]
+  short = soak.judge(_samples(flat[:soak.MIN_SAMPLES - 1]), FLAT, OK_COUNTS)
+  assert short["ok"] and len(short["notes"]) == 3 and "growth not judged" in short["notes"][0]
   unknown = soak.judge(_samples(flat), {"active_slots": None, "queue_length": None}, OK_COUNTS)
   assert not unknown["ok"] and "unknown" in unknown["reasons"][0]
 
