@@ -6,7 +6,8 @@
     cli_flags.define_sampling()        # --temperature, --top_k, --top_p, --seed
     cli_flags.sampling(), cli_flags.speculation(draft), cli_flags.run_kwargs()  # the parsed flags, typed
     cli_flags.define_mesh()            # --mesh data:D,model:M
-    cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1
+    cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1,
+                                       # and two start-up lines that are not the user's (STARTUP_NOISE) dropped
 
 A bad value stops the script at parsing with one line ("FATAL Flags parsing error: flag --batch_size=0: ...") and
 exit status 1. `run` does the same for the library's user errors raised later (an unreadable input, an unknown
