@@ -103,6 +103,12 @@ def _serve(argv) -> int:
   if not api_key and not _loopback(_HOST.value):
     print(f"warning: --host={_HOST.value} reaches beyond this machine and no --api_key is set: anyone who can "
           "connect can use the server.", file=sys.stderr, flush=True)
+  table = SpeculationTable.read(_TABLE.value, f"--speculation_table={_TABLE.value}") if _TABLE.value else None
+  if table is not None:
+    ignored = [f"--{n}" for n in ("gamma", "tree") if FLAGS[n].present]
+    if ignored:
+      print(f"warning: {' and '.join(ignored)} ignored: --speculation_table={_TABLE.value} sets the speculation at "
+            "each load.", file=sys.stderr, flush=True)
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
   spec = _draft_spec(target)
@@ -110,17 +116,6 @@ def _serve(argv) -> int:
   if len(drafts) > 1:
     raise InputError(f"--draft={spec}: one draft expected here, got {len(drafts)}.")
   draft = next(iter(drafts.values()), None)
-  table = None
-  if _TABLE.value:
-    try:
-      with open(_TABLE.value, encoding="utf-8") as f:
-        table = SpeculationTable.from_json(f.read())
-    except OSError as e:
-      raise InputError(f"--speculation_table={_TABLE.value}: {e.strerror}.") from None
-    ignored = [f"--{n}" for n in ("gamma", "tree") if FLAGS[n].present]
-    if ignored:
-      print(f"warning: {' and '.join(ignored)} ignored: --speculation_table={_TABLE.value} sets the speculation at "
-            "each load.", file=sys.stderr, flush=True)
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,

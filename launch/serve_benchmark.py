@@ -7,15 +7,26 @@ P99), output tokens per second and acceptance, at fixed concurrency levels and P
         --labels=speculative,plain --concurrency=1,4,16,64 --rate=2,8 --output=docs/bench/serving_ende
 
 Writes OUTPUT.md (the table), OUTPUT.json (every figure) and OUTPUT.png (tokens/s and ITL against concurrency);
-without --output prints the table. `jaxspec.bench.serving` has the definitions.
+without --output prints the table. `jaxspec.bench.serving` has the definitions. --output's directory and --labels
+are checked before anything is sent.
+
+A soak instead (`jaxspec.bench.soak`): greedy, sampled, streamed, cancelled and bad requests at a steady
+--soak_rate for --soak_s seconds; the server's RSS and open file descriptors (its pid found from --url's port, or
+--server_pid), active slots and P99 latency sampled every --soak_sample_s; exit status 1 with one line when any of
+them grows (last third's median against the first third's) or a slot is still active after the run:
+
+    python launch/serve_benchmark.py --url=http://127.0.0.1:8000 --soak_s=600 --output=docs/bench/serving/soak_ende
 """
 
 import json
+import logging
+import os
 
 from absl import flags
 
-from jaxspec.bench import serving
-from jaxspec.cli import flags as cli_flags
+from jaxspec.bench import serving, soak
+from jaxspec.cli import flags as cli_flags, resume
+from jaxspec.errors import OutputError, SettingsError
 
 _URL = flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server to measure.")
 _BASELINE = flags.DEFINE_string("baseline_url", "", "A second server measured the same way (e.g. --draft=none); "
@@ -37,15 +48,61 @@ _TIMEOUT = flags.DEFINE_float("timeout", 600.0, "Seconds a request may take befo
                               lower_bound=1.0)
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Times each level runs on each server, the servers' order reversed "
                                 "every other round (A B, B A, ...); figures over all rounds' requests.", lower_bound=1)
-_OUTPUT = flags.DEFINE_string("output", "", "Path prefix for .md, .json and .png ('' prints the table).")
+_OUTPUT = flags.DEFINE_string("output", "", "Path prefix for .md, .json and .png ('' prints the table), in an "
+                              "existing directory.")
+_SOAK = flags.DEFINE_float("soak_s", 0.0, "Seconds of a soak (0: the levels above instead).", lower_bound=0.0)
+_SOAK_RATE = flags.DEFINE_float("soak_rate", 2.0, "Requests a second during the soak (steady).", lower_bound=0.001)
+_SOAK_SAMPLE = flags.DEFINE_float("soak_sample_s", 5.0, "Seconds between the soak's samples.", lower_bound=0.05)
+_PID = flags.DEFINE_integer("server_pid", 0, "The server's process for the soak's RSS and file descriptors (0: "
+                            "the process listening on --url's port here, if any).", lower_bound=0)
+
+
+def _servers() -> dict[str, str]:
+  """{label: url}; SettingsError for a label given twice."""
+  labels = _LABELS.value
+  servers = {labels[0] if labels else "server": _URL.value}
+  if _BASELINE.value:
+    second = labels[1] if len(labels) > 1 else "baseline"
+    if second in servers:
+      raise SettingsError(f"--labels={','.join(labels)}: {second!r} names both servers; give each its own label.")
+    servers[second] = _BASELINE.value
+  return servers
+
+
+def _check_output(prefix: str, suffixes: tuple[str, ...]) -> None:
+  """Before anything is sent: PREFIX's directory exists and each PREFIX + suffix can be written."""
+  directory = os.path.dirname(os.path.abspath(prefix))
+  if not os.path.isdir(directory):
+    raise OutputError(f"--output={prefix}: the directory {directory} does not exist; create it first.")
+  for suffix in suffixes:
+    resume.check_output_file(prefix + suffix, "--output")
+
+
+def _soak(items) -> None:
+  if _BASELINE.value:
+    raise SettingsError("--soak_s drives one server (--url): leave out --baseline_url.")
+  if _OUTPUT.value:
+    _check_output(_OUTPUT.value, (".json", ".png"))
+  report = soak.soak(_URL.value, items, seconds=_SOAK.value, rate=_SOAK_RATE.value, pid=_PID.value or None,
+                     sample_s=_SOAK_SAMPLE.value, max_tokens=_MAX_TOKENS.value, timeout=_TIMEOUT.value)
+  if _OUTPUT.value:
+    print("wrote " + ", ".join(soak.write(report, _OUTPUT.value)))
+  line = soak.summary(report)
+  if not report["verdict"]["ok"]:
+    raise SystemExit(line)
+  print(line)
 
 
 def main(argv):
   del argv
+  logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
   items = serving.read_workload(_WORKLOAD.value)
-  servers = {_LABELS.value[0] if _LABELS.value else "server": _URL.value}
-  if _BASELINE.value:
-    servers[_LABELS.value[1] if len(_LABELS.value) > 1 else "baseline"] = _BASELINE.value
+  if _SOAK.value:
+    _soak(items)
+    return
+  servers = _servers()
+  if _OUTPUT.value:
+    _check_output(_OUTPUT.value, (".md", ".json", ".png"))
   rows = serving.compare(servers, items, concurrencies=flags.FLAGS.concurrency, rates=flags.FLAGS.rate,
                          requests=_REQUESTS.value, max_tokens=_MAX_TOKENS.value, temperature=_TEMPERATURE.value,
                          seed=_SEED.value, timeout=_TIMEOUT.value,

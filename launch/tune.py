@@ -14,7 +14,8 @@ lengths and fallback share, the draft's ms/token, c, r, Theorem 3.8's prediction
 and inter-token latency (a separate streaming pass), and BLEU/chrF against the references when the input is an EN-DE
 TSV (its 'de' column). Then the best choice per (batch size, temperature), plain decoding when nothing wins by
 --min_speedup. Writes tune.json, tune.md (aligned markdown), speedup_vs_gamma.png and acceptance.png to --output_dir
-and prints where they are.
+and prints where they are; with --speculation_table also the slot engine's load table (launch/serve.py), a path
+checked before anything loads: never the input, a file of --output_dir or an existing file that is no table.
 """
 
 import os
@@ -25,6 +26,8 @@ import jaxspec
 from jaxspec.cli import flags as cli_flags, jobs, resume
 from jaxspec.bench import report, tune
 from jaxspec.data.ende import read_pairs, split_path
+from jaxspec.errors import JaxspecError, OutputError, SettingsError
+from jaxspec.serving.table import SpeculationTable
 from jaxspec.tools.inputs import InputError, encode_texts, is_tsv, read_corpus_texts
 from jaxspec.tools.outputs import atomic_write
 
@@ -53,8 +56,10 @@ _MIN = flags.DEFINE_float("min_speedup", tune.MIN_SPEEDUP, "Speedup a variant ne
 _OUT = flags.DEFINE_string("output_dir", "runs/tune", "Where tune.json, tune.md and the plots go (the committed "
                            "results in docs/bench are written only when named).")
 _TABLE = flags.DEFINE_string("speculation_table", "", "Also write the slot engine's load table (draft length, tree "
-                             "or plain per number of active slots, from the rows of --batch_sizes; the first draft "
-                             "and temperature) to this JSON file, for launch/serve.py --speculation_table.")
+                             "or plain per number of active slots, from the 'constant' and tree rows of "
+                             "--batch_sizes; the first draft and temperature) to this JSON file, for "
+                             "launch/serve.py --speculation_table. An existing file is replaced only when it is such "
+                             "a table (checked before anything is timed).")
 flags.register_validator("schedules", lambda v: bool(v) and set(v) <= set(tune.SCHEDULES),
                          message=f"--schedules must be some of {tune.SCHEDULES}")
 FLAGS = flags.FLAGS
@@ -62,7 +67,7 @@ FLAGS = flags.FLAGS
 
 def _inputs(target) -> tuple[list[list[int]], list[str] | None]:
   """Token ids of the first --sentences inputs and their references (None without a 'de' column)."""
-  spec = _INPUT.value if _INPUT.value not in ("train", "dev", "test") else split_path(_INPUT.value, _DATA.value)
+  spec = _input_path()
   if is_tsv(spec):
     pairs = [p for p in read_pairs(spec) if p.is_natural or not _NATURAL.value][:_SENTENCES.value]
     texts, refs = [p.en for p in pairs], [p.de for p in pairs]
@@ -73,12 +78,40 @@ def _inputs(target) -> tuple[list[list[int]], list[str] | None]:
   return encode_texts(target.tokenizer, texts, prefix=_PREFIX.value, max_input_length=512), refs
 
 
+def _input_path() -> str:
+  return split_path(_INPUT.value, _DATA.value) if _INPUT.value in ("train", "dev", "test") else _INPUT.value
+
+
+def _check_table(path: str) -> None:
+  """--speculation_table, before anything loads or is timed: a file in an existing directory that is neither the
+  input nor one of the files written to --output_dir, and replaced only when it holds a table already (an
+  earlier run's); the sweep must have rows the table is made of (schedule 'constant' or trees)."""
+  flag = f"--speculation_table={path}"
+  if os.path.isdir(path) or not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+    raise InputError(f"{flag}: must name a file in an existing directory.")
+  resume.check_output_file(path, "--speculation_table")
+  if os.path.exists(_input_path()) and resume.same_file(path, _input_path()):
+    raise OutputError(f"{flag} is the --input file: the table would replace the inputs; choose another path.")
+  for name in report.TUNE_FILES:
+    if os.path.realpath(path) == os.path.realpath(os.path.join(_OUT.value, name)):
+      raise OutputError(f"{flag} is {name} of --output_dir, which this run writes; choose another path.")
+  if os.path.exists(path) and os.path.getsize(path) > 0:
+    try:
+      SpeculationTable.read(path)
+    except JaxspecError as e:
+      raise OutputError(f"{flag} exists and is not a speculation table ({str(e).removeprefix(path + ': ')}): "
+                        "refusing to replace it; remove it or choose another path.") from None
+  if "constant" not in _SCHEDULES.value and not _TREES.value.strip():
+    raise SettingsError(f"{flag} is made of 'constant' chain or tree rows (what the slot engine runs), but "
+                        f"--schedules={','.join(_SCHEDULES.value)} and no --trees sweep none: add 'constant' to "
+                        "--schedules or give --trees.")
+
+
 def main(argv):
   del argv
   resume.check_output_dir(_OUT.value)  # Before loading, tuning and timing: not a lost run at the end.
-  table_dir = os.path.dirname(os.path.abspath(_TABLE.value)) if _TABLE.value else ""
-  if _TABLE.value and (os.path.isdir(_TABLE.value) or not os.path.isdir(table_dir)):
-    raise InputError(f"--speculation_table={_TABLE.value}: must name a file in an existing directory.")
+  if _TABLE.value:
+    _check_table(_TABLE.value)
   target = jobs.load_target(FLAGS.target)
   drafts = jobs.load_drafts(_DRAFTS.value, target)
   if not drafts:

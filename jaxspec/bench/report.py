@@ -204,6 +204,9 @@ def tune_plots(out_dir: str, rows: list[dict]) -> dict[str, str]:
   return paths
 
 
+TUNE_FILES = ("tune.json", "tune.md", "speedup_vs_gamma.png", "acceptance.png")  # what write_tune writes
+
+
 def write_tune(out_dir: str, result) -> dict[str, str]:
   """Writes tune.json, tune.md and the plots into out_dir; returns {kind: path}."""
   os.makedirs(out_dir, exist_ok=True)

@@ -124,8 +124,12 @@ def scrape(url: str) -> dict[str, float]:
   """The server's /metrics samples {name: value} (unlabelled ones; jaxspec_requests_total by status as
   'jaxspec_requests_total{status}')."""
   import httpx  # pylint: disable=import-outside-toplevel
+  return parse_metrics(httpx.get(f"{url}/metrics", timeout=30).text)
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+  """Prometheus text as `scrape` returns it."""
   from prometheus_client.parser import text_string_to_metric_families  # pylint: disable=import-outside-toplevel
-  text = httpx.get(f"{url}/metrics", timeout=30).text
   out = {}
   for family in text_string_to_metric_families(text):
     for s in family.samples:
@@ -141,8 +145,10 @@ def served_model(url: str) -> str:
     r.raise_for_status()
     return r.json()["data"][0]["id"]
   except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+    root = url.rstrip("/")
+    hint = f" The URL is the server's root: drop the trailing /v1 ({root[:-3]})." if root.endswith("/v1") else ""
     raise InputError(f"no OpenAI-compatible server answers GET {url}/v1/models ({type(e).__name__}: {e}); start "
-                     "one with launch/serve.py.") from None
+                     f"one with launch/serve.py.{hint}") from None
 
 
 async def _level(url: str, model: str, items: Sequence[Item], *, concurrency: int | None, rate: float | None,

@@ -6,7 +6,8 @@
     cli_flags.define_sampling()        # --temperature, --top_k, --top_p, --seed
     cli_flags.sampling(), cli_flags.speculation(draft), cli_flags.run_kwargs()  # the parsed flags, typed
     cli_flags.define_mesh()            # --mesh data:D,model:M
-    cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1
+    cli_flags.run(main)                # app.run, with user errors printed as one line and exit status 1,
+                                       # and two start-up lines that are not the user's (STARTUP_NOISE) dropped
 
 A bad value stops the script at parsing with one line ("FATAL Flags parsing error: flag --batch_size=0: ...") and
 exit status 1. `run` does the same for the library's user errors raised later (an unreadable input, an unknown
@@ -15,7 +16,9 @@ model, an output that does not belong to the input): one line on stderr, no trac
 
 from __future__ import annotations
 
+import logging
 import math
+import re
 import sys
 from typing import Callable
 
@@ -70,7 +73,7 @@ class _GammaParser(flags.ArgumentParser):
     except ValueError:
       value = 0
     if value < 1:
-      raise ValueError(f"expected an integer >= 1 or '{AUTO}', got {argument!r}")
+      raise ValueError(f"expected an {self.flag_type()}, got {argument!r}")
     return value
 
   def flag_type(self) -> str:
@@ -125,8 +128,10 @@ def define_decoding(gamma: int | str = 3, batch_size: int = 1, max_new_tokens: i
     flags.DEFINE(_GammaParser(advertise_auto), "gamma", gamma, "Draft tokens per iteration" + (
         f", or '{AUTO}': measure drafts x gammas x schedules on the first inputs and use the fastest (plain "
         "decoding when none wins)." if offer else "."))
-  elif gamma_flag:
-    flags.DEFINE_integer("gamma", gamma, "Draft tokens per iteration.", lower_bound=1)
+  elif gamma_flag:  # 'auto' parses, to be refused naming where it belongs (not int()'s "invalid literal")
+    flags.DEFINE(_GammaParser(advertise=False), "gamma", gamma, "Draft tokens per iteration.")
+    _check("gamma", lambda v: v != AUTO, f"takes an integer >= 1 here ('{AUTO}', a measured choice, is "
+           "launch/translate.py's)")
   if gamma_flag:
     flags.DEFINE(_TreeParser(auto_gamma, advertise_auto), "tree", None, "Token trees (a draft model, an EAGLE-3 "
                  "head or ngram): 'K,N' drafts a tree of depth --gamma (at most N), expanding the K best nodes per "
@@ -250,10 +255,39 @@ def run_kwargs() -> dict:
   return {n: FLAGS[n].value for n in names if n in FLAGS}
 
 
+# Start-up lines that say nothing about the user's job, each dropped by its logger, its level and its text (every
+# other record of those loggers, warnings above all, still shows): (logger, highest level dropped, message start).
+STARTUP_NOISE = (
+    ("jax._src.xla_bridge", logging.INFO, "Unable to initialize backend"),  # JAX probing for a TPU / GPU it lacks
+    ("transformers", logging.WARNING, "PyTorch was not found"),  # transformers imported for a tokenizer only
+)
+
+
+class _DropStartupNoise(logging.Filter):
+  """Drops a logger's records at or below `level` whose message starts with `prefix`."""
+
+  def __init__(self, level: int, prefix: str):
+    super().__init__()
+    self.level, self.prefix = level, prefix
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.levelno <= self.level and record.getMessage().startswith(self.prefix))
+
+
+def quiet_startup() -> None:
+  """Filters STARTUP_NOISE from its loggers (once; before or after the libraries are imported)."""
+  for name, level, prefix in STARTUP_NOISE:
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _DropStartupNoise) and f.prefix == prefix for f in logger.filters):
+      logger.addFilter(_DropStartupNoise(level, prefix))
+
+
 def run(main: Callable[[list[str]], None]) -> None:
   """app.run(main); the library's user errors (any `jaxspec.JaxspecError`: bad input, bad checkpoint, bad
   settings, caches too large for the devices, non-finite logits) end the script with one line on stderr and exit
-  status 1."""
+  status 1. The first screen shows what the user asked for: `quiet_startup`'s lines are dropped."""
+  quiet_startup()
+
   def wrapped(argv):
     try:
       main(argv)
@@ -272,6 +306,9 @@ def _parse(argv: list[str]) -> list[str]:
     message = str(e).strip()
     if "Traceback (most recent call last)" in message:
       message = message.splitlines()[-1].strip()
+    message = re.sub(r"invalid literal for int\(\) with base 10: ('.*'|\".*\")", r"expected an integer, got \1",
+                     message)  # absl's integer flags pass on int()'s words
+    message = re.sub(r"could not convert string to float: ('.*'|\".*\")", r"expected a number, got \1", message)
     print(f"FATAL Flags parsing error: {message}\nPass --helpshort or --helpfull to see help on flags.",
           file=sys.stderr)
     sys.exit(1)

@@ -17,6 +17,7 @@ from jaxspec.bench import tune
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only, eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig
+from jaxspec.serving import SpeculationTable
 from script_helpers import (assert_one_line_error, random_head, random_params, run_script, run_scripts, tiny_head,
                             tiny_pair)
 
@@ -90,10 +91,14 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
       ("The house is small.", "Das Haus ist klein."), ("Hello.", "Hallo."), ("Good morning.", "Guten Morgen."),
       ("Thank you.", "Danke.")]))
   out = tmp_path / "tune"
+  table_path = tmp_path / "table.json"  # an earlier run's table: replaced (anything else is refused, below)
+  table_path.write_text('{"entries": [{"max_active": 1, "gamma": 3, "tree": null}]}')
   res = run_script(["launch/tune.py", f"--target={target}", f"--drafts={same},ngram", f"--input={tsv}",
                     "--gammas=2", "--batch_sizes=2", "--temperatures=0,1", "--repeats=1", "--max_new_tokens=5",
-                    f"--output_dir={out}"])
+                    f"--output_dir={out}", f"--speculation_table={table_path}"])
   assert res.returncode == 0, res.stderr[-3000:]
+  table = SpeculationTable.read(str(table_path))
+  assert [e.max_active for e in table.entries] == [2] and table.entries[0].gamma in (0, 2)
   result = json.loads((out / "tune.json").read_text())
   rows = result["rows"]
   grid = {(r["draft"], r["schedule"], r["gamma"], r["batch"], r["temperature"]) for r in rows}
@@ -133,6 +138,24 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
   assert table.count("Best at temperature") == 2
   for png in ("speedup_vs_gamma.png", "acceptance.png"):
     assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tune_refuses_a_table_path_before_loading_or_timing(tmp_path):
+  """Issue 40 item 2: --speculation_table replaced any file, its own --input included (exit 0); a sweep without the
+  rows a table is made of was refused only after the timing. Now each is one line before any model loads."""
+  tsv, notes, out = tmp_path / "in.tsv", tmp_path / "notes.json", tmp_path / "out"
+  tsv.write_text("en\tde\nHello.\tHallo.\n")
+  notes.write_bytes(b"\x89PNG\r\n\x1a\n\x00")
+  out.mkdir()
+  base = ["launch/tune.py", "--target=no-such-model", f"--input={tsv}", f"--output_dir={out}"]
+  cases = [([f"--speculation_table={tsv}"], "is the --input file"),
+           ([f"--speculation_table={notes}"], "exists and is not a speculation table"),
+           ([f"--speculation_table={out / 'tune.json'}"], "is tune.json of --output_dir"),
+           ([f"--speculation_table={tmp_path / 'new.json'}", "--schedules=adaptive"], "add 'constant' to --schedules")]
+  for (args, needle), res in zip(cases, run_scripts([base + args for args, _ in cases], timeout=300)):
+    assert_one_line_error(res, "--speculation_table=", needle)
+    assert "no-such-model" not in res.stderr  # before the target is looked for
+  assert tsv.read_text() == "en\tde\nHello.\tHallo.\n" and notes.read_bytes() == b"\x89PNG\r\n\x1a\n\x00"
 
 
 def test_tune_rejects_bad_arguments(models):

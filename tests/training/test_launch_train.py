@@ -91,10 +91,20 @@ def test_bad_configs_end_in_one_line(args, needle, bad_config_runs):
   assert_one_line_error(bad_config_runs[BAD_CONFIGS.index((args, needle))], needle)
 
 
-def test_a_training_tsv_without_its_header_is_named(tmp_path):
-  headless = tmp_path / "train.tsv"
+def test_a_training_tsv_without_its_header_or_rows_is_named(tmp_path, data):
+  """A TSV without its header; one with a header and no rows (issue 40 item 12: a raw IndexError from the
+  tokenizer, then an abort), as training data or as the dev split; no --workdir."""
+  headless, empty = tmp_path / "train.tsv", tmp_path / "empty.tsv"
   headless.write_text("The house is small.\tDas Haus ist klein.\n")
-  named, no_workdir = run_scripts([["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"],
-                                   ["launch/train.py"]])
+  empty.write_text("en\tde\tsource\n\tDas Haus.\tx\n")  # a header, and a row without its 'en'
+  named, empty_train, empty_dev, no_workdir = run_scripts([
+      ["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"],
+      ["launch/train.py", f"--workdir={tmp_path / 'w2'}", f"--config.train={empty}", f"--config.dev={data / 'dev.tsv'}"],
+      ["launch/train.py", f"--workdir={tmp_path / 'w3'}", f"--config.train={data / 'a.tsv'}", f"--config.dev={empty}"],
+      ["launch/train.py"]])
   assert_one_line_error(named, f"{headless}: expected a header 'en<TAB>de")
+  assert_one_line_error(empty_train, f"config.train={empty}", "holds no usable pair")
+  assert_one_line_error(empty_dev, f"config.dev={empty}", "holds no usable pair")
+  for res in (empty_train, empty_dev):
+    assert "IndexError" not in res.stderr and "model " not in res.stdout  # before any model is built
   assert_one_line_error(no_workdir, "--workdir")

@@ -1,0 +1,35 @@
+"""launch/serve_benchmark.py --soak_s (issue 40 item 17) against a real server for a few seconds: greedy, sampled,
+streamed, cancelled and bad requests at a steady rate, every one answered as its kind should be; the server's pid
+found from its port, its RSS and file descriptors, active slots and P99 sampled; no slot left active; the JSON and
+the plot written; no httpx line per request. The judge's negative controls (a growing series, a leaked slot):
+tests/bench/test_soak.py."""
+
+import json
+import os
+
+from script_helpers import run_script
+from serve_helpers import serve
+
+PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?"]
+
+
+def test_a_short_soak_passes_and_writes_its_report(tmp_path):
+  args = ["--slots=2", "--max_input_length=16", "--max_new_tokens=8", "--iterations_per_step=1", "--gamma=2",
+          "--queue=16", "--row_buckets=2", "--modes=greedy", "--modes=sampled"]
+  workload = tmp_path / "w.jsonl"
+  workload.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
+  with serve(args, tmp_path / "log.txt") as (url, _, _):
+    res = run_script(["launch/serve_benchmark.py", f"--url={url}", f"--workload={workload}", "--soak_s=4",
+                      "--soak_rate=5", "--soak_sample_s=0.25", "--max_tokens=6", "--timeout=120",
+                      f"--output={tmp_path / 'soak'}"], timeout=300)
+  assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+  assert "passed" in res.stdout and "HTTP Request:" not in res.stderr + res.stdout  # httpx's INFO line: quiet
+  report = json.loads((tmp_path / "soak.json").read_text())
+  assert report["sent"] == 20 and report["verdict"]["ok"], report["verdict"]
+  assert report["counts"] == {k: {"ok": 4, "unexpected": 0} for k in ("greedy", "sampled", "stream", "cancel", "bad")}
+  assert report["pid"] and report["after"]["active_slots"] == 0 and report["after"]["queue_length"] == 0
+  samples = report["samples"]
+  assert len(samples) >= 10 and all(s["rss_mb"] > 50 and s["open_fds"] > 3 for s in samples)
+  assert max(s["active_slots"] for s in samples) >= 1  # the slots were seen in use
+  assert any(s["p99_s"] for s in samples)
+  assert os.path.getsize(tmp_path / "soak.png") > 1000
