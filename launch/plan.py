@@ -72,7 +72,7 @@ def _serving(shape: tuple[int, int], memory: int | None, name: str) -> None:
 
   def plan(rows: int):
     return memory_plan(_MODEL.value, shape, rows, bucket, _NEW.value, _GAMMA.value, _DTYPE.value,
-                       draft=_DRAFT.value or None, sampling=not _GREEDY.value)
+                       draft=_DRAFT.value or None, sampling=not _GREEDY.value, prefill_rows=1)
 
   def peak(rows: int) -> int:  # every slot decoded, or the largest row bucket below `rows` gathered beside them
     full = plan(rows)

@@ -57,6 +57,13 @@ A request inserted at a load the table runs plain skips the draft model's prefil
 load the speculative server prefills what the plain one does; if the load falls to a drafting entry while the
 request runs, its draft is prefilled then (one program per prompt bucket) and it drafts (served_draft.py).
 
+Mesh and memory. Each array's rows are the axis its cache or drafter state declares ("batch" in
+`Decoder.cache_axes` / `Drafter.state_axes`); on a mesh the slots are allocated split as `generate` splits its
+batch (rows over `data`, heads over `model` by each model's cache rules) and every insert and step keeps them there
+(their outputs constrained to the allocation's shardings; a step's R rows are R / data of each device's own slots,
+gathered and written back on that device). Before allocating, the slots' memory is checked
+(`memory_guard.check_slots`): CacheTooLargeError naming --slots and the most slots that fit.
+
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
 runs them from one loop and hands results to its request handlers.
 
@@ -384,12 +391,21 @@ class SlotEngine:
       tree), or None: `speculation`'s gamma and tree for any load.
     mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
       `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
-      model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
-      the mesh and the compiler partitions the step (heads over `model` where the weights' heads are).
+      model replicated over `model` and a head replicated, as `generate` does; the slots are split as `generate`
+      splits its batch: rows over `data` (`slots` a multiple of it, else SettingsError naming --slots), the
+      target's cache heads over `model` by its cache rules, a draft model's cache by its own (replicated over
+      `model`), every other drafter state by rows. Row buckets are multiples of `data`, and a step's rows are
+      gathered from each device's own slots (`free_slots` fills the `data` groups evenly).
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
-      computes few rows. None: powers of two below `slots`, and `slots` (always added). (slots,): every step
-      decodes every slot. Each bucket a table entry can meet is one more step program per mode.
+      computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added).
+      (slots,): every step decodes every slot. Each bucket a table entry can meet is one more step program per
+      mode.
+
+  Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
+  the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
+  drafter, the table's widest step, per device on a mesh): CacheTooLargeError naming --slots and the most slots
+  that fit at these lengths.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
