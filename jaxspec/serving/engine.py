@@ -401,14 +401,14 @@ class SlotEngine:
       computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added).
       (slots,): every step decodes every slot. Each bucket a table entry can meet is one more step program per
       mode.
+    modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
+      the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
+      greedy); one that no compiled mode decodes is refused at insert.
 
   Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
   the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
   drafter, the table's widest step, per device on a mesh): CacheTooLargeError naming --slots and the most slots
   that fit at these lengths.
-    modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
-      the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
-      greedy); one that no compiled mode decodes is refused at insert.
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
