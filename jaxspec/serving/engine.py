@@ -82,7 +82,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.decoding import arguments, memory_guard, placement
 from jaxspec.decoding.device import adaptive, loop
@@ -97,7 +97,7 @@ from jaxspec.model import Model
 from jaxspec.models import contract
 from jaxspec.serving.served_draft import ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
-from jaxspec.sharding import shard, tree_shardings
+from jaxspec.sharding import place, shard, tree_shardings
 
 MODES = ("greedy", "sampled", "filtered")
 
@@ -239,11 +239,11 @@ def _step_program(program: _Program, target_params, draft_params, state: SlotSta
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
     new, packed = _decode_rows(program, target_params, draft_params, state)
-    return _placed(new, program.shardings), packed
+    return _placed(new, program.shardings), _everywhere(packed, program.shardings)
   # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
   rows = _placed(_take_rows(program, state, index), program.shardings)
   rows, packed = _decode_rows(program, target_params, draft_params, rows)
-  return _placed(_put_rows(program, state, rows, index), program.shardings), packed
+  return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
 
 
 def _decode_rows(program: _Program, target_params, draft_params, state: SlotState):
@@ -279,6 +279,13 @@ def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
   leaves, treedef = jax.tree_util.tree_flatten(state)
   return jax.tree_util.tree_unflatten(treedef, [jax.lax.with_sharding_constraint(x, s)
                                                 for x, s in zip(leaves, shardings)])
+
+
+def _everywhere(packed: jax.Array, shardings: tuple | None) -> jax.Array:
+  """The step's packed [R, W + 5] replicated on the mesh: every process reads it whole (one small copy)."""
+  if shardings is None:
+    return packed
+  return jax.lax.with_sharding_constraint(packed, NamedSharding(shardings[0].mesh, PartitionSpec()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -575,6 +582,14 @@ class SlotEngine:
 
     return layout, zeros()
 
+  def _global(self, *args):
+    """Host arguments of a device program as they are on one process; with several processes (a mesh over every
+    process's devices), each a global array replicated on the mesh (every process passes the same values)."""
+    if self.mesh is None or jax.process_count() == 1:
+      return args
+    everywhere = NamedSharding(self.mesh, PartitionSpec())
+    return tuple(place(np.asarray(x), everywhere) for x in args)
+
   # -- the interface ----------------------------------------------------------------------------------------
 
   @property
@@ -651,9 +666,10 @@ class SlotEngine:
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
     self._state = _INSERT(alloc, self._layout, self.target_params, self.draft_params, self._state,
-                          np.int32(slot), padded, np.asarray([len(ids)], np.int32), np.uint32(settings.seed),
-                          np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
-                          np.int32(settings.max_tokens))
+                          *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
+                                        np.uint32(settings.seed), np.float32(settings.temperature),
+                                        np.int32(settings.top_k), np.float32(settings.top_p),
+                                        np.int32(settings.max_tokens)))
     self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
     self._quiet[slot] = alloc is self._quiet_alloc
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
@@ -708,7 +724,7 @@ class SlotEngine:
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, stop, index)
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(stop, index))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
@@ -733,7 +749,8 @@ class SlotEngine:
     drafts, and these rows draft from now on (one compiled program per prompt bucket)."""
     for slot in slots:
       padded, length = self._prompts[slot]
-      self._state = _WAKE(self._alloc, self._layout, self.draft_params, self._state, np.int32(slot), padded, length)
+      self._state = _WAKE(self._alloc, self._layout, self.draft_params, self._state,
+                          *self._global(np.int32(slot), padded, length))
       self._quiet[slot], self._prompts[slot] = False, None
 
   def warmup(self) -> None:
