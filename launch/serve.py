@@ -10,8 +10,13 @@ Then any OpenAI client: `openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_
 503 while the engine compiles (every prompt bucket and step program, before the first request) and 200 after;
 GET /metrics is Prometheus text. --draft as in generate.py ('' or 'none': plain decoding); --speculation_table a
 JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of active slots, measured by the
-tuner) in place of the fixed --gamma / --tree. docs/serving.md has the API and the benchmark.
+tuner) in place of the fixed --gamma / --tree. Over several processes (--coordinator_address, --num_processes,
+--process_id, or the environment), process 0 serves HTTP and decides each step; the others make the same engine
+calls on their devices (jaxspec/serving/hosts.py). docs/serving.md has the API and the benchmark.
 """
+
+import signal
+import sys
 
 from absl import flags
 
@@ -64,6 +69,7 @@ def main(argv):
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
@@ -83,12 +89,27 @@ def main(argv):
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
                       row_buckets=_row_buckets(), modes=_MODES.value)
+  leader = None
+  if jax.process_count() > 1:  # process 0 decides and serves; every other process makes its calls (hosts.py)
+    from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel
+    if jax.process_index() != 0:
+      print(f"process {jax.process_index()} of {jax.process_count()}: following process 0", flush=True)
+      print(f"process {jax.process_index()}: {hosts.follow(engine)}", flush=True)
+      return
+    engine = leader = hosts.Leader(engine)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down: end through the `finally` below then, so that
+    # the followers are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
   scheduler, app = server.build(engine, model_name=_NAME.value or FLAGS.target, max_tokens=_MAX_TOKENS.value or None,
                                 queue_size=_QUEUE.value)
   print(f"serving {_NAME.value or FLAGS.target} ({'plain' if draft is None else f'draft {spec}'}, {_SLOTS.value} "
         f"slots) on http://{_HOST.value}:{_PORT.value}/v1 (compiling first: GET /health is 503 until ready)",
         flush=True)
-  server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value)
+  try:
+    server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value)
+  finally:
+    if leader is not None:
+      leader.stop("process 0's server stopped")
 
 
 if __name__ == "__main__":
