@@ -16,7 +16,9 @@ alone detokenizes and answers. A call its engine refuses on process 0 (a bad pro
 same way on every process before any device work, and skipped.
 
 Ending: `Leader.stop(reason)` publishes "stop" (launch/serve.py does it when its server ends: SIGTERM, Ctrl-C); a
-follower ends with one line when it reads it, and when process 0 is gone (the store does not answer). Each call is
+follower ends with one line when it reads it, and when process 0 is gone (the store does not answer). A follower
+shows a sign of life every second (a counter in the store, from its own thread, so also while it compiles); when
+one shows none for 15 s (it died), process 0 ends with one line, and with it the store and every other process. Each call is
 one small value (a pickle of the call's arguments); the calls every process has run are deleted by process 0
 after each step (a step's device program needs every process, so all have read the calls before it).
 """
@@ -24,14 +26,20 @@ after each step (a step's device program needs every process, so all have read t
 from __future__ import annotations
 
 import base64
+import os
 import pickle
 import sys
+import threading
+import time
 from typing import Any
 
+import jax
 from jax._src import distributed
 
 _PREFIX = "jaxspec/serving/call/"
 _POLL_MS = 1000  # a follower's wait for the next call, repeated while process 0 is alive
+_BEAT_S = 1.0  # a follower's sign of life (a counter in the store, from a thread of its own)
+_STALE_S = 15.0  # process 0 ends every process when a follower showed no sign of life for this long
 
 
 def _client():
@@ -45,8 +53,30 @@ class Leader:
   """`engine` (a SlotEngine) whose insert, free, step and warmup are published to every process before they run
   here; everything else is the engine's."""
 
-  def __init__(self, engine):
+  def __init__(self, engine, stale_s: float = _STALE_S):
     self._engine, self._client, self._sent, self._deleted = engine, _client(), 0, 0
+    self._stopping = False
+    threading.Thread(target=self._watch, args=(stale_s,), name="jaxspec-followers", daemon=True).start()
+
+  def _watch(self, stale_s: float) -> None:
+    """Ends this process (and so every process: the store lives here) with one line when a follower that has
+    shown signs of life shows none for stale_s seconds (it died, or its host did): a collective would wait for it
+    forever."""
+    seen: dict[int, tuple[str, float]] = {}
+    while not self._stopping:
+      time.sleep(_BEAT_S)
+      now = time.monotonic()
+      for i in range(1, jax.process_count()):
+        try:
+          beat = self._client.key_value_try_get(f"{_PREFIX}alive/{i}")
+        except Exception:  # pylint: disable=broad-except  (no sign of life yet: still starting)
+          continue
+        if i not in seen or seen[i][0] != beat:
+          seen[i] = (beat, now)
+        elif now - seen[i][1] > stale_s and not self._stopping:
+          print(f"error: process {i} stopped answering (no sign of life for {stale_s:g} s): every process stops.",
+                file=sys.stderr, flush=True)
+          os._exit(1)  # pylint: disable=protected-access
 
   def __getattr__(self, name: str) -> Any:
     return getattr(self._engine, name)
@@ -81,7 +111,7 @@ class Leader:
   def stop(self, reason: str = "process 0 stopped", timeout_s: float = 30.0) -> None:
     """Ends every follower (one line each, naming `reason`); waits up to timeout_s for each to have read it (the
     store lives in process 0: it must outlive their last read)."""
-    import jax  # pylint: disable=import-outside-toplevel
+    self._stopping = True
     self._publish("stop", reason)
     for i in range(1, jax.process_count()):
       try:
@@ -94,7 +124,27 @@ def follow(engine, poll_ms: int = _POLL_MS) -> str:
   """Makes process 0's calls on `engine` until it stops (returns its reason) or is gone (SystemExit with one
   line). Calls the engine refuses (a JaxspecError, as process 0's engine refused them) are skipped."""
   from jaxspec.errors import JaxspecError  # pylint: disable=import-outside-toplevel
-  client, n = _client(), 0
+  client, done = _client(), threading.Event()
+
+  def beat():
+    count = 0
+    while not done.wait(_BEAT_S):
+      count += 1
+      try:
+        client.key_value_set(f"{_PREFIX}alive/{jax.process_index()}", str(count), allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except  (process 0 is gone: the main loop says so)
+        return
+
+  threading.Thread(target=beat, name="jaxspec-alive", daemon=True).start()
+  try:
+    return _follow(engine, client, poll_ms, JaxspecError)
+  finally:
+    done.set()
+
+
+def _follow(engine, client, poll_ms: int, refused) -> str:
+  """`follow`'s loop: call n, then n + 1, ...; refused: the errors of a call process 0's engine refused too."""
+  n = 0
   while True:
     try:
       value = client.blocking_key_value_get(f"{_PREFIX}{n}", poll_ms)
@@ -106,11 +156,9 @@ def follow(engine, poll_ms: int = _POLL_MS) -> str:
     n += 1
     name, args, kwargs = pickle.loads(base64.b64decode(value))
     if name == "stop":
-      import jax  # pylint: disable=import-outside-toplevel
       client.key_value_set(f"{_PREFIX}stopped/{jax.process_index()}", "1")
       return args[0]
     try:
       getattr(engine, name)(*args, **kwargs)
-    except JaxspecError:
+    except refused:
       pass  # process 0's engine refused the same call before any device work
-    sys.stdout.flush()
