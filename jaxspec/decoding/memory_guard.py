@@ -90,13 +90,16 @@ def loop_shape(settings, target_params, draft_params, draft_is_model: bool, batc
                    layers=settings.drafter.feature_layers, drafter_state=state)
 
 
-def _need(settings, where, target, source, batch: int, width: int, prefill_rows: int | None = None):
+def _need(settings, where, target, source, batch: int, width: int, prefill_rows: int | None = None,
+          slack: int | None = None):
   """(memory plan, bytes per device beyond the resident parameters: caches, loop state, activations) of a call of
   `batch` rows (`where.batch` on a mesh: padded) and inputs of `width` positions."""
   draft = source.model
   shape = (1, 1) if where is None else where.shape
   padded = batch if where is None else where.batch
   loop = loop_shape(settings, target.params, source.params, draft is not None, padded, width, shape[0])
+  if slack is not None:  # caches allocated for another program's slack (a slot engine's largest)
+    loop = dataclasses.replace(loop, slack=slack)
   plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
                      draft=None if draft is None else draft.config,
                      rules=DEFAULT_RULES if where is None else where.target_rules,
@@ -130,14 +133,15 @@ def check_fits(settings, where, target, source, batch: int, width: int, headroom
 
 def slots_need(programs, where, target, source, slots: int, width: int, gathered: int = 0) -> int:
   """Bytes per device a slot engine of `slots` rows needs beyond its resident parameters: the slots' caches and
-  state (sized by the program of the largest slack, as allocated) and the largest program's activations (a step
-  over the slots, or an insert's batch-1 prefill);
+  state (every program on the caches of the largest slack, as allocated) and the largest program's activations (a
+  step over the slots, or an insert's batch-1 prefill: inserts prefill one request each);
   `gathered` > 0: a step decoding that many rows gathered from the slots also holds their copy and its own
   activations. programs: the loop settings of every step program (every table entry and sampling mode);
   where: the slots' `placement.Placement` (None on one device; its batch is replaced by `slots`)."""
   def need(rows: int) -> tuple[int, int]:
     at = None if where is None else dataclasses.replace(where, batch=rows)
-    plans = [_need(s, at, target, source, rows, width, prefill_rows=1) for s in programs]  # batch-1 inserts
+    slack = max(s.slack for s in programs)  # every program runs on the caches allocated for the largest
+    plans = [_need(s, at, target, source, rows, width, prefill_rows=1, slack=slack) for s in programs]
     held = max(p.caches + p.state for p, _ in plans)
     return held, max(n for _, n in plans)
 

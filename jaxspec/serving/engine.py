@@ -502,7 +502,8 @@ class SlotEngine:
     self._quiet_alloc = None
     if isinstance(drafter, ServedDraftModel) and any(e.plain for e in adaptive.entries):
       self._quiet_alloc = dataclasses.replace(self._alloc, drafter=dataclasses.replace(drafter, prefill=False))
-    self._check_memory([settings for _, settings, _ in planned])
+    # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
+    self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     self._groups, per_group = data, self.slots // data

@@ -178,6 +178,23 @@ def _split_sizes(family, config, mesh, rules) -> dict[int, int]:
   return split
 
 
+@functools.lru_cache(maxsize=256)
+def _traced_prefill(config, dtype, rows: int, width: int, cache_len: int):
+  """(jaxpr, (cache, first tokens) shapes) of a model's prefill of `rows` inputs of `width` positions (abstract:
+  nothing allocated); cached, as every plan of one model and one length traces the same programs."""
+  family = registry.family_of(config)
+  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
+                        is_leaf=lambda x: isinstance(x, tuple))
+  decoder = family.decoder(config)
+  ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
+
+  def call(p, i, n):
+    out = decoder.prefill(p, i, n, cache_len)
+    return out.cache, out.first
+
+  return jax.make_jaxpr(call, return_shape=True)(params, ids, lengths)
+
+
 def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens, dtype, sampled_rows, tree=False,
                 layers=(), prefill_rows=None) -> ModelPlan:
   """Parameters and caches of one model (exact), and its activations (estimate), per device."""
@@ -188,11 +205,7 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
   decoder = family.decoder(config)
 
   def prefill(p, rows):
-    ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
-    def call(p, i, n):
-      out = decoder.prefill(p, i, n, cache_len)
-      return out.cache, out.first
-    return jax.make_jaxpr(call, return_shape=True)(p, ids, lengths)
+    return _traced_prefill(config, dtype, rows, width, cache_len)
 
   _, (cache, _) = prefill(params, batch)
   cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
