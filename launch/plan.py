@@ -2,6 +2,12 @@ r"""Prints the memory plan of a decoding run on a device mesh, and whether it fi
 
     python launch/plan.py --model=t5-11b --draft=t5-small --mesh=model:8 --batch=32 --device=tpu-v5e-8
     python launch/plan.py --model=/path/to/hf_dir --mesh=data:2,model:4 --device_gib=16
+    python launch/plan.py --model=t5-11b --draft=t5-small --mesh=data:2,model:4 --device=tpu-v5e-8 --slots=64
+
+--slots > 0 plans a server (launch/serve.py --slots): the slots' caches and state at the input bucket of
+--max_input_length, --max_new_tokens and gamma's slack, the widest step (every slot decoded, or the largest row
+bucket gathered beside them), and the most slots that fit a device at these lengths (a multiple of `data`): what
+the slot engine checks before it allocates.
 
 --model and --draft: a public T5 shape name (t5-small ... t5-11b), an embedded model name or a model directory
 (only config.json is read: nothing is loaded or allocated). --device: a device kind (tpu-v5e, h100-80gb, ...) or a
@@ -27,6 +33,8 @@ _INPUT = flags.DEFINE_integer("max_input_length", 128, "Input positions (the enc
 _NEW = flags.DEFINE_integer("max_new_tokens", 128, "Tokens generated per row at most.", lower_bound=1)
 _GAMMA = flags.DEFINE_integer("gamma", 7, "Draft tokens per iteration.", lower_bound=0)
 _DTYPE = flags.DEFINE_enum("dtype", "bfloat16", ["bfloat16", "float16", "float32"], "Parameter dtype.")
+_SLOTS = flags.DEFINE_integer("slots", 0, "A server's slots (launch/serve.py --slots): 0 plans a generate call of "
+                              "--batch rows; > 0 the slot engine's memory and the most slots that fit.", lower_bound=0)
 _GREEDY = flags.DEFINE_boolean("greedy", False, "Greedy decoding (no sampled distributions held).")
 _DEVICE = flags.DEFINE_string("device", "", "Device kind or machine: " + ", ".join(
     sorted(DEVICE_MEMORY) + sorted(MACHINES)))
@@ -54,6 +62,47 @@ def _mesh_shape(devices: int | None) -> tuple[int, int]:
   return data or 1, model or 1
 
 
+def _serving(shape: tuple[int, int], memory: int | None, name: str) -> None:
+  """The serving plan: --slots' bytes per device at the engine's lengths, and the most slots that fit."""
+  from jaxspec.decoding.arguments import bucket_length  # pylint: disable=import-outside-toplevel
+  data, slots = shape[0], _SLOTS.value
+  if slots % data:
+    raise SettingsError(f"--slots={slots} is not a multiple of the mesh's data axis ({data}).")
+  bucket = bucket_length(_INPUT.value, _INPUT.value)
+
+  def plan(rows: int):
+    return memory_plan(_MODEL.value, shape, rows, bucket, _NEW.value, _GAMMA.value, _DTYPE.value,
+                       draft=_DRAFT.value or None, sampling=not _GREEDY.value, prefill_rows=1)
+
+  def peak(rows: int) -> int:  # every slot decoded, or the largest row bucket below `rows` gathered beside them
+    full = plan(rows)
+    gathered = max((b for b in (data * 2 ** i for i in range(rows.bit_length())) if b < rows), default=0)
+    if not gathered:
+      return full.total
+    step = plan(gathered)
+    return full.total + max(0, step.caches + step.state + step.activations - full.activations)
+
+  full = plan(slots)
+  print(f"serving plan: {slots} slots (launch/serve.py --slots={slots}), input bucket {bucket}, {_NEW.value} new "
+        f"tokens + gamma {_GAMMA.value} per slot")
+  print(full.table())
+  need = peak(slots)
+  print(f"  peak with a step's gathered rows: {need / GiB:.3f} GiB per device")
+  if memory:
+    budget = 0.9 * memory
+    fits = lambda k: peak(k * data) <= budget  # k slots per data device
+    low, high = 0, slots // data  # fits(low) (0: nothing), not fits(high)
+    if need <= budget:  # double until it does not fit (at most 2**20 slots per data device)
+      low, high = high, 2 * high
+      while fits(high) and high < 2**20:
+        low, high = high, 2 * high
+    while high - low > 1:
+      mid = (low + high) // 2
+      low, high = (mid, high) if fits(mid) else (low, mid)
+    verdict = "fits" if need <= budget else "does not fit"
+    print(f"{verdict} on {name} (90% usable); at most {low * data} slots fit at these lengths")
+
+
 def main(argv):
   del argv
   kind, devices = MACHINES.get(_DEVICE.value, (_DEVICE.value, None))
@@ -61,14 +110,19 @@ def main(argv):
     raise SettingsError(f"--device {_DEVICE.value!r}: expected one of {sorted(DEVICE_MEMORY)} or "
                          f"{sorted(MACHINES)}.")
   shape = _mesh_shape(devices)
+  memory = int(_GIB.value * GiB) if _GIB.value else DEVICE_MEMORY.get(kind)
+  name = f"{_GIB.value:g} GiB devices" if _GIB.value else f"{kind} ({(memory or 0) / GiB:.1f} GiB per device)"
+  if _SLOTS.value:
+    print(f"{_MODEL.value}" + (f" + {_DRAFT.value}" if _DRAFT.value else "") + f", {_DTYPE.value}, mesh "
+          f"data={shape[0]} x model={shape[1]}")
+    _serving(shape, memory, name)
+    return
   plan = memory_plan(_MODEL.value, shape, _BATCH.value, _INPUT.value, _NEW.value, _GAMMA.value, _DTYPE.value,
                         draft=_DRAFT.value or None, sampling=not _GREEDY.value)
   print(f"{_MODEL.value}" + (f" + {_DRAFT.value}" if _DRAFT.value else "") + f", {_DTYPE.value}, input "
         f"{_INPUT.value}, {_NEW.value} new tokens, gamma {_GAMMA.value}")
   print(plan.table())
-  memory = int(_GIB.value * GiB) if _GIB.value else DEVICE_MEMORY.get(kind)
   if memory:
-    name = f"{_GIB.value:g} GiB devices" if _GIB.value else f"{kind} ({memory / GiB:.1f} GiB per device)"
     verdict = "fits" if plan.fits(memory) else "does not fit"
     print(f"{verdict} on {name}: {100 * plan.total / memory:.0f}% of a device's memory (90% usable)")
 

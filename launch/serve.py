@@ -14,11 +14,14 @@ tuner) in place of the fixed --gamma / --tree (which are then ignored, said on s
 JAXSPEC_API_KEY environment variable) makes every /v1 route want `Authorization: Bearer KEY`; binding beyond
 loopback without one is warned about. The start-up line names the real port (--port=0 picks a free one). A failed
 warm-up ends the server (status 1, the reason on one line); Ctrl-C ends it with status 130, at once during the
-warm-up. docs/serving.md has the API, its limits and the benchmark.
+warm-up. Over several processes (--coordinator_address, --num_processes, --process_id, or the environment),
+process 0 serves HTTP and decides each step; the others make the same engine calls on their devices
+(jaxspec/serving/hosts.py). docs/serving.md has the API, its limits and the benchmark.
 """
 
 import ipaddress
 import os
+import signal
 import sys
 
 from absl import flags
@@ -98,6 +101,7 @@ def _serve(argv) -> int:
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   api_key = _API_KEY.value or os.environ.get("JAXSPEC_API_KEY", "")
   if not api_key and not _loopback(_HOST.value):
@@ -121,6 +125,17 @@ def _serve(argv) -> int:
                       iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
                       row_buckets=_row_buckets(), modes=_MODES.value)
   name = _NAME.value or server.model_id(FLAGS.target)
+  leader = None
+  if jax.process_count() > 1:  # process 0 decides and serves; every other process makes its calls (hosts.py)
+    from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel
+    if jax.process_index() != 0:
+      print(f"process {jax.process_index()} of {jax.process_count()}: following process 0", flush=True)
+      print(f"process {jax.process_index()}: {hosts.follow(engine)}", flush=True)
+      return 0
+    engine = leader = hosts.Leader(engine)
+    # uvicorn re-raises the SIGTERM it caught once it has shut down: end through the `finally` below then, so that
+    # the followers are stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
   scheduler, app = server.build(engine, model_name=name, max_tokens=_MAX_TOKENS.value or None,
                                 queue_size=_QUEUE.value, api_key=api_key or None)
   drafting = "plain" if draft is None else f"draft {spec}"
@@ -130,7 +145,11 @@ def _serve(argv) -> int:
   def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
     return (f"serving {name} ({drafting}, {_SLOTS.value} slots) on http://{_HOST.value}:{port}/v1 (compiling first: "
             f"GET /health is 503 until ready)")
-  return server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value, banner=banner)
+  try:
+    return server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value, banner=banner)
+  finally:
+    if leader is not None:
+      leader.stop("process 0's server stopped")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@ class MarkovDecoder:
     return Prefilled(cache=StubCache(lengths=zeros, offsets=zeros), first=zeros + self.start, features=features,
                      encoder=self._encoder(params, input_ids) if encoder else None)
 
+  def cache_axes(self):
+    return StubCache(lengths=("batch",), offsets=("batch",))
+
   def step(self, params, cache, tokens, *, tree=None, layers=()):
     n = tokens.shape[1]
     if tree is None:

@@ -95,6 +95,9 @@ class OracleDecoder:
   def feature_size(self) -> int:
     return self.inner.feature_size
 
+  def cache_axes(self):
+    return self.inner.cache_axes()
+
   def prefill(self, params: dict, input_ids: jax.Array, input_lengths: jax.Array, cache_len: int, *,
               layers: tuple[int, ...] = (), encoder: bool = False):
     return self.inner.prefill(params["model"], input_ids, input_lengths, cache_len, layers=layers, encoder=encoder)
@@ -242,6 +245,9 @@ class OracleDrafter:
   def idle(self, state, history, static):
     p = self.inner.idle(state, history, static)
     return Proposal(tokens=p.tokens, counts=p.counts, q=None, after=p)
+
+  def state_axes(self):
+    return self.inner.state_axes()
 
   def settle(self, verdict):
     params = verdict.params

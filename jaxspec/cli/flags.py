@@ -219,13 +219,22 @@ def define_mesh() -> None:
   flags.DEFINE_string("mesh", "", "Device mesh 'data:D,model:M' over every device of every process ('' = one "
                       "device, unsharded; a size left out fills the devices, e.g. 'model:8').")
   flags.register_validator("mesh", _mesh_ok)
+  flags.DEFINE_string("coordinator_address", "", "host:port of process 0's coordinator, for a job of several "
+                      "processes ('' = from the environment: TPU pods, JAXSPEC_DISTRIBUTED=1, Slurm, Open MPI).")
+  flags.DEFINE_integer("num_processes", 0, "Processes in the job (0 = from the environment).", lower_bound=0)
+  flags.DEFINE_integer("process_id", -1, "This process's index in [0, --num_processes) (-1 = from the "
+                       "environment).", lower_bound=-1)
 
 
 def mesh():
-  """Joins the other hosts when the job spans several (jaxspec.initialize_distributed), then returns the Mesh that
-  --mesh asks for, or None for one device. Call it first in main(), before anything else touches JAX."""
+  """Joins the other processes when the job spans several (jaxspec.initialize_distributed: --coordinator_address,
+  --num_processes and --process_id when given, else the environment), then returns the Mesh that --mesh asks for,
+  or None for one device. Call it first in main(), before anything else touches JAX."""
   from jaxspec import sharding  # pylint: disable=import-outside-toplevel
-  sharding.initialize_distributed()
+  count, index = FLAGS.num_processes or None, (None if FLAGS.process_id < 0 else FLAGS.process_id)
+  if count is not None and index is not None and index >= count:
+    raise SettingsError(f"--process_id={index} is not below --num_processes={count}.")
+  sharding.initialize_distributed(FLAGS.coordinator_address or None, count, index)
   try:
     return sharding.mesh_from_flag(FLAGS.mesh)
   except ValueError as e:  # e.g. a size that does not divide the devices there are

@@ -10,6 +10,7 @@ memory from the devices that hold the target (`memory_stats()` on accelerators, 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 
@@ -89,6 +90,24 @@ def loop_shape(settings, target_params, draft_params, draft_is_model: bool, batc
                    layers=settings.drafter.feature_layers, drafter_state=state)
 
 
+def _need(settings, where, target, source, batch: int, width: int, prefill_rows: int | None = None,
+          slack: int | None = None):
+  """(memory plan, bytes per device beyond the resident parameters: caches, loop state, activations) of a call of
+  `batch` rows (`where.batch` on a mesh: padded) and inputs of `width` positions."""
+  draft = source.model
+  shape = (1, 1) if where is None else where.shape
+  padded = batch if where is None else where.batch
+  loop = loop_shape(settings, target.params, source.params, draft is not None, padded, width, shape[0])
+  if slack is not None:  # caches allocated for another program's slack (a slot engine's largest)
+    loop = dataclasses.replace(loop, slack=slack)
+  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
+                     draft=None if draft is None else draft.config,
+                     rules=DEFAULT_RULES if where is None else where.target_rules,
+                     draft_rules=DRAFT_RULES if where is None else where.draft_rules,
+                     sampling=not settings.greedy, loop=loop, prefill_rows=prefill_rows)
+  return plan, plan.caches + plan.state + plan.activations
+
+
 def check_fits(settings, where, target, source, batch: int, width: int, headroom: float = 0.9) -> None:
   """Raises CacheTooLargeError when a call's caches, loop state and activations need more than `headroom` of the
   free memory of a device that holds the target. Reads the call's placement; transfers nothing.
@@ -101,16 +120,8 @@ def check_fits(settings, where, target, source, batch: int, width: int, headroom
       any other drafter by its state).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
   """
-  draft = source.model
+  plan, need = _need(settings, where, target, source, batch, width)
   shape = (1, 1) if where is None else where.shape
-  padded = batch if where is None else where.batch
-  loop = loop_shape(settings, target.params, source.params, draft is not None, padded, width, shape[0])
-  plan = memory_plan(target.config, shape, batch, width, settings.max_new_tokens, settings.gamma, target.dtype,
-                     draft=None if draft is None else draft.config,
-                     rules=DEFAULT_RULES if where is None else where.target_rules,
-                     draft_rules=DRAFT_RULES if where is None else where.draft_rules,
-                     sampling=not settings.greedy, loop=loop)
-  need = plan.caches + plan.state + plan.activations
   free = _least_free(where)
   if free is not None and need > headroom * free:
     raise CacheTooLargeError(
@@ -118,3 +129,52 @@ def check_fits(settings, where, target, source, batch: int, width: int, headroom
         f"{settings.cache_len} positions per row after the input, gamma {settings.gamma}, mesh "
         f"data={shape[0]} x model={shape[1]}) but a device has {free / 2**30:.2f} GiB free: lower max_new_tokens, "
         f"the batch size or max_input_length, or spread the model over more devices (jaxspec.make_mesh).")
+
+
+def slots_need(programs, where, target, source, slots: int, width: int, gathered: int = 0) -> int:
+  """Bytes per device a slot engine of `slots` rows needs beyond its resident parameters: the slots' caches and
+  state (every program on the caches of the largest slack, as allocated) and the largest program's activations (a
+  step over the slots, or an insert's batch-1 prefill: inserts prefill one request each);
+  `gathered` > 0: a step decoding that many rows gathered from the slots also holds their copy and its own
+  activations. programs: the loop settings of every step program (every table entry and sampling mode);
+  where: the slots' `placement.Placement` (None on one device; its batch is replaced by `slots`)."""
+  def need(rows: int) -> tuple[int, int]:
+    at = None if where is None else dataclasses.replace(where, batch=rows)
+    slack = max(s.slack for s in programs)  # every program runs on the caches allocated for the largest
+    plans = [_need(s, at, target, source, rows, width, prefill_rows=1, slack=slack) for s in programs]
+    held = max(p.caches + p.state for p, _ in plans)
+    return held, max(n for _, n in plans)
+
+  held, full = need(slots)
+  if gathered <= 0 or gathered >= slots:
+    return full
+  return max(full, held + need(gathered)[1])
+
+
+def check_slots(programs, where, target, source, slots: int, width: int, gathered=lambda n: 0,
+                headroom: float = 0.9) -> None:
+  """Raises CacheTooLargeError, before a slot engine allocates anything, when `slots_need` is more than
+  `headroom` of a device's free memory; the one-line message names --slots and the most slots that fit at
+  these lengths (a multiple of the mesh's `data` axis). gathered(n): the most rows a step of an engine of n slots
+  gathers (its largest row bucket below n; 0 for none)."""
+  free = _least_free(where)
+  if free is None:
+    return
+  budget = headroom * free
+  step = 1 if where is None else where.data
+  fits = lambda n: slots_need(programs, where, target, source, n, width, gathered(n)) <= budget
+  need = slots_need(programs, where, target, source, slots, width, gathered(slots))
+  if need <= budget:
+    return
+  low, high = 0, slots // step  # fits(low * step) (0: nothing), not fits(high * step)
+  while high - low > 1:
+    mid = (low + high) // 2
+    low, high = (mid, high) if fits(mid * step) else (low, mid)
+  settings = max(programs, key=lambda s: s.slack)
+  most = (f"at most {low * step} slots fit at these lengths" if low else
+          "not even " + (f"{step} slots (one per data device) fit" if step > 1 else "one slot fits") +
+          " at these lengths: lower --max_new_tokens or --max_input_length")
+  raise CacheTooLargeError(
+      f"--slots={slots} needs {need / 2**30:.2f} GiB per device for the slots' caches, state and a step "
+      f"({width} input positions + {settings.cache_len} per slot, mesh data={step} x model="
+      f"{1 if where is None else where.shape[1]}) but a device has {free / 2**30:.2f} GiB free: {most}.")

@@ -168,6 +168,13 @@ class Decoder(Protocol):
     """
     ...
 
+  def cache_axes(self) -> Any:
+    """The logical axis names of every array of the cache `prefill` returns: the cache's pytree with a tuple of
+    names in place of each array (`is_axes` tells the leaves). "batch" names the rows (what a slot engine gathers
+    and writes per request, and what a mesh splits over `data`); the others ("heads", "kv_heads", "cache_seq",
+    "kv", ...) map to mesh axes by `jaxspec.sharding.rules`. Declared, never found from shapes."""
+    ...
+
   def step(self, params: Any, cache: DecoderCache, tokens: jax.Array, *, tree: TreeNodes | None = None,
            layers: tuple[int, ...] = ()) -> StepResult:
     """Feeds tokens [B, T] at each row's position `cache.lengths`: a chain (tree None), or T nodes of a token tree.
@@ -301,3 +308,18 @@ def shapes_from_axes(axes: Any, size: dict[str, int]) -> Any:
   """The shape of every parameter from its logical axis names: `axes` a pytree of name tuples (a family's
   `param_axes`), `size` each name's length; returns the same pytree with tuples of ints."""
   return jax.tree.map(lambda names: tuple(size[a] for a in names), axes, is_leaf=lambda x: isinstance(x, tuple))
+
+
+BATCH = "batch"  # The logical name of the rows in `Decoder.cache_axes` and `Drafter.state_axes`.
+
+
+def is_axes(x: Any) -> bool:
+  """True for a leaf of an axes pytree (`Decoder.cache_axes`): a tuple of logical names (() for a scalar)."""
+  return isinstance(x, tuple) and all(isinstance(a, str) for a in x)
+
+
+def batch_axes(axes_tree: Any) -> tuple[int | None, ...]:
+  """Per array of an axes pytree (flatten order), the position of its "batch" axis, or None for an array shared
+  by every row."""
+  return tuple(names.index(BATCH) if BATCH in names else None
+               for names in jax.tree.leaves(axes_tree, is_leaf=is_axes))

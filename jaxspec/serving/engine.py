@@ -64,6 +64,13 @@ A request inserted at a load the table runs plain skips the draft model's prefil
 load the speculative server prefills what the plain one does; if the load falls to a drafting entry while the
 request runs, its draft is prefilled then (one program per prompt bucket) and it drafts (served_draft.py).
 
+Mesh and memory. Each array's rows are the axis its cache or drafter state declares ("batch" in
+`Decoder.cache_axes` / `Drafter.state_axes`); on a mesh the slots are allocated split as `generate` splits its
+batch (rows over `data`, heads over `model` by each model's cache rules) and every insert and step keeps them there
+(their outputs constrained to the allocation's shardings; a step's R rows are R / data of each device's own slots,
+gathered and written back on that device). Before allocating, the slots' memory is checked
+(`memory_guard.check_slots`): CacheTooLargeError naming --slots and the most slots that fit.
+
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
 runs them from one loop and hands results to its request handlers.
 
@@ -84,7 +91,7 @@ import numpy as np
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxspec.decoding import arguments, placement
+from jaxspec.decoding import arguments, memory_guard, placement
 from jaxspec.decoding.device import adaptive, loop
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
@@ -94,9 +101,10 @@ from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
+from jaxspec.models import contract
 from jaxspec.serving.served_draft import ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
-from jaxspec.sharding import shard
+from jaxspec.sharding import place, shard, tree_shardings
 
 MODES = ("greedy", "sampled", "filtered")
 
@@ -184,6 +192,8 @@ class _Program:
   width: int  # W: tokens per slot returned
   rows: int  # R: the rows the step decodes (a row bucket); R < S gathers them from the slots and back
   axes: tuple  # per leaf of (target cache, draft state): its batch axis, or None
+  shardings: tuple | None = None  # per leaf of SlotState: where it lives on the mesh (None: one device)
+  groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
 
 
 def _state_of(program: _Program, state: SlotState) -> loop.LoopState:
@@ -203,10 +213,27 @@ def _slot_axes(program: _Program, state: SlotState) -> SlotState:
   return SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
 
 
+def _grouped(program: _Program, x: jax.Array, axis: int, index: jax.Array):
+  """(x with its batch axis S split into [D, S / D], index [R] as [D, R / D] offsets inside each group): on a mesh
+  the rows of group g are the rows device g of `data` holds, and a step's rows are taken from each group's own
+  (engine._rows), so the gather and the write back stay on each device (no rows cross devices)."""
+  d = program.groups
+  s = x.shape[axis]
+  local = index.reshape(d, -1) - (jnp.arange(d, dtype=index.dtype) * (s // d))[:, None]
+  return x.reshape(x.shape[:axis] + (d, s // d) + x.shape[axis + 1:]), local
+
+
 def _take_rows(program: _Program, state: SlotState, index: jax.Array) -> SlotState:
-  """The R rows `index` ([R] int32, distinct, sorted) of every slot array."""
-  return jax.tree_util.tree_map(lambda x, axis: x if axis is None else jnp.take(x, index, axis=axis),
-                                state, _slot_axes(program, state), is_leaf=lambda a: a is None)
+  """The R rows `index` ([R] int32, distinct, sorted; R / D of each group on a mesh) of every slot array."""
+  def take(x, axis):
+    if axis is None:
+      return x
+    if program.groups == 1:
+      return jnp.take(x, index, axis=axis)
+    groups, local = _grouped(program, x, axis, index)
+    rows = jax.vmap(lambda g, i: jnp.take(g, i, axis=axis), in_axes=(axis, 0), out_axes=axis)(groups, local)
+    return rows.reshape(x.shape[:axis] + (index.shape[0],) + x.shape[axis + 1:])
+  return jax.tree_util.tree_map(take, state, _slot_axes(program, state), is_leaf=lambda a: a is None)
 
 
 def _put_rows(program: _Program, state: SlotState, rows: SlotState, index: jax.Array) -> SlotState:
@@ -214,7 +241,14 @@ def _put_rows(program: _Program, state: SlotState, rows: SlotState, index: jax.A
   def put(x, r, axis):
     if axis is None:
       return r
-    return x.at[(slice(None),) * axis + (index,)].set(r, indices_are_sorted=True, unique_indices=True)
+    if program.groups == 1:
+      return x.at[(slice(None),) * axis + (index,)].set(r, indices_are_sorted=True, unique_indices=True)
+    groups, local = _grouped(program, x, axis, index)
+    r = r.reshape(r.shape[:axis] + (program.groups, -1) + r.shape[axis + 1:])
+    new = jax.vmap(lambda g, v, i: g.at[(slice(None),) * axis + (i,)].set(v, indices_are_sorted=True,
+                                                                         unique_indices=True),
+                   in_axes=(axis, axis, 0), out_axes=axis)(groups, r, local)
+    return new.reshape(x.shape)
   return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), is_leaf=lambda a: a is None)
 
 
@@ -224,9 +258,12 @@ def _step_program(program: _Program, target_params, draft_params, state: SlotSta
   R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
-    return _decode_rows(program, target_params, draft_params, state)
-  rows, packed = _decode_rows(program, target_params, draft_params, _take_rows(program, state, index))
-  return _put_rows(program, state, rows, index), packed
+    new, packed = _decode_rows(program, target_params, draft_params, state)
+    return _placed(new, program.shardings), _everywhere(packed, program.shardings)
+  # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
+  rows = _placed(_take_rows(program, state, index), program.shardings)
+  rows, packed = _decode_rows(program, target_params, draft_params, rows)
+  return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
 
 
 def _decode_rows(program: _Program, target_params, draft_params, state: SlotState):
@@ -254,13 +291,33 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   return new, packed
 
 
+def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
+  """`state` constrained to `shardings` (per leaf; None: one device, as it is): a program's outputs stay where the
+  slots were allocated (rows over `data`, heads over `model`), never resharded to replicated by the compiler."""
+  if shardings is None:
+    return state
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  return jax.tree_util.tree_unflatten(treedef, [jax.lax.with_sharding_constraint(x, s)
+                                                for x, s in zip(leaves, shardings)])
+
+
+def _everywhere(packed: jax.Array, shardings: tuple | None) -> jax.Array:
+  """The step's packed [R, W + 5] replicated on the mesh: every process reads it whole (one small copy)."""
+  if shardings is None:
+    return packed
+  return jax.lax.with_sharding_constraint(packed, NamedSharding(shardings[0].mesh, PartitionSpec()))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Layout:
   """Where each prefilled leaf goes: per leaf of (target cache, draft state), its batch axis (None: no batch
-  axis) and its shape for one row at the largest bucket (what shorter buckets are padded to)."""
+  axis; declared by `Decoder.cache_axes` and `Drafter.state_axes`) and its shape for one row at the largest
+  bucket (what shorter buckets are padded to); per leaf of SlotState its sharding on the mesh (None: one
+  device)."""
 
   axes: tuple
   shapes: tuple
+  shardings: tuple | None = None
 
 
 def _write_row(row, state, axes, shapes, slot: jax.Array):
@@ -292,13 +349,14 @@ def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, dr
   def put(array, value):
     return array.at[slot].set(value)
 
-  return SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, row, slot, axis=0),
-                   lengths=put(state.lengths, 1), done=put(state.done, False), failed=put(state.failed, False),
-                   target_cache=cache, draft_state=draft_state, keys=put(state.keys, key),
-                   iterations=put(state.iterations, 0), budget=put(state.budget, max_tokens),
-                   temperature=put(state.temperature, temperature), top_k=put(state.top_k, top_k),
-                   top_p=put(state.top_p, top_p), ignore_eos=put(state.ignore_eos, ignore_eos),
-                   min_tokens=put(state.min_tokens, min_tokens))
+  return _placed(SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, row, slot, axis=0),
+                           lengths=put(state.lengths, 1), done=put(state.done, False),
+                           failed=put(state.failed, False), target_cache=cache, draft_state=draft_state,
+                           keys=put(state.keys, key), iterations=put(state.iterations, 0),
+                           budget=put(state.budget, max_tokens), temperature=put(state.temperature, temperature),
+                           top_k=put(state.top_k, top_k), top_p=put(state.top_p, top_p),
+                           ignore_eos=put(state.ignore_eos, ignore_eos), min_tokens=put(state.min_tokens, min_tokens)),
+                 layout.shardings)
 
 
 def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state: SlotState, slot: jax.Array,
@@ -308,8 +366,8 @@ def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state
   catch-up feeds. The target's cache and every other array are left as they are."""
   draft = alloc.drafter.init(draft_params, ids, length, alloc.cache_len)
   n = len(jax.tree_util.tree_leaves(state.target_cache))  # the layout lists the target's leaves first
-  return dataclasses.replace(state, draft_state=_write_row(draft, state.draft_state, layout.axes[n:],
-                                                           layout.shapes[n:], slot))
+  return _placed(dataclasses.replace(state, draft_state=_write_row(draft, state.draft_state, layout.axes[n:],
+                                                                   layout.shapes[n:], slot)), layout.shardings)
 
 
 _STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
@@ -317,14 +375,23 @@ _INSERT = jax.jit(_insert_program, static_argnums=(0, 1), donate_argnums=4)
 _WAKE = jax.jit(_wake_program, static_argnums=(0, 1), donate_argnums=3)
 
 
-def _row_buckets(row_buckets, slots: int) -> tuple[int, ...]:
-  """The sorted row buckets (`slots` always among them); None: powers of two below `slots`, and `slots`."""
+def _row_buckets(row_buckets, slots: int, data: int = 1) -> tuple[int, ...]:
+  """The sorted row buckets (`slots` always among them); None: `data` times the powers of two below `slots`, and
+  `slots`. On a mesh every bucket is a multiple of its `data` axis (the rows a step decodes are split over it)."""
   if row_buckets is None:
-    return tuple(b for b in (2 ** i for i in range(slots.bit_length())) if b < slots) + (slots,)
+    return tuple(b for b in (data * 2 ** i for i in range(slots.bit_length())) if b < slots) + (slots,)
   if isinstance(row_buckets, (str, bytes)) or not isinstance(row_buckets, Sequence) or not all(
       is_int(b) and 1 <= b <= slots for b in row_buckets):
     raise SettingsError(f"row_buckets must be a sequence of integers in [1, slots={slots}], got {row_buckets!r}.")
+  if any(b % data for b in row_buckets):
+    raise SettingsError(f"row_buckets {list(row_buckets)} (--row_buckets) must be multiples of the mesh's data axis "
+                        f"({data}): a step's rows are split over it.")
   return tuple(sorted({int(b) for b in row_buckets} | {slots}))
+
+
+def _largest_below(buckets, n: int) -> int:
+  """The largest of `buckets` below n (0: none): the most rows a step gathers from n slots."""
+  return max((b for b in buckets if b < n), default=0)
 
 
 def _buckets(max_input_length: int) -> list[int]:
@@ -354,16 +421,24 @@ class SlotEngine:
       tree), or None: `speculation`'s gamma and tree for any load.
     mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
       `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
-      model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
-      the mesh and the compiler partitions the step (heads over `model` where the weights' heads are).
+      model replicated over `model` and a head replicated, as `generate` does; the slots are split as `generate`
+      splits its batch: rows over `data` (`slots` a multiple of it, else SettingsError naming --slots), the
+      target's cache heads over `model` by its cache rules, a draft model's cache by its own (replicated over
+      `model`), every other drafter state by rows. Row buckets are multiples of `data`, and a step's rows are
+      gathered from each device's own slots (`free_slots` fills the `data` groups evenly).
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
-      computes few rows. None: powers of two below `slots`, and `slots` (always added). (slots,): every step
-      decodes every slot (with one sampled mode, a seeded request is then the same under any load: Exactness,
-      above). Each bucket a table entry can meet is one more step program per mode.
+      computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added).
+      (slots,): every step decodes every slot (with one sampled mode, a seeded request is then the same under any
+      load: Exactness, above). Each bucket a table entry can meet is one more step program per mode.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
+
+  Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
+  the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
+  drafter, the table's widest step, per device on a mesh): CacheTooLargeError naming --slots and the most slots
+  that fit at these lengths.
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
@@ -380,7 +455,6 @@ class SlotEngine:
                         ("max_new_tokens", max_new_tokens), ("iterations_per_step", iterations_per_step)):
       if not is_int(value) or value < 1:
         raise SettingsError(f"{name} must be an integer >= 1, got {value!r}.")
-    self.row_buckets = _row_buckets(row_buckets, int(slots))
     if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes or any(m not in MODES for m in modes):
       raise SettingsError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}.")
     self.modes = tuple(m for m in MODES if m in modes)
@@ -397,6 +471,12 @@ class SlotEngine:
     if mesh is not None and placed_on is None:
       target = shard(target, mesh)  # the parameters as `generate` finds them on a mesh (DEFAULT_RULES)
     self.mesh = placement.mesh_of(target.params)
+    data = 1 if self.mesh is None else dict(self.mesh.shape).get("data", 1)
+    if slots % data:
+      raise SettingsError(f"--slots={slots} is not a multiple of the mesh's data axis ({data}): the slots are split "
+                          f"over `data`, slots / {data} per device; pass a multiple of {data} (e.g. "
+                          f"{slots + data - slots % data}) or a smaller data axis.")
+    self.row_buckets = _row_buckets(row_buckets, int(slots), data)
     self.target, self.speculation = target, speculation
     self.slots, self.max_input_length, self.max_new_tokens = int(slots), int(max_input_length), int(max_new_tokens)
     self.iterations_per_step = int(iterations_per_step)
@@ -411,7 +491,7 @@ class SlotEngine:
         adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                                 tree=speculation.tree),))
     self.table = adaptive
-    source = registry.draft_source(target, speculation)
+    source = self._source = registry.draft_source(target, speculation)
     drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     lags = any(e.plain or e.tree is not None for e in adaptive.entries)
@@ -445,14 +525,18 @@ class SlotEngine:
     self._quiet_alloc = None
     if isinstance(drafter, ServedDraftModel) and any(e.plain for e in adaptive.entries):
       self._quiet_alloc = dataclasses.replace(self._alloc, drafter=dataclasses.replace(drafter, prefill=False))
+    # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
+    self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
-    for n in range(1, self.slots + 1):
-      reachable.setdefault(adaptive.index(n), set()).add(self._bucket(n))
+    self._groups, per_group = data, self.slots // data
+    for n in range(1, self.slots + 1):  # n active slots: max(ceil(n / D), ...) of them in the fullest group
+      for fullest in range(-(-n // data), min(n, per_group) + 1):
+        reachable.setdefault(adaptive.index(n), set()).add(self._bucket(data * fullest))
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = _Program(settings, kind, self.iterations_per_step, width, rows,
-                                                   self._layout.axes)
+                                                   self._layout.axes, self._layout.shardings, data)
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots
@@ -461,39 +545,57 @@ class SlotEngine:
 
   # -- construction ------------------------------------------------------------------------------------------
 
-  def _prefill_shapes(self, batch: int, bucket: int):
-    ids = jax.ShapeDtypeStruct((batch, bucket), jnp.int32)
-    lengths = jax.ShapeDtypeStruct((batch,), jnp.int32)
-    cache, draft, _ = jax.eval_shape(functools.partial(loop.prefill, self._alloc), self.target_params,
-                                     self.draft_params, ids, lengths)
-    return jax.tree_util.tree_leaves((cache, draft))
+  def _placement(self, rows: int) -> placement.Placement | None:
+    """Where `rows` slots live: None on one device, else the mesh and the rules of the target's and the draft
+    model's caches (as `generate` places a batch: `placement.plan`)."""
+    return placement.plan(self.target, self._source.model, rows)
+
+  def _check_memory(self, programs: list[loop.LoopSettings]) -> None:
+    """CacheTooLargeError (one line naming --slots and the most slots that fit) when the slots' caches and state
+    at the largest slack, and the widest step program, need more than a device's free memory (memory_guard)."""
+    width = _buckets(self.max_input_length)[-1]
+    buckets, data = self.row_buckets, (1 if self.mesh is None else dict(self.mesh.shape).get("data", 1))
+    memory_guard.check_slots(programs, self._placement(self.slots), self.target, self._source, self.slots, width,
+                             gathered=lambda n: _largest_below(buckets if n == self.slots else
+                                                               _row_buckets(None, n, data), n))
 
   def _allocate(self) -> tuple[_Layout, SlotState]:
-    """The layout (per leaf: batch axis, one row's padded shape) and the zero state of every slot (idle)."""
+    """The layout (per leaf: its declared batch axis, one row's padded shape, its sharding on the mesh) and the
+    zero state of every slot (idle), allocated where it lives: rows over `data`, heads over `model` by each
+    model's cache rules (the target's; a draft model's, else replicated over `model`), as `generate` places its
+    batch."""
     top = _buckets(self.max_input_length)[-1]
-    two, three = self._prefill_shapes(2, top), self._prefill_shapes(3, top)
-    one = self._prefill_shapes(1, top)
-    axes = []
-    for a, b in zip(two, three):
-      diff = [i for i, (x, y) in enumerate(zip(a.shape, b.shape)) if x != y]
-      axes.append(diff[0] if diff else None)
-    shapes = tuple(tuple(s.shape) for s in one)
-    layout = _Layout(axes=tuple(axes), shapes=shapes)
-    cache_tree = jax.tree_util.tree_structure(jax.eval_shape(
-        functools.partial(loop.prefill, self._alloc), self.target_params, self.draft_params,
-        jax.ShapeDtypeStruct((1, top), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))[:2])
-    shapes_dtypes = []
-    for s, axis in zip(one, axes):
-      shape = list(s.shape)
-      if axis is not None:
-        shape[axis] = self.slots
-      shapes_dtypes.append((tuple(shape), s.dtype))
+    one = jax.eval_shape(functools.partial(loop.prefill, self._alloc), self.target_params, self.draft_params,
+                         jax.ShapeDtypeStruct((1, top), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))[:2]
+    declared = (self._alloc.target.cache_axes(), self._alloc.drafter.state_axes())
+    for names, shaped, what in zip(declared, one, ("the target's Decoder.cache_axes()",
+                                                   "the drafter's Drafter.state_axes()")):
+      if (jax.tree_util.tree_structure(names, is_leaf=contract.is_axes) != jax.tree_util.tree_structure(shaped) or
+          any(len(n) != len(x.shape) for n, x in zip(jax.tree_util.tree_leaves(names, is_leaf=contract.is_axes),
+                                                     jax.tree_util.tree_leaves(shaped)))):
+        raise SettingsError(f"{what} does not match the state its prefill returns: every array needs its tuple of "
+                            f"axis names.")
+    axes = contract.batch_axes(declared)
+    leaves, cache_tree = jax.tree_util.tree_flatten(one)
+    layout = _Layout(axes=axes, shapes=tuple(tuple(s.shape) for s in leaves))
+    full = [jax.ShapeDtypeStruct(tuple(self.slots if d == axis else n for d, n in enumerate(s.shape)), s.dtype)
+            for s, axis in zip(leaves, axes)]
     n, seq_len, pad = self.slots, self._alloc.seq_len, self.pad_id
+    where = self._placement(n)
+    out_shardings = None
+    if where is not None:  # per-slot arrays and the target's cache by the target's rules, the drafter's by its own
+      cache, draft = jax.tree_util.tree_unflatten(cache_tree, full)
+      rows = {f.name: ((n,), ("batch",)) for f in dataclasses.fields(SlotState)
+              if f.name not in ("target_cache", "draft_state")} | {"sequences": ((n, seq_len), ("batch", "sequence"))}
+      target_rows, _ = tree_shardings(({k: a for k, (_, a) in rows.items()}, declared[0]),
+                                      ({k: s for k, (s, _) in rows.items()}, cache), where.mesh, where.target_rules)
+      draft_shardings, _ = tree_shardings(declared[1], draft, where.mesh, where.draft_rules)
+      out_shardings = SlotState(**target_rows[0], target_cache=target_rows[1], draft_state=draft_shardings)
+      layout = dataclasses.replace(layout, shardings=tuple(jax.tree_util.tree_leaves(out_shardings)))
 
-    @jax.jit
-    def zeros():  # one program: every buffer its own (donation needs distinct buffers)
-      leaves = [jnp.zeros(shape, dtype) for shape, dtype in shapes_dtypes]
-      cache, draft = jax.tree_util.tree_unflatten(cache_tree, leaves)
+    @functools.partial(jax.jit, out_shardings=out_shardings)
+    def zeros():  # one program: every buffer its own (donation needs distinct buffers), allocated in place
+      cache, draft = jax.tree_util.tree_unflatten(cache_tree, [jnp.zeros(s.shape, s.dtype) for s in full])
       zeros_i = jnp.zeros((n,), jnp.int32)
       return SlotState(sequences=jnp.full((n, seq_len), pad, jnp.int32), lengths=jnp.ones((n,), jnp.int32),
                        done=jnp.ones((n,), bool), failed=jnp.zeros((n,), bool), target_cache=cache,
@@ -503,10 +605,15 @@ class SlotEngine:
                        top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
                        min_tokens=jnp.zeros((n,), jnp.int32))
 
-    state = zeros()
-    if self.mesh is not None:  # every slot's state replicated on the target's mesh (the compiler shards the work)
-      state = jax.device_put(state, NamedSharding(self.mesh, PartitionSpec()))
-    return layout, state
+    return layout, zeros()
+
+  def _global(self, *args):
+    """Host arguments of a device program as they are on one process; with several processes (a mesh over every
+    process's devices), each a global array replicated on the mesh (every process passes the same values)."""
+    if self.mesh is None or jax.process_count() == 1:
+      return args
+    everywhere = NamedSharding(self.mesh, PartitionSpec())
+    return tuple(place(np.asarray(x), everywhere) for x in args)
 
   # -- the interface ----------------------------------------------------------------------------------------
 
@@ -515,7 +622,14 @@ class SlotEngine:
     return _buckets(self.max_input_length)
 
   def free_slots(self) -> list[int]:
-    return [int(i) for i in np.flatnonzero(~self._active)]
+    """The free slots, the one to fill first first: on a mesh, round-robin over the `data` groups from the least
+    loaded (so that inserts in this order keep the groups even and a step gathers few rows from each)."""
+    groups = self._active.reshape(self._groups, -1)
+    order = []
+    for g, row in enumerate(groups):
+      free = np.flatnonzero(~row)
+      order += [(int(row.sum()) + k, g, g * groups.shape[1] + int(s)) for k, s in enumerate(free)]
+    return [s for _, _, s in sorted(order)]
 
   def active_slots(self) -> list[int]:
     return [int(i) for i in np.flatnonzero(self._active)]
@@ -577,10 +691,11 @@ class SlotEngine:
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
     self._state = _INSERT(alloc, self._layout, self.target_params, self.draft_params, self._state,
-                          np.int32(slot), padded, np.asarray([len(ids)], np.int32), np.uint32(settings.seed),
-                          np.float32(settings.temperature), np.int32(settings.top_k), np.float32(settings.top_p),
-                          np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
-                          np.int32(settings.min_tokens))
+                          *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
+                                        np.uint32(settings.seed), np.float32(settings.temperature),
+                                        np.int32(settings.top_k), np.float32(settings.top_p),
+                                        np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
+                                        np.int32(settings.min_tokens)))
     self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
     self._quiet[slot] = alloc is self._quiet_alloc
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
@@ -604,7 +719,8 @@ class SlotEngine:
   def _pick(self) -> tuple[int, str, int]:
     active = [r for r in self._requests if r is not None]
     needed = max((r.mode for r in active), key=MODES.index)
-    return self.table.index(len(active)), self._mode_for(needed), self._bucket(len(active))
+    fullest = int(self._active.reshape(self._groups, -1).sum(axis=1).max())
+    return self.table.index(len(active)), self._mode_for(needed), self._bucket(self._groups * fullest)
 
   @property
   def programs(self) -> tuple[tuple[int, str, int], ...]:
@@ -618,10 +734,13 @@ class SlotEngine:
       return False
 
   def _rows(self, rows: int) -> np.ndarray:
-    """[rows] int32 sorted slots to decode: every active slot, then idle ones (frozen) up to `rows`."""
-    active = np.flatnonzero(self._active)
-    idle = np.flatnonzero(~self._active)[:rows - len(active)]
-    return np.sort(np.concatenate([active, idle])).astype(np.int32)
+    """[rows] int32 sorted slots to decode: every active slot, then idle ones (frozen) up to `rows`; on a mesh
+    rows / D of each `data` group, from its own slots (`_take_rows`)."""
+    per_group, index = self.slots // self._groups, []
+    for g, row in enumerate(self._active.reshape(self._groups, -1)):
+      active, idle = np.flatnonzero(row), np.flatnonzero(~row)[:rows // self._groups - int(row.sum())]
+      index.append(g * per_group + np.sort(np.concatenate([active, idle])))
+    return np.concatenate(index).astype(np.int32)
 
   def step(self, *, program: tuple[int, str, int] | None = None) -> StepOutput:
     """Runs <= iterations_per_step loop iterations over every active slot (one compiled program, one copy to the
@@ -640,7 +759,7 @@ class SlotEngine:
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, stop, index)
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(stop, index))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
@@ -666,7 +785,8 @@ class SlotEngine:
     drafts, and these rows draft from now on (one compiled program per prompt bucket)."""
     for slot in slots:
       padded, length = self._prompts[slot]
-      self._state = _WAKE(self._alloc, self._layout, self.draft_params, self._state, np.int32(slot), padded, length)
+      self._state = _WAKE(self._alloc, self._layout, self.draft_params, self._state,
+                          *self._global(np.int32(slot), padded, length))
       self._quiet[slot], self._prompts[slot] = False, None
 
   def warmup(self) -> None:

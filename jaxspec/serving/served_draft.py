@@ -89,6 +89,9 @@ class ServedDraftModel:
     proposal = self.inner.idle(state.cache, history, static)
     return proposal.replace(after=_After(proposal.after, state.drafts))
 
+  def state_axes(self) -> ServedDraftState:
+    return ServedDraftState(cache=self.inner.state_axes(), drafts=("batch",))
+
   def settle(self, verdict) -> ServedDraftState:
     after = verdict.proposal.after
     cache = self.inner.settle(verdict._replace(proposal=verdict.proposal.replace(after=after.inner)))

@@ -178,8 +178,25 @@ def _split_sizes(family, config, mesh, rules) -> dict[int, int]:
   return split
 
 
+@functools.lru_cache(maxsize=256)
+def _traced_prefill(config, dtype, rows: int, width: int, cache_len: int):
+  """(jaxpr, (cache, first tokens) shapes) of a model's prefill of `rows` inputs of `width` positions (abstract:
+  nothing allocated); cached, as every plan of one model and one length traces the same programs."""
+  family = registry.family_of(config)
+  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
+                        is_leaf=lambda x: isinstance(x, tuple))
+  decoder = family.decoder(config)
+  ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
+
+  def call(p, i, n):
+    out = decoder.prefill(p, i, n, cache_len)
+    return out.cache, out.first
+
+  return jax.make_jaxpr(call, return_shape=True)(params, ids, lengths)
+
+
 def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens, dtype, sampled_rows, tree=False,
-                layers=()) -> ModelPlan:
+                layers=(), prefill_rows=None) -> ModelPlan:
   """Parameters and caches of one model (exact), and its activations (estimate), per device."""
   family = registry.family_of(config)
   params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
@@ -188,11 +205,7 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
   decoder = family.decoder(config)
 
   def prefill(p, rows):
-    ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
-    def call(p, i, n):
-      out = decoder.prefill(p, i, n, cache_len)
-      return out.cache, out.first
-    return jax.make_jaxpr(call, return_shape=True)(p, ids, lengths)
+    return _traced_prefill(config, dtype, rows, width, cache_len)
 
   _, (cache, _) = prefill(params, batch)
   cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
@@ -210,6 +223,8 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
 
   local = batch // dict(mesh.shape).get("data", 1)
   prefill_jaxpr, (local_cache, _) = prefill(params, local)
+  if prefill_rows is not None:  # a slot engine prefills one request at a time: its prefill's activations
+    prefill_jaxpr, _ = prefill(params, prefill_rows)
   tokens = jax.ShapeDtypeStruct((local, step_tokens), jnp.int32)
   nodes = None
   if tree:  # the verify call over a tree's nodes: its [B, T, C] mask is one of the call's intermediates
@@ -232,7 +247,7 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
 
 @functools.lru_cache(maxsize=64)
 def _plan(target, draft, mesh_shape, batch, width, max_new_tokens, gamma, dtype, rules, draft_rules,
-          sampling, loop: LoopShape | None = None) -> MemoryPlan:
+          sampling, loop: LoopShape | None = None, prefill_rows: int | None = None) -> MemoryPlan:
   mesh = AbstractMesh(tuple(mesh_shape), ("data", "model"))
   data = mesh_shape[0]
   padded = -(-batch // data) * data
@@ -242,10 +257,10 @@ def _plan(target, draft, mesh_shape, batch, width, max_new_tokens, gamma, dtype,
     loop = LoopShape(slack=gamma, verify_tokens=gamma + 1, sampled_rows=rows)
   cache_len = max_new_tokens + loop.slack + 1
   models = [_model_plan("target", target, mesh, rules, padded, width, cache_len, loop.verify_tokens, dtype,
-                        loop.sampled_rows, loop.tree, loop.layers)]
+                        loop.sampled_rows, loop.tree, loop.layers, prefill_rows)]
   if draft is not None:
     models.append(_model_plan("draft", draft, mesh, draft_rules, padded, width, cache_len, 2, dtype,
-                              loop.sampled_rows))
+                              loop.sampled_rows, prefill_rows=prefill_rows))
   local = padded // data
   # sequences [B, cache_len + 1], per-row counters and keys; the drafter's own state.
   state = local * 4 * (cache_len + 2 + loop.slack + 16) + loop.drafter_state
@@ -255,7 +270,7 @@ def _plan(target, draft, mesh_shape, batch, width, max_new_tokens, gamma, dtype,
 
 def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, max_new_tokens: int, gamma: int,
                 dtype="bfloat16", draft=None, rules=None, draft_rules=DRAFT_RULES,
-                sampling: bool = True, loop: LoopShape | None = None) -> MemoryPlan:
+                sampling: bool = True, loop: LoopShape | None = None, prefill_rows: int | None = None) -> MemoryPlan:
   """Bytes per device of `generate` on a mesh of `mesh_shape` = (data, model) (or {"data": D, "model": M}).
 
   Args:
@@ -268,6 +283,8 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
     loop: the loop's own shape (`LoopShape`: its slack, verify call, sampled rows, the features and the state of
       its drafter), as `generate`'s memory check passes it for every drafter (a head, prompt lookup, trees); None
       plans a draft model's chain of `gamma` (or plain decoding without a draft).
+    prefill_rows: the rows one prefill program runs (None: the batch, as `generate` prefills it; a slot engine
+      prefills one request per insert: 1); the caches are the whole batch's either way.
   """
   if isinstance(mesh_shape, dict):
     mesh_shape = (mesh_shape.get("data", 1), mesh_shape.get("model", 1))
@@ -281,7 +298,8 @@ def memory_plan(config_or_model, mesh_shape, batch: int, max_input_length: int, 
   target = config_of(config_or_model)
   draft = None if draft is None else config_of(draft)
   return _plan(target, draft, mesh_shape, int(batch), int(max_input_length), int(max_new_tokens), int(gamma),
-               dtype, resolve_rules(rules), resolve_rules(draft_rules, DRAFT_RULES), bool(sampling), loop)
+               dtype, resolve_rules(rules), resolve_rules(draft_rules, DRAFT_RULES), bool(sampling), loop,
+               None if prefill_rows is None else int(prefill_rows))
 
 
 __all__ = ["DEFAULT_RULES", "DEVICE_MEMORY", "MACHINES", "LoopShape", "MemoryPlan", "ModelPlan", "memory_plan"]

@@ -104,6 +104,8 @@ def initialize_distributed(coordinator_address: str | None = None, num_processes
   explicit = any(a is not None for a in (coordinator_address, num_processes, process_id))
   if not explicit and not _several_hosts():
     return False
+  if os.environ.get("JAX_PLATFORMS", "") == "cpu":  # CPU devices of several processes talk over gloo
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
                              process_id=process_id)
   return True

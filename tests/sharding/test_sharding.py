@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import socket
 import subprocess
@@ -294,3 +295,19 @@ def test_each_process_reads_only_its_slices(distributed):
   for r in results:  # model=8 over 2 processes: half of every split weight, all of the (small) replicated ones.
     assert 0.4 * total < r["bytes_read"] < 0.6 * total
   assert math.isclose(results[0]["bytes_read"], results[1]["bytes_read"], rel_tol=0.01)
+
+
+def test_plan_script_plans_a_server():
+  """--slots: the slot engine's memory per device and the most slots that fit at these lengths (a multiple of
+  `data`); fewer fit a smaller device; a data axis that does not divide --slots is one line."""
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
+         "--mesh=data:2,model:4", "--device=tpu-v5e-8", "--slots=64"]
+  runs = [cmd, cmd + ["--device_gib=8"], cmd[:-1] + ["--slots=3"]]
+  big, small, odd = (subprocess.run(c, capture_output=True, text=True, timeout=600, cwd=ROOT) for c in runs)
+  assert big.returncode == 0 and small.returncode == 0, (big.stderr[-2000:], small.stderr[-2000:])
+  most = [int(re.search(r"at most (\d+) slots fit at these lengths", r.stdout).group(1)) for r in (big, small)]
+  assert "serving plan: 64 slots" in big.stdout and "fits on tpu-v5e" in big.stdout, big.stdout
+  assert "does not fit on 8 GiB devices" in small.stdout, small.stdout
+  assert most[0] >= 64 > most[1] and most[0] % 2 == 0 == most[1] % 2, most
+  assert odd.returncode == 1 and "Traceback" not in odd.stderr
+  assert "--slots=3 is not a multiple of the mesh's data axis (2)" in odd.stderr, odd.stderr[-2000:]

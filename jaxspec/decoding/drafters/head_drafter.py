@@ -123,6 +123,9 @@ class HeadDrafter(chain.LearnedDrafter):
     last = jnp.clip(input_lengths - 2, 0, None).astype(jnp.int32)  # entry L - 2 of the loop: the prompt's n - 2
     return HeadState(cache=cache, hidden=jnp.take_along_axis(prenorm, last[:, None, None], axis=1)[:, 0])
 
+  def state_axes(self):
+    return HeadState(cache=self.head.cache_axes(), hidden=("batch", "embed"))
+
   def settle(self, verdict):
     """Re-feeds the verified positions with the target's real features (the module docstring)."""
     after: HeadState = verdict.proposal.after

@@ -102,6 +102,9 @@ class ModelDrafter(chain.LearnedDrafter):
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     return self.decoder.prefill(params, input_ids, input_lengths, cache_len).cache
 
+  def state_axes(self):
+    return self.decoder.cache_axes()
+
   def settle(self, verdict):
     """A caught-up row keeps the last token and the x_1..x_steps it fed that were accepted; a row still behind
     keeps what its catch-up fed; never more than lengths - 1 (the newest token is fed next iteration). After a
@@ -161,6 +164,9 @@ class VocabResized:
   @property
   def feature_size(self) -> int:
     return self.inner.feature_size
+
+  def cache_axes(self):
+    return self.inner.cache_axes()
 
   def prefill(self, params, input_ids, input_lengths, cache_len, *, layers=(), encoder=False):
     return self.inner.prefill(params, input_ids, input_lengths, cache_len, layers=layers, encoder=encoder)

@@ -63,6 +63,9 @@ class NGramDrafter:
   def idle(self, state, history, static):
     return Proposal.nothing(history, static, state)
 
+  def state_axes(self):
+    return NGramContext(tokens=("batch", "context"), lengths=("batch",))
+
   def settle(self, verdict):
     return append(verdict.proposal.after, verdict.block, verdict.emit)
 

@@ -194,6 +194,12 @@ class Drafter(Protocol):
     rests."""
     ...
 
+  def state_axes(self) -> Any:
+    """The logical axis names of every array of the state `init` returns: the state's pytree with a tuple of names
+    in place of each array ("batch" the rows; a model's cache as its `Decoder.cache_axes`), None for no state.
+    A slot engine reads it to write one row's state and to split the rows over a mesh (never from shapes)."""
+    ...
+
   def settle(self, verdict: Verdict) -> Any:
     """The state after verification (`Verdict`: the proposal, the iteration's history, the new lengths, the
     drafts accepted, the emitted block and counts, the params, the target's features)."""
@@ -246,6 +252,9 @@ class PlainDrafter:
   reads_encoder: bool = False
 
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
+    return None
+
+  def state_axes(self):
     return None
 
   def propose(self, request):

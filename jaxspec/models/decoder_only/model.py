@@ -285,3 +285,7 @@ class CausalDecoder:
   def feature_size(self) -> int:
     """D: the width of one layer's feature."""
     return self.config.hidden_size
+
+  def cache_axes(self) -> DecoderOnlyCache:
+    """Logical axis names of the cache's arrays (`cache_axes`)."""
+    return cache_axes(self.config)

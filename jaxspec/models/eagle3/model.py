@@ -133,6 +133,17 @@ def embedding_table(params: dict, target_embedding: jax.Array) -> jax.Array:
   return params.get("embedding", target_embedding)
 
 
+def cache_axes(cfg: Eagle3Config) -> Eagle3Cache:
+  """Logical axis names of the cache's arrays (an Eagle3Cache of name tuples); a T5 target's head
+  (cfg.cross_attention) also holds its encoder keys and values."""
+  kv = ("batch", "cache_seq", "kv_heads", "kv")
+  encoder = None
+  if cfg.cross_attention:
+    keys = ("batch", "encoder_seq", "kv_heads", "kv")
+    encoder = cross.EncoderKV(k=keys, v=keys, mask=("batch", "encoder_seq"))
+  return Eagle3Cache(k=kv, v=kv, lengths=("batch",), offsets=("batch",), encoder=encoder)
+
+
 def init_cache(cfg: Eagle3Config, batch: int, length: int, dtype,
                encoder: cross.EncoderKV | None = None) -> Eagle3Cache:
   """An empty cache of `length` positions per row (lengths and offsets 0); a T5 target's head keeps its
@@ -337,6 +348,10 @@ class Eagle3Head:
   def feature_size(self) -> int:
     """H: the width of the pre-norm output."""
     return self.config.hidden_size
+
+  def cache_axes(self) -> Eagle3Cache:
+    """Logical axis names of the cache's arrays (`cache_axes`)."""
+    return cache_axes(self.config)
 
   def prefill(self, params: dict, input_ids: HeadInput, input_lengths: jax.Array, cache_len: int, *,
               layers: tuple[int, ...] = (), encoder: bool = False) -> Prefilled:

@@ -348,3 +348,7 @@ class T5Decoder:
   def feature_size(self) -> int:
     """D: the width of one layer's feature."""
     return self.config.d_model
+
+  def cache_axes(self) -> T5Cache:
+    """Logical axis names of the cache's arrays (`cache_axes`)."""
+    return cache_axes(self.config)

@@ -1,0 +1,164 @@
+"""Serving over several processes: process 0 decides, every process executes (vLLM's and SGLang's shape).
+
+    engine = SlotEngine(target, speculation, slots=..., mesh=mesh)     # in every process, the same arguments
+    if jax.process_index() == 0:
+      engine = Leader(engine)            # the scheduler and HTTP drive it as they drive a SlotEngine
+      ... server.run(...) ...; engine.stop("the server stopped")
+    else:
+      follow(engine)                     # until process 0 stops or is gone
+
+The slot engine's device programs span every process's devices (its mesh), so every process must make the same
+calls in the same order: insert, free, step, warmup. `Leader` publishes each call to the distributed runtime's
+key-value store (JAX's coordination service, which `jax.distributed.initialize` already runs: no new service) under
+a sequence number before making it; `follow` reads call n and makes it on its own engine, which keeps the same host
+bookkeeping (active slots, row buckets, wakes) and so runs the same compiled programs on its own shards. Process 0
+alone detokenizes and answers. A call its engine refuses on process 0 (a bad prompt, a busy slot) is refused the
+same way on every process before any device work, and skipped.
+
+Ending: `Leader.stop(reason)` publishes "stop" (launch/serve.py does it when its server ends: SIGTERM, Ctrl-C); a
+follower ends with one line when it reads it, and when process 0 is gone (the store does not answer). A follower
+shows a sign of life every second (a counter in the store, from its own thread, so also while it compiles); when
+one shows none for 15 s (it died), process 0 ends with one line, and with it the store and every other process. Each call is
+one small value (a pickle of the call's arguments); the calls every process has run are deleted by process 0
+after each step (a step's device program needs every process, so all have read the calls before it).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any
+
+import jax
+from jax._src import distributed
+
+_PREFIX = "jaxspec/serving/call/"
+_POLL_MS = 1000  # a follower's wait for the next call, repeated while process 0 is alive
+_BEAT_S = 1.0  # a follower's sign of life (a counter in the store, from a thread of its own)
+_STALE_S = 15.0  # process 0 ends every process when a follower showed no sign of life for this long
+
+
+def _client():
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError("serving over several processes needs jax.distributed.initialize (jaxspec.initialize_distributed)")
+  return client
+
+
+class Leader:
+  """`engine` (a SlotEngine) whose insert, free, step and warmup are published to every process before they run
+  here; everything else is the engine's."""
+
+  def __init__(self, engine, stale_s: float = _STALE_S):
+    self._engine, self._client, self._sent, self._deleted = engine, _client(), 0, 0
+    self._stopping = False
+    threading.Thread(target=self._watch, args=(stale_s,), name="jaxspec-followers", daemon=True).start()
+
+  def _watch(self, stale_s: float) -> None:
+    """Ends this process (and so every process: the store lives here) with one line when a follower that has
+    shown signs of life shows none for stale_s seconds (it died, or its host did): a collective would wait for it
+    forever."""
+    seen: dict[int, tuple[str, float]] = {}
+    while not self._stopping:
+      time.sleep(_BEAT_S)
+      now = time.monotonic()
+      for i in range(1, jax.process_count()):
+        try:
+          beat = self._client.key_value_try_get(f"{_PREFIX}alive/{i}")
+        except Exception:  # pylint: disable=broad-except  (no sign of life yet: still starting)
+          continue
+        if i not in seen or seen[i][0] != beat:
+          seen[i] = (beat, now)
+        elif now - seen[i][1] > stale_s and not self._stopping:
+          print(f"error: process {i} stopped answering (no sign of life for {stale_s:g} s): every process stops.",
+                file=sys.stderr, flush=True)
+          os._exit(1)  # pylint: disable=protected-access
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self._engine, name)
+
+  def _publish(self, name: str, *args, **kwargs) -> None:
+    value = base64.b64encode(pickle.dumps((name, args, kwargs))).decode()
+    self._client.key_value_set(f"{_PREFIX}{self._sent}", value)
+    self._sent += 1
+
+  def insert(self, slot, prompt_ids, settings, *, load=None) -> None:
+    self._publish("insert", slot, list(prompt_ids), settings, load=load)
+    self._engine.insert(slot, prompt_ids, settings, load=load)
+
+  def free(self, slot) -> None:
+    self._publish("free", slot)
+    self._engine.free(slot)
+
+  def warmup(self) -> None:
+    self._publish("warmup")
+    self._engine.warmup()
+
+  def step(self, *, program=None):
+    if program is None and not self._engine.active_slots():
+      return self._engine.step()  # nothing active: no device call anywhere
+    self._publish("step", program=program)
+    out = self._engine.step(program=program)
+    for n in range(self._deleted, self._sent):  # every process has read these calls (the step needed them all)
+      self._client.key_value_delete(f"{_PREFIX}{n}")
+    self._deleted = self._sent
+    return out
+
+  def stop(self, reason: str = "process 0 stopped", timeout_s: float = 30.0) -> None:
+    """Ends every follower (one line each, naming `reason`); waits up to timeout_s for each to have read it (the
+    store lives in process 0: it must outlive their last read)."""
+    self._stopping = True
+    self._publish("stop", reason)
+    for i in range(1, jax.process_count()):
+      try:
+        self._client.blocking_key_value_get(f"{_PREFIX}stopped/{i}", int(timeout_s * 1000))
+      except Exception:  # pylint: disable=broad-except  (a follower already gone: nothing to wait for)
+        pass
+
+
+def follow(engine, poll_ms: int = _POLL_MS) -> str:
+  """Makes process 0's calls on `engine` until it stops (returns its reason) or is gone (SystemExit with one
+  line). Calls the engine refuses (a JaxspecError, as process 0's engine refused them) are skipped."""
+  from jaxspec.errors import JaxspecError  # pylint: disable=import-outside-toplevel
+  client, done = _client(), threading.Event()
+
+  def beat():
+    count = 0
+    while not done.wait(_BEAT_S):
+      count += 1
+      try:
+        client.key_value_set(f"{_PREFIX}alive/{jax.process_index()}", str(count), allow_overwrite=True)
+      except Exception:  # pylint: disable=broad-except  (process 0 is gone: the main loop says so)
+        return
+
+  threading.Thread(target=beat, name="jaxspec-alive", daemon=True).start()
+  try:
+    return _follow(engine, client, poll_ms, JaxspecError)
+  finally:
+    done.set()
+
+
+def _follow(engine, client, poll_ms: int, refused) -> str:
+  """`follow`'s loop: call n, then n + 1, ...; refused: the errors of a call process 0's engine refused too."""
+  n = 0
+  while True:
+    try:
+      value = client.blocking_key_value_get(f"{_PREFIX}{n}", poll_ms)
+    except Exception as e:  # pylint: disable=broad-except  (a timeout: process 0 is idle; anything else: gone)
+      if "DEADLINE_EXCEEDED" in str(e) or "timed out" in str(e).lower():
+        continue
+      raise SystemExit(f"error: process 0 is gone ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                       f"this process stops.") from None
+    n += 1
+    name, args, kwargs = pickle.loads(base64.b64decode(value))
+    if name == "stop":
+      client.key_value_set(f"{_PREFIX}stopped/{jax.process_index()}", "1")
+      return args[0]
+    try:
+      getattr(engine, name)(*args, **kwargs)
+    except refused:
+      pass  # process 0's engine refused the same call before any device work
