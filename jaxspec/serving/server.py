@@ -101,8 +101,8 @@ def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000,
     server.run()  # uvicorn re-raises a SIGINT it handled (KeyboardInterrupt) once it has shut down
   except KeyboardInterrupt:
     status = INTERRUPTED
-  except SystemExit as e:  # uvicorn could not start (it logged why: the port taken, ...)
-    status = e.code if isinstance(e.code, int) and e.code else 1
+  except SystemExit as e:  # uvicorn could not start (it logged why: the port taken, ...): 1; or a SIGTERM handler
+    status = e.code if isinstance(e.code, int) else 1  # (launch/serve.py's, over several processes) said 0
   if scheduler.failure:
     scheduler.stop()
     raise WarmupFailed(scheduler.failure)
