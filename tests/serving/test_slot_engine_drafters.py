@@ -81,8 +81,9 @@ def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                       iterations_per_step=2, adaptive=TABLE)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]
-  # Load 2, then 3 (one waiting), then down, then 1: every table entry runs, the drafters lag and catch up.
-  arrive = [0, 0, 3, 3, 3, 20]
+  # Load 1, 2, then 3 (PROMPTS[3] ends at its insert: EOS first), then down: every table entry runs, the drafters
+  # lag and catch up.
+  arrive = [0, 1, 3, 3, 3, 3]
   budgets = [MAX_NEW, MAX_NEW, 6, MAX_NEW, MAX_NEW, MAX_NEW]
   requests = [Request(p, RequestSettings(b), arrive=a) for p, a, b in zip(PROMPTS, arrive, budgets)]
   entries = []
@@ -98,6 +99,7 @@ def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   for r, ref, b in zip(requests, refs, budgets):
     assert r.tokens == ref[:b], (name, r.prompt, r.tokens, ref[:b])
   assert {0, 1, 2} <= set(entries), entries
+  assert any(a == 2 and b in (0, 1) for a, b in zip(entries, entries[1:])), entries  # drafting after plain
 
 
 def test_the_draft_prefill_waits_for_the_first_drafting_step():
