@@ -96,16 +96,39 @@ class ServedDraftModel:
 class Deferred:
   """The insert program's drafter: `inner` (a `ModelDrafter` or a `ServedDraftModel`) whose `init` writes zeros
   of its state's shapes (a wrapped row's `drafts` False); the engine prefills the draft later (module
-  docstring). Everything else (`idle`, `settle`, the static attributes) is `inner`'s."""
+  docstring). Everything else is `inner`'s."""
 
   inner: Any
+
+  @property
+  def may_find_nothing(self) -> bool:
+    return self.inner.may_find_nothing
+
+  @property
+  def default_cost(self) -> float:
+    return self.inner.default_cost
+
+  @property
+  def feature_layers(self) -> tuple[int, ...]:
+    return self.inner.feature_layers
+
+  @property
+  def reads_encoder(self) -> bool:
+    return self.inner.reads_encoder
 
   def init(self, params, input_ids, input_lengths, cache_len, features=None, encoder=None):
     shapes = jax.eval_shape(lambda: self.inner.init(params, input_ids, input_lengths, cache_len,
                                                     features=features, encoder=encoder))
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
-  def __getattr__(self, name):
-    if name == "inner":  # not set yet (copy / unpickle): no recursion
-      raise AttributeError(name)
-    return getattr(self.inner, name)
+  def propose(self, request):
+    return self.inner.propose(request)
+
+  def idle(self, state, history, static):
+    return self.inner.idle(state, history, static)
+
+  def settle(self, verdict):
+    return self.inner.settle(verdict)
+
+  def propose_tree(self, params, state, history, static, knobs, keys):
+    return self.inner.propose_tree(params, state, history, static, knobs, keys)
