@@ -303,8 +303,8 @@ def _insert_program(first: _First, layout: _Layout, target_params, draft_params,
       keys=jax.random.fold_in(jax.random.key(seed), 0)[None], step=jnp.int32(0),
       stats=DecodeStats.create(1, first.settings.gamma), budget=max_tokens[None])
   knobs = SamplingKnobs(temperature=temperature[None], top_k=top_k[None], top_p=top_p[None])
-  end = loop._iteration(first.settings, target_params, draft_params, knobs, adaptive.SpeculationKnobs.create(),  # pylint: disable=protected-access
-                        None, first.kind, row)
+  spec = adaptive.SpeculationKnobs.create()
+  end = loop._iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)  # pylint: disable=protected-access
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
 
