@@ -114,6 +114,7 @@ def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy
 
 
 def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts, greedy_refs):
+  before = engine.compiled_programs()
   sampled = RequestSettings(max_tokens=12, temperature=1.0, seed=7)
   filtered = RequestSettings(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3)
   alone = [drive(engine, [Request(prompts[1], s)])[0].tokens for s in (sampled, filtered)]
@@ -125,6 +126,7 @@ def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts,
   # Greedy rows decoded by the sampled programs (one-hot p and q) keep their greedy tokens.
   assert load[0].tokens == greedy_refs[0] and load[3].tokens == greedy_refs[2]
   assert alone[0] != alone[1]
+  assert engine.compiled_programs() == before  # sampled inserts and steps were compiled by warmup
   # The first token is drawn at insert as plain decoding draws it: plain generate's with a per-row seed (the same
   # key derivation, the same draw).
   want = generate_tokens(pair[0], prompts[1], 1, None, jaxspec.Sampling(temperature=1.0), seed=7)
