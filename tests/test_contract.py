@@ -23,14 +23,14 @@ from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import contract, eagle3, t5
 from jaxspec.models.decoder_only import CausalDecoder
-from jaxspec.serving.served_draft import ServedDraftModel
+from jaxspec.serving.served_draft import Deferred, ServedDraftModel
 from jaxspec.sharding.memory_plan import LoopShape
 from stub_models import MarkovDecoder, MarkovEncoderFeatureDecoder, MarkovFeatureDecoder
 
 DECODERS = [CausalDecoder, t5.T5Decoder, model_drafter.VocabResized, OracleDecoder, MarkovDecoder, MarkovFeatureDecoder,
             MarkovEncoderFeatureDecoder]
 DRAFTERS = [PlainDrafter, ModelDrafter, HeadDrafter, CrossHeadDrafter, ngram.NGramDrafter, OracleDrafter,
-            ServedDraftModel]
+            ServedDraftModel, Deferred]
 
 
 def _declared(protocol) -> dict[str, object]:

@@ -3,7 +3,8 @@
     engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), slots=8, max_input_length=128,
                         max_new_tokens=128)
     engine.warmup()                                   # compiles every program once
-    engine.insert(slot, prompt_ids, RequestSettings(max_tokens=32, temperature=0.0))
+    first = engine.insert(slot, prompt_ids, RequestSettings(max_tokens=32, temperature=0.0))
+    first.tokens, first.reason                        # the first token, now (a reason: it ended there)
     out = engine.step()                               # <= iterations_per_step iterations over all active slots
     out.tokens[slot], out.finished[slot], out.reasons[slot]
 
@@ -17,11 +18,16 @@ and a head's prompt positions, the lookup context, T5's cross-attention keys / v
 encoder keys / values and mask: zeros, a False mask).
 
 insert(slot, prompt, settings): one compiled program per prompt bucket (`arguments.bucket_length`: powers of two
-from 16, as `generate` pads): the batch-1 prefill of the target and the drafter (loop.prefill), padded to the
-layout and written into row `slot` of every state array (the slot is a runtime scalar; the state is donated), the
-row's sequence buffer reset, its key made from its seed (`jax.random.fold_in(key(seed), 0)`: what `generate`
-makes for a per-row seed), its settings written. Nothing of the slot's previous request survives: every array of
-the row is overwritten.
+from 16, as `generate` pads) and insert mode (greedy, and the most general compiled mode): the batch-1 prefill of
+the target and the drafter (loop.prefill), then the row's FIRST loop iteration alone (width 1, the drafter
+resting: a plain entry's iteration), padded to the layout and written into row `slot` of every state array (the
+slot is a runtime scalar; the state is donated), its key made from its seed (`jax.random.fold_in(key(seed), 0)`:
+what `generate` makes for a per-row seed), its settings written; the first new token comes back to the host (one
+[4] int32 copy) before the insert returns, so a server streams it before the next step (issue 39: the first token
+never waits for drafting). A request whose first token ends it (EOS, max_tokens 1, non-finite logits) is finished
+at insert. A draft model's prefill is deferred (served_draft.py: the insert writes a zero draft cache) to the
+row's first drafting step, which prefills it first ("wakes" the row; one program per prompt bucket). Nothing of
+the slot's previous request survives: every array of the row is overwritten.
 
 step(): ONE compiled program: a `lax.while_loop` of at most iterations_per_step iterations (stopping early when no
 slot is active) whose body is the decoding loop's own `_iteration` (drafting, one verify call, acceptance,
@@ -41,7 +47,7 @@ the sort). In the sampled modes temperature, top_k and top_p are per-row arrays 
 temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
 acceptance exactly greedy acceptance: its tokens are its greedy tokens whatever program runs. So the step
 programs are, per table entry, (the row buckets its active counts meet) x (the compiled `modes`, all three by
-default), plus one insert per prompt bucket, all compiled by `warmup`.
+default), plus the inserts (per prompt bucket and insert mode) and wakes (per bucket), all compiled by `warmup`.
 
 Exactness. A row's computation never reads another row (the models are row-independent; finished and idle rows
 are frozen), its random draws come from its own key folded with its own iteration count (loop.py), and its token
@@ -55,14 +61,17 @@ answer differs (still an exact draw from the target's distribution). One row buc
 and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
 each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
 `generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
+Its first token is drawn at insert as plain decoding draws it (`generate(..., seed=[seed])` without
+speculation draws the same token); later iterations draft, so with speculation its draws differ from
+`generate`'s speculative ones with the same seed (same distribution: the target's).
 
 Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
 head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
 of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
-A request inserted at a load the table runs plain skips the draft model's prefill (`insert`'s `load`): at high
-load the speculative server prefills what the plain one does; if the load falls to a drafting entry while the
-request runs, its draft is prefilled then (one program per prompt bucket) and it drafts (served_draft.py).
+A row is woken (its draft model prefilled) only by a step that drafts: while the load runs plain the
+speculative server prefills what the plain one does; if the load falls to a drafting entry while the request
+runs, its draft is prefilled then and it drafts (served_draft.py).
 
 Mesh and memory. Each array's rows are the axis its cache or drafter state declares ("batch" in
 `Decoder.cache_axes` / `Drafter.state_axes`); on a mesh the slots are allocated split as `generate` splits its
@@ -102,7 +111,7 @@ from jaxspec.decoding.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.models import contract
-from jaxspec.serving.served_draft import ServedDraftModel
+from jaxspec.serving.served_draft import Deferred, ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard, tree_shardings
 
@@ -145,6 +154,18 @@ class RequestSettings:
     if self.temperature == 0:
       return "greedy"
     return "filtered" if (self.top_k > 0 or self.top_p < 1) else "sampled"
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertOutput:
+  """What `insert` produced: the request's first token, and whether it already finished."""
+
+  tokens: list[int]  # [the first new token]; [] when the target's logits were non-finite.
+  reason: str | None  # "stop" (EOS), "length" (max_tokens 1), "error" (non-finite logits), None: it decodes on.
+
+  @property
+  def finished(self) -> bool:
+    return self.reason is not None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -302,7 +323,8 @@ def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
 
 
 def _everywhere(packed: jax.Array, shardings: tuple | None) -> jax.Array:
-  """The step's packed [R, W + 5] replicated on the mesh: every process reads it whole (one small copy)."""
+  """A program's small packed output (the step's [R, W + 5], the insert's [4]) replicated on the mesh: every process
+  reads it whole (one small copy)."""
   if shardings is None:
     return packed
   return jax.lax.with_sharding_constraint(packed, NamedSharding(shardings[0].mesh, PartitionSpec()))
@@ -335,28 +357,50 @@ def _write_row(row, state, axes, shapes, slot: jax.Array):
   return jax.tree_util.tree_unflatten(treedef, new)
 
 
-def _insert_program(alloc: loop.LoopSettings, layout: _Layout, target_params, draft_params, state: SlotState,
+@dataclasses.dataclass(frozen=True)
+class _First:
+  """The insert program's static settings: the prefill's (`alloc`: the largest slack; a draft model's init
+  deferred) and the first token's resting iteration (`settings`, `kind`: a plain entry's, in one sampling mode)."""
+
+  alloc: loop.LoopSettings
+  settings: loop.LoopSettings
+  kind: loop._Kind  # pylint: disable=protected-access
+
+
+def _insert_program(first: _First, layout: _Layout, target_params, draft_params, state: SlotState,
                     slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
                     top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array, ignore_eos: jax.Array,
-                    min_tokens: jax.Array) -> SlotState:
-  """Prefills one request (ids [1, bucket], length [1]) and writes it into row `slot` ([] int32) of `state`."""
-  cache, draft_state, first = loop.prefill(alloc, target_params, draft_params, ids, length)
-  cache, draft_state = _write_row((cache, draft_state), (state.target_cache, state.draft_state), layout.axes,
-                                  layout.shapes, slot)
-  row = jnp.full((1, state.sequences.shape[1]), alloc.pad_id, jnp.int32).at[:, 0].set(first)
-  key = jax.random.fold_in(jax.random.key(seed), 0)
+                    min_tokens: jax.Array):
+  """Prefills one request (ids [1, bucket], length [1]), runs its first loop iteration alone (width 1, the
+  drafter resting: the first new token, as a plain step's first iteration draws it) and writes the row into
+  `slot` ([] int32) of `state`: (new state, [4] int32: the token, tokens emitted (0: failed), done, failed)."""
+  cache, draft_state, last = loop.prefill(first.alloc, target_params, draft_params, ids, length)
+  row = loop.LoopState(
+      sequences=jnp.full((1, state.sequences.shape[1]), first.alloc.pad_id, jnp.int32).at[:, 0].set(last),
+      lengths=jnp.ones((1,), jnp.int32), done=jnp.zeros((1,), bool), failed=jnp.zeros((1,), bool),
+      target_cache=cache, draft_state=draft_state, schedule=None,
+      keys=jax.random.fold_in(jax.random.key(seed), 0)[None], step=jnp.int32(0),
+      stats=DecodeStats.create(1, first.settings.gamma), budget=max_tokens[None], ignore_eos=ignore_eos[None],
+      min_tokens=min_tokens[None])
+  knobs = SamplingKnobs(temperature=temperature[None], top_k=top_k[None], top_p=top_p[None])
+  spec = adaptive.SpeculationKnobs.create()
+  end = loop._iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)  # pylint: disable=protected-access
+  cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
+                                  layout.axes, layout.shapes, slot)
 
   def put(array, value):
-    return array.at[slot].set(value)
+    return array.at[slot].set(value[0])
 
-  return _placed(SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, row, slot, axis=0),
-                           lengths=put(state.lengths, 1), done=put(state.done, False),
-                           failed=put(state.failed, False), target_cache=cache, draft_state=draft_state,
-                           keys=put(state.keys, key), iterations=put(state.iterations, 0),
-                           budget=put(state.budget, max_tokens), temperature=put(state.temperature, temperature),
-                           top_k=put(state.top_k, top_k), top_p=put(state.top_p, top_p),
-                           ignore_eos=put(state.ignore_eos, ignore_eos), min_tokens=put(state.min_tokens, min_tokens)),
-                 layout.shardings)
+  new = SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, end.sequences, slot, axis=0),
+                  lengths=put(state.lengths, end.lengths), done=put(state.done, end.done),
+                  failed=put(state.failed, end.failed), target_cache=cache, draft_state=draft_state,
+                  keys=put(state.keys, row.keys), iterations=put(state.iterations, end.stats.iterations),
+                  budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
+                  top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
+                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]))
+  out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
+                   end.failed[0].astype(jnp.int32)])
+  return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
 
 
 def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state: SlotState, slot: jax.Array,
@@ -521,10 +565,14 @@ class SlotEngine:
           alloc = settings
     # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
-    # Inserts at a load the table runs plain skip a draft model's prefill (those rows never draft).
-    self._quiet_alloc = None
-    if isinstance(drafter, ServedDraftModel) and any(e.plain for e in adaptive.entries):
-      self._quiet_alloc = dataclasses.replace(self._alloc, drafter=dataclasses.replace(drafter, prefill=False))
+    # The insert: the first token from a plain entry's resting iteration; a draft model's prefill deferred to the
+    # row's first drafting step (served_draft.py: `Deferred`, woken by `step`).
+    self._defers = isinstance(drafter, (ModelDrafter, ServedDraftModel))
+    first = dataclasses.replace(self._alloc, drafter=Deferred(drafter)) if self._defers else self._alloc
+    self._first = {m: _First(first, dataclasses.replace(first, gamma=int(speculation is not None), tree=None,
+                                                        greedy=m == "greedy", filtering=m == "filtered"),
+                             loop._Kind(rests=speculation is not None, width=1))  # pylint: disable=protected-access
+                   for m in {self._insert_mode(m) for m in self.modes}}
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
     self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
     self._layout, self._state = self._allocate()
@@ -668,37 +716,43 @@ class SlotEngine:
       raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
                           f"{self.max_new_tokens}.")
 
-  def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings, *,
-             load: int | None = None) -> None:
-    """Prefills one request into a free `slot` (one compiled program per prompt bucket; nothing recompiles).
-
-    load: the number of active slots this insert leads to (a scheduler admitting several requests at once passes
-    the count after all of them; default: the active slots after this one). Where the table runs plain at that
-    load, a draft model's prompt prefill is skipped and the request never drafts (served_draft.py)."""
+  def insert(self, slot: int, prompt_ids: Sequence[int], settings: RequestSettings) -> InsertOutput:
+    """Prefills one request into a free `slot` and returns its first token (one compiled program per prompt bucket
+    and insert mode; nothing recompiles): the target's prefill and one resting iteration of the row alone, so the
+    token is ready before the next step. A draft model's prefill is deferred to the row's first drafting step
+    (`step` wakes it). A request whose first token ends it (EOS, max_tokens 1, non-finite logits) is finished
+    here and its slot is free again."""
     slot = self._check_slot(slot)
     if self._active[slot]:
       raise SettingsError(f"slot {slot} is busy: free it first (engine.free) or pick one of free_slots().")
     self.check_request(settings)
     ids = self._check_prompt(prompt_ids)
-    if load is None:
-      load = int(self._active.sum()) + 1
-    if not is_int(load) or load < 1:
-      raise SettingsError(f"load must be an integer >= 1, got {load!r}.")
-    alloc = self._alloc
-    if self._quiet_alloc is not None and self.table.entries[self.table.index(min(int(load), self.slots))].plain:
-      alloc = self._quiet_alloc
     bucket = arguments.bucket_length(len(ids), self.max_input_length)
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
-    self._state = _INSERT(alloc, self._layout, self.target_params, self.draft_params, self._state,
-                          *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
-                                        np.uint32(settings.seed), np.float32(settings.temperature),
-                                        np.int32(settings.top_k), np.float32(settings.top_p),
-                                        np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
-                                        np.int32(settings.min_tokens)))
-    self._active[slot], self._stop[slot], self._requests[slot] = True, False, settings
-    self._quiet[slot] = alloc is self._quiet_alloc
+    self._state, out = _INSERT(self._first[self._insert_mode(settings.mode)], self._layout, self.target_params,
+                               self.draft_params, self._state,
+                               *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
+                                             np.uint32(settings.seed), np.float32(settings.temperature),
+                                             np.int32(settings.top_k), np.float32(settings.top_p),
+                                             np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
+                                             np.int32(settings.min_tokens)))
+    token, count, done, failed = (int(x) for x in jax.device_get(out))
+    tokens = [token][:count]
+    reason = None
+    if done:
+      ended_by_eos = tokens and tokens[-1] in self.eos_ids and not settings.ignore_eos
+      reason = "error" if failed else "stop" if ended_by_eos else "length"
+    self._active[slot], self._stop[slot] = not done, False
+    self._requests[slot] = None if done else settings
+    self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
+    return InsertOutput(tokens=tokens, reason=reason)
+
+  def _insert_mode(self, needed: str) -> str:
+    """The insert's sampling mode: greedy where compiled, else the most general compiled mode (a sampled row's
+    draw in a "filtered" program with top_k 0 and top_p 1 is the "sampled" program's, bit for bit)."""
+    return "greedy" if needed == "greedy" and "greedy" in self.modes else self.modes[-1]
 
   def free(self, slot: int) -> None:
     """Stops `slot` now (a stop string, a client gone): it decodes no more and is free for the next insert."""
@@ -794,14 +848,12 @@ class SlotEngine:
     busy = self._active.any()
     if busy:
       raise SettingsError("warmup runs on an idle engine (before any insert).")
-    loads = {self.table.entries[self.table.index(n)].plain: n for n in range(self.slots, 0, -1)}
-    if self._quiet_alloc is None:
-      loads = {False: 1}
-    for bucket, load in itertools.product(self.buckets, sorted(loads.values())):  # with a draft prefill, without
+    for bucket, mode in itertools.product(self.buckets, sorted(self._first)):
       prompt = [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id]
-      self.insert(0, prompt, RequestSettings(1), load=load)
-      if self._quiet[0]:
-        self._wake([0])
+      self.insert(0, prompt, RequestSettings(1, temperature=0.0 if mode == "greedy" else 1.0))  # ends there
+      if self._defers:
+        self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
+        self._wake([0])  # an idle row's draft: overwritten by the next insert
       self.free(0)
     for key in self._programs:
       self.step(program=key)

@@ -86,9 +86,9 @@ class Leader:
     self._client.key_value_set(f"{_PREFIX}{self._sent}", value)
     self._sent += 1
 
-  def insert(self, slot, prompt_ids, settings, *, load=None) -> None:
-    self._publish("insert", slot, list(prompt_ids), settings, load=load)
-    self._engine.insert(slot, prompt_ids, settings, load=load)
+  def insert(self, slot, prompt_ids, settings):
+    self._publish("insert", slot, list(prompt_ids), settings)
+    return self._engine.insert(slot, prompt_ids, settings)  # the first token (InsertOutput), on every process
 
   def free(self, slot) -> None:
     self._publish("free", slot)

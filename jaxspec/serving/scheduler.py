@@ -8,12 +8,13 @@
     handle.cancel()                           # a client gone: its slot is freed before the next step
 
 The engine is synchronous and not thread-safe, so only the engine thread calls it. Its loop: free the slots of
-cancelled requests, insert waiting requests into free slots (first come, first served), run one `engine.step()`
-(a few loop iterations over every active slot, one device-to-host copy), then per slot turn the new tokens into
-text (`TextStream`: incremental detokenization and stop strings; a stop string frees the slot at once) and hand
-the deltas to the request's asyncio consumer (`loop.call_soon_threadsafe`). Requests wait in a bounded queue:
-`submit` refuses one more with 429. Latencies go to `Metrics` as they happen: TTFT from arrival to the step that
-returned the first token, inter-token latency as a step's time spread over the tokens it gave a request.
+cancelled requests, insert waiting requests into free slots (first come, first served; each insert returns the
+request's first token, handed on at once), run one `engine.step()` (a few loop iterations over every active slot,
+one device-to-host copy), then per slot turn the new tokens into text (`TextStream`: incremental detokenization
+and stop strings; a stop string frees the slot at once) and hand the deltas to the request's asyncio consumer
+(`loop.call_soon_threadsafe`). Requests wait in a bounded queue: `submit` refuses one more with 429. Latencies go
+to `Metrics` as they happen: TTFT from arrival to the insert that returned the first token (never a step: issue
+39), inter-token latency as a step's time spread over the tokens it gave a request.
 """
 
 from __future__ import annotations
@@ -211,12 +212,11 @@ class Scheduler:
           return
         handle = self._waiting.popleft()
         self.metrics.queue_length.set(len(self._waiting))
-        waiting = len(self._waiting)
       slot = free.pop(0)
       r = handle.request
-      load = len(self._active) + 1 + min(waiting, len(free))  # active once this round's admissions are in
+      started = time.perf_counter()
       try:
-        self.engine.insert(slot, list(r.prompt_ids), handle.settings, load=load)
+        first = self.engine.insert(slot, list(r.prompt_ids), handle.settings)
       except Exception as e:  # pylint: disable=broad-except  (one request's failure, said to its client)
         logging.exception("insert failed")
         free.insert(0, slot)
@@ -227,6 +227,9 @@ class Scheduler:
       self._active[slot] = handle
       self.metrics.prompt_tokens.inc(len(r.prompt_ids))
       self.metrics.active_slots.set(len(self._active))
+      self._deliver(handle, first.tokens, first.reason, started, time.perf_counter())  # the first token, now
+      if self._active.get(slot) is not handle:  # it ended at its first token: the slot is free again
+        free.insert(0, slot)
 
   def _step(self) -> None:
     started = time.perf_counter()
@@ -243,24 +246,28 @@ class Scheduler:
     self.metrics.accepted.inc(int(sum(int(x) for x in out.accepted)))
     for slot, handle in list(self._active.items()):
       tokens = list(out.tokens[slot]) if slot < len(out.tokens) else []
-      finished = bool(out.finished[slot])
-      if tokens:
-        self._tokens(handle, tokens, started, now)
-      if handle.text.stopped:  # a stop string: the slot is freed now, whatever the engine decided
-        self._release(handle)
-        self._finish(handle, "stop")
-      elif finished:
-        del self._active[slot]
-        self.metrics.active_slots.set(len(self._active))
-        reason = out.reasons[slot]
-        if reason == "error":
-          self._finish(handle, error="the target's logits turned non-finite (NaN or inf) for this request")
-        else:
-          self._finish(handle, reason or "stop")
+      self._deliver(handle, tokens, out.reasons[slot] if out.finished[slot] else None, started, now)
+
+  def _deliver(self, handle: Handle, tokens: list[int], reason: str | None, started: float, now: float) -> None:
+    """Hands an insert's or a step's tokens to the request and ends it where they end it (reason: the engine
+    finished the slot: "stop", "length" or "error"; a stop string in the text ends it too)."""
+    if tokens:
+      self._tokens(handle, tokens, started, now)
+    if handle.text.stopped:  # a stop string: the slot is freed now, whatever the engine decided
+      self._release(handle)
+      self._finish(handle, "stop")
+    elif reason is not None:
+      del self._active[handle.slot]
+      self.metrics.active_slots.set(len(self._active))
+      if reason == "error":
+        self._finish(handle, error="the target's logits turned non-finite (NaN or inf) for this request")
+      else:
+        self._finish(handle, reason)
 
   def _tokens(self, handle: Handle, tokens: list[int], started: float, now: float) -> None:
-    """TTFT at the request's first tokens; each later token observes the time since the request's previous step
-    spread over this step's tokens (the first step's other tokens: the step's time spread over all of them)."""
+    """TTFT at the request's first tokens (its insert's); each later token observes the time since the request's
+    previous tokens spread over this step's tokens (the first delivery's other tokens, if any: its time spread over
+    all of them)."""
     n = len(tokens)
     if handle.first_token_at is None:
       handle.first_token_at = now

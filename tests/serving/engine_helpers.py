@@ -36,9 +36,13 @@ def drive(engine: SlotEngine, requests: list[Request], max_steps: int = 400, out
         break
       r.slot = free[0]
       r.slots_used.append(r.slot)
-      engine.insert(r.slot, r.prompt, r.settings)
-      running[r.slot] = r
+      first = engine.insert(r.slot, r.prompt, r.settings)
+      r.tokens += first.tokens
       pending.remove(r)
+      if first.finished:
+        r.reason = first.reason
+      else:
+        running[r.slot] = r
     if not running and not pending:
       return requests
     out = engine.step()

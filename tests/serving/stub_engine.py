@@ -1,10 +1,10 @@
 """A stand-in for `jaxspec.serving.engine.SlotEngine` with known answers, for the HTTP layer's tests (errors, queue
 bound, cancellation, metrics) where a real model would only add time: the same methods, no device.
 
-Slot s decoding a prompt p emits, each step, `per_step` tokens of a fixed cycle of ordinary ids picked by
-(p[0], seed) (temperature 0 uses seed 0), ending with EOS after `eos_after` tokens when that is set (not before
-min_tokens; never with ignore_eos), or "length" at max_tokens. `step_s` sleeps per step so that a test can hold
-slots busy.
+Slot s decoding a prompt p emits its first token at insert, then each step `per_step` tokens, of a fixed cycle of
+ordinary ids picked by (p[0], seed) (temperature 0 uses seed 0), ending with EOS after `eos_after` tokens when
+that is set (not before min_tokens; never with ignore_eos), or "length" at max_tokens. `step_s` sleeps per step so
+that a test can hold slots busy.
 """
 
 from __future__ import annotations
@@ -36,6 +36,16 @@ class StepOutput:
   accepted: np.ndarray
 
 
+@dataclasses.dataclass(frozen=True)
+class InsertOutput:
+  tokens: list
+  reason: str | None
+
+  @property
+  def finished(self):
+    return self.reason is not None
+
+
 class StubEngine:
   """Slots with scripted outputs; `owner` records the thread that calls it (the scheduler must use one)."""
 
@@ -65,12 +75,17 @@ class StubEngine:
   def check_request(self, settings):
     """The engine's own check (SlotEngine.check_request): called by the handler's thread, so not _touch'ed."""
 
-  def insert(self, slot, prompt_ids, settings, *, load=None):
+  def insert(self, slot, prompt_ids, settings):
+    """The first token now (as SlotEngine.insert); a request whose first token ends it leaves its slot free."""
     self._touch()
     assert slot not in self.state and 0 <= slot < self.slots, slot
     assert 0 < len(prompt_ids) <= self.max_input_length
-    self.state[slot] = [list(prompt_ids), settings, 0]
     self.inserted += 1
+    full = self.expected(list(prompt_ids), settings)
+    if len(full) == 1:
+      return InsertOutput(full, "stop" if full[0] == self.tokenizer.eos_id else "length")
+    self.state[slot] = [list(prompt_ids), settings, 1]
+    return InsertOutput(full[:1], None)
 
   def free(self, slot):
     self._touch()

@@ -81,8 +81,9 @@ def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                       iterations_per_step=2, adaptive=TABLE)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]
-  # Load 2, then 3 (one waiting), then down, then 1: every table entry runs, the drafters lag and catch up.
-  arrive = [0, 0, 3, 3, 3, 20]
+  # Load 1, 2, then 3 (PROMPTS[3] ends at its insert: EOS first), then down: every table entry runs, the drafters
+  # lag and catch up.
+  arrive = [0, 1, 3, 3, 3, 3]
   budgets = [MAX_NEW, MAX_NEW, 6, MAX_NEW, MAX_NEW, MAX_NEW]
   requests = [Request(p, RequestSettings(b), arrive=a) for p, a, b in zip(PROMPTS, arrive, budgets)]
   entries = []
@@ -98,21 +99,22 @@ def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
   for r, ref, b in zip(requests, refs, budgets):
     assert r.tokens == ref[:b], (name, r.prompt, r.tokens, ref[:b])
   assert {0, 1, 2} <= set(entries), entries
+  assert any(a == 2 and b in (0, 1) for a, b in zip(entries, entries[1:])), entries  # drafting after plain
 
 
-def test_a_request_inserted_under_a_plain_load_skips_the_draft_prefill():
-  """A draft model's prompt prefill is skipped for a request inserted at a load the table runs plain (its draft
-  cache row is zeros: nothing of the slot's previous request survives); it drafts nothing while the load stays
-  plain, and when the load falls to a drafting entry its draft is prefilled then (woken) and it drafts, catching up
-  on the tokens generated meanwhile; every request equals generate's greedy tokens; nothing compiles after
-  warmup."""
+def test_the_draft_prefill_waits_for_the_first_drafting_step():
+  """A draft model's prompt prefill is not in the insert (the first token comes from the target alone; the draft
+  cache row is zeros: nothing of the slot's previous request survives); a step that drafts prefills it first
+  (wakes the row); a request inserted at a load the table runs plain drafts nothing while the load stays plain, and
+  when the load falls to a drafting entry it is woken and drafts, catching up on the tokens generated meanwhile;
+  every request equals generate's greedy tokens; nothing compiles after warmup."""
   target, speculation = _case("draft")
   table = SpeculationTable((TableEntry(max_active=2, gamma=3), TableEntry(max_active=3, gamma=0)))
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                       iterations_per_step=2, adaptive=table, modes=("greedy",))
   engine.warmup()
   compiled = engine.compiled_programs()
-  refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:4]]
+  refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:5]]
 
   def draft_rows(slot):
     state = engine._state  # pylint: disable=protected-access
@@ -124,17 +126,18 @@ def test_a_request_inserted_under_a_plain_load_skips_the_draft_prefill():
   def drafts(slot):
     return bool(engine._state.draft_state.drafts[slot])  # pylint: disable=protected-access
 
-  engine.insert(1, PROMPTS[3], RequestSettings(MAX_NEW), load=1)  # drafts: its draft cache row is prefilled
-  assert drafts(1) and any(np.any(r != 0) for r in draft_rows(1))
-  out = engine.step()
-  assert out.drafted[1] > 0
+  eos = engine.insert(1, PROMPTS[3], RequestSettings(MAX_NEW))  # EOS first: it ends at insert, its slot free
+  assert eos.tokens == refs[3] == [EOS] and eos.reason == "stop" and 1 in engine.free_slots()
+  first = engine.insert(1, PROMPTS[4], RequestSettings(MAX_NEW))
+  assert first.tokens == refs[4][:1] and not first.finished
+  assert not drafts(1) and all(np.all(r == 0) for r in draft_rows(1))  # the draft's prefill is not in the insert
+  out = engine.step()  # a drafting entry: woken first
+  assert drafts(1) and any(np.any(r != 0) for r in draft_rows(1)) and out.drafted[1] > 0
   budgets = {0: 4, 1: MAX_NEW, 2: MAX_NEW}
   engine.free(1)
-  engine.insert(0, PROMPTS[0], RequestSettings(budgets[0]), load=3)
-  engine.insert(1, PROMPTS[1], RequestSettings(MAX_NEW), load=3)  # the table's plain entry: no draft prefill
-  engine.insert(2, PROMPTS[2], RequestSettings(MAX_NEW), load=3)
+  tokens = {s: engine.insert(s, PROMPTS[s], RequestSettings(budgets[s])).tokens for s in budgets}
   assert not drafts(1) and all(np.all(r == 0) for r in draft_rows(1))  # the previous request's draft is gone
-  tokens, plain_steps = {s: [] for s in budgets}, 0
+  plain_steps = 0
   drafted = {(s, plain): 0 for s in budgets for plain in (True, False)}
   for _ in range(100):
     out = engine.step()

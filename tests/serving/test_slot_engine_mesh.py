@@ -67,7 +67,7 @@ out["data4_equal"] = [t == r for t, r in zip(tokens, refs)]
 out["data4_rows"] = rows
 out["data4_kept"] = placed(quarter) == before
 padded = np.zeros((1, 16), np.int32)
-insert = slot_engine._INSERT.lower(quarter._alloc, quarter._layout, quarter.target_params, quarter.draft_params,
+insert = slot_engine._INSERT.lower(quarter._first["greedy"], quarter._layout, quarter.target_params, quarter.draft_params,
                                    quarter._state, np.int32(1), padded, np.asarray([3], np.int32), np.uint32(0),
                                    np.float32(0), np.int32(0), np.float32(1), np.int32(5), np.bool_(False),
                                    np.int32(0)).compile().as_text()

@@ -2,7 +2,8 @@
 each) through a draft-model engine, requests joining slots as others leave, against the exact distribution of
 two-token outputs computed from the target's own logits (temperature, top-k, top-p applied in numpy), by a
 chi-square test at p ~ 3e-6 (temperature 2 flattens the tiny target's peaked distribution: ~20 outcomes
-above the pooling threshold). The negative control breaks the acceptance rule (the correction token drawn from p
+above the pooling threshold). The first token is drawn at insert (plain decoding), the second through the draft's
+acceptance rule. The negative control breaks the acceptance rule (the correction token drawn from p
 instead of the residual) and the same statistic rejects it."""
 
 from __future__ import annotations
@@ -54,9 +55,12 @@ def _samples(engine: SlotEngine, settings: list[RequestSettings]) -> list[tuple]
     while todo and engine.free_slots():
       i, s = todo.pop()
       slot = engine.free_slots()[0]
-      engine.insert(slot, PROMPT, s)
-      running[slot] = (i, [])
-    if not running:
+      first = engine.insert(slot, PROMPT, s)  # the first token (drawn as plain decoding draws it)
+      if first.finished:
+        out[i] = tuple(first.tokens)
+      else:
+        running[slot] = (i, list(first.tokens))
+    if not running and not todo:
       return out
     step = engine.step()
     for slot in list(running):
