@@ -171,6 +171,12 @@ class Speculation:
   tree: Tree | None = None
 
   def __post_init__(self):
+    # The kind is the registry's to check (when the draft source is made: settings.py imports no drafter); what
+    # can never be a draft is refused now.
+    _require(self.draft is not None and not isinstance(self.draft, (str, bytes, int, float)),
+             f"Speculation.draft must be a jaxspec.Model, a jaxspec.FeatureHead or a jaxspec.NGramDraft (a model or "
+             f"head from jaxspec.load), got {type(self.draft).__name__}" + (f" {self.draft!r}: load it first."
+                                                                             if isinstance(self.draft, str) else "."))
     g, c, f, i, d, a = (self.gamma, self.draft_confidence, self.fallback_alpha, self.probe_interval, self.draft_cost,
                         self.prior_alpha)
     check_int(g, "Speculation.gamma", 1, 256, note=" (draft tokens per iteration)")

@@ -124,6 +124,9 @@ class Deferred:
                                                     features=features, encoder=encoder))
     return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
+  def state_axes(self):
+    return self.inner.state_axes()
+
   def propose(self, request):
     return self.inner.propose(request)
 
