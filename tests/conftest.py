@@ -111,6 +111,7 @@ HEAVY_FILES = (
 )
 
 
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering within files (module-scoped parameters)
 def pytest_collection_modifyitems(items):
   """Puts the tests of HEAVY_FILES first, in that order; every other test keeps its collected order."""
   rank = {path: i for i, path in enumerate(HEAVY_FILES)}
