@@ -83,13 +83,14 @@ def test_greedy_speculative_equals_plain_and_transformers(pair, gamma):
     np.testing.assert_array_equal(row[:n], hf_row[:n])
     assert (row[n:] == 0).all()
     assert n == MAX_NEW or row[n - 1] == eos
-  for draft in (noisy_e, other_e):
+  accepted = {}
+  for name, draft in (("noisy", noisy_e), ("other", other_e)):
     spec = jaxspec.generate(target_e, prompts, jaxspec.Speculation(draft, gamma=gamma), max_new_tokens=MAX_NEW)
     np.testing.assert_array_equal(spec.tokens, plain_e.tokens)
     np.testing.assert_array_equal(spec.lengths, plain_e.lengths)
+    accepted[name] = spec.stats.accepted.sum()
   # With the noisy draft, blocks of several tokens are accepted, so EOS lands inside accepted blocks.
-  spec = jaxspec.generate(target_e, prompts, jaxspec.Speculation(noisy_e, gamma=gamma), max_new_tokens=MAX_NEW)
-  assert spec.stats.accepted.sum() > 0
+  assert accepted["noisy"] > 0
   # Without an EOS cut, plain decoding also equals transformers.
   np.testing.assert_array_equal(plain.tokens, _hf_greedy(target_dir, prompts, 1, MAX_NEW)[:, :MAX_NEW])
 

@@ -116,8 +116,11 @@ def tiny_setup(tmp_path_factory):
   write_sentencepiece_tokenizer(str(root / "sp.model"), str(root / "tok"))
   common = [f"--config.tokenizer={root / 'tok'}", f"--config.train={root / 'train.tsv.gz'}",
             f"--config.dev={root / 'dev.tsv'}", "--config.log_every=5", "--config.eval_every=1000",
-            "--config.checkpoint_every=5", "--config.dev_bleu_sentences=4", "--config.dev_loss_pairs=6",
-            "--config.tokens_per_batch=64", "--config.warmup_steps=2"]
+            "--config.checkpoint_every=5", "--config.dev_bleu_sentences=0", "--config.dev_loss_pairs=6",
+            "--config.tokens_per_batch=64", "--config.warmup_steps=2",
+            # One length bucket: one train program per run (the default buckets compile four; bucketing has its
+            # own test above). Dev BLEU (a greedy decode per evaluation) only where a test reads it.
+            "--config.max_len=32", "--config.length_buckets=32"]
   tiny = ["--config.model.d_model=16", "--config.model.d_kv=4", "--config.model.d_ff=32",
           "--config.model.num_layers=1", "--config.model.num_decoder_layers=1", "--config.model.num_heads=2"]
   return root, common, tiny
@@ -127,9 +130,10 @@ def test_training_resumes_and_distils(tiny_setup):
   root, common, tiny = tiny_setup
   workdir = root / "target"
   first = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                      "--config.train_steps=10"] + common + tiny)
+                      "--config.train_steps=10"] + common + tiny + ["--config.dev_bleu_sentences=4"])
   assert first.returncode == 0, first.stderr[-3000:]
   assert "step 10/10" in first.stdout and "eval step 10: dev loss" in first.stdout
+  assert "dev BLEU" in first.stdout and "(greedy, 4 natural sentences)" in first.stdout
   # A second run with a longer schedule continues from the saved step instead of starting over.
   second = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
                        "--config.train_steps=15"] + common + tiny)

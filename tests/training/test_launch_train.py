@@ -17,7 +17,10 @@ PAIRS = [("The house is small.", "Das Haus ist klein."), ("The dog is big.", "De
 TINY = ["--config.model.d_model=16", "--config.model.d_kv=4", "--config.model.d_ff=32", "--config.model.num_layers=1",
         "--config.model.num_decoder_layers=1", "--config.model.num_heads=2", "--config.tokens_per_batch=64",
         "--config.log_every=1", "--config.checkpoint_every=1", "--config.eval_every=1000",
-        "--config.dev_loss_pairs=2", "--config.warmup_steps=1", f"--config.tokenizer={EMBEDDED_TOKENIZER}"]
+        "--config.dev_loss_pairs=2", "--config.warmup_steps=1", f"--config.tokenizer={EMBEDDED_TOKENIZER}",
+        # What these runs check is the token cache: one length bucket (one train program, not four) and no dev BLEU
+        # (a greedy decode at the last step).
+        "--config.max_len=32", "--config.length_buckets=32", "--config.dev_bleu_sentences=0"]
 
 
 @pytest.fixture(scope="module")
