@@ -23,7 +23,7 @@ from jaxspec.decoding import arguments, memory_guard, placement, streaming
 from jaxspec.decoding.device import adaptive, loop
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.protocol import DraftSource
+from jaxspec.decoding.device.drafter import DraftSource
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError

@@ -15,7 +15,7 @@ from `generate`:
   feeding the tokens generated meanwhile. So a draft model's prefill is paid only by requests that draft.
 
 The drafter's state is `ServedDraftState`: the draft cache and, per row, whether the row drafts. Everything else is
-the wrapped `ModelDrafter`'s (decoding/drafters/protocol.py).
+the wrapped `ModelDrafter`'s (decoding/device/drafter.py).
 
 Shapes: B rows, V vocabulary.
 """

@@ -131,7 +131,7 @@ def test_every_speculation_drafts_from_one_source_placed_one_way():
   `placement.draft_params_on` places it one way: as it is without a mesh; on a mesh, arrays already there kept, the
   rest placed once (the same copy on the next call), a draft model's by its axes, and nothing stored on the user's
   object."""
-  from jaxspec.decoding.drafters.protocol import DraftSource
+  from jaxspec.decoding.device.drafter import DraftSource
   from jaxspec.sharding import make_mesh, mesh_of
   target, head, t5_target, _, t5_draft = _models()
   mesh = make_mesh(data=1, model=1, devices=jax.devices()[:1])

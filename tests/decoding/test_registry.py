@@ -10,7 +10,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.protocol import DraftSource, Proposal
+from jaxspec.decoding.device.drafter import DraftSource, Proposal
 from jaxspec.models import t5
 
 

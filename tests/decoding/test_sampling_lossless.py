@@ -20,7 +20,7 @@ import torch
 
 from jaxspec.decoding.device import adaptive, loop, sampling, tree_verify, verify
 from jaxspec.decoding.drafters import ngram, tree
-from jaxspec.decoding.drafters.protocol import PlainDrafter
+from jaxspec.decoding.device.drafter import PlainDrafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.decoding.settings import Tree
 from jaxspec.models import t5

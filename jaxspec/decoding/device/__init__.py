@@ -2,7 +2,8 @@
 (verify.py) and token trees (tree_verify.py), the sampling transforms both sides share (sampling.py) and the
 draft-length schedules with their runtime knobs (adaptive.py).
 
-Nothing here knows a drafter by kind: the loop reaches drafters through `drafters.protocol` only, and imports no
+It also holds the `Drafter` protocol the loop calls (drafter.py): nothing here knows a drafter by kind or imports
+drafters/ (every drafter imports drafter.py), and nothing imports the
 host API (engine, placement, arguments, memory_guard, settings); from the top level it reads only what it hands
 back to the host (stats.py's `DecodeStats`, streaming.py's `emit`). tests/test_layers.py checks both.
 """

@@ -12,7 +12,7 @@ generated tokens; a cache's `positions` count how many of them it has fed.
 
 Each iteration, for every unfinished row:
   1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:
-     drafters/ngram.py; nothing: protocol.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
+     drafters/ngram.py; nothing: drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
      at most the batch's length from its schedule and fallback (adaptive.py), and fewer where the drafter stops
      early (draft confidence, a lookup without a match);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
@@ -51,7 +51,7 @@ from flax import struct
 
 from jaxspec.decoding import streaming
 from jaxspec.decoding.device import adaptive, sampling, tree_verify, verify
-from jaxspec.decoding.drafters.protocol import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
+from jaxspec.decoding.device.drafter import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
                                                 TreeProposal, Verdict)
 from jaxspec.decoding.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows

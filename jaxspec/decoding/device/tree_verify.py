@@ -25,7 +25,7 @@ long as the tree was chosen from draft information only (never from the target's
 with the same token has r(x) = 0 by then and is never accepted.
 
 Sampled children (`accept_tree_recursive`): when the drafter DREW each expanded node's K children from its q
-without replacement (x_1 .. x_K in draw order; `protocol.SampledSiblings`), recursive rejection sampling (Jeon et
+without replacement (x_1 .. x_K in draw order; `drafter.SampledSiblings`), recursive rejection sampling (Jeon et
 al. 2024, "Recursive Speculative Decoding") accepts more: with r = p at the node and q_1 = q, accept x_i with
 probability min(1, r_i(x_i) / q_i(x_i)); on rejection r_{i+1} = norm(max(0, r_i - q_i)) and q_{i+1} = q_i
 without x_i, renormalised; when every draw is rejected, the next token comes from r_{K+1}. Each stage is
@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding.device import sampling
-from jaxspec.decoding.drafters.protocol import SampledSiblings
+from jaxspec.decoding.device.drafter import SampledSiblings
 from jaxspec.decoding.device.verify import residual_probs
 
 

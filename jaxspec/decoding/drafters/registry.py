@@ -3,7 +3,7 @@
     source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
-`make(target, setting) -> DraftSource` (protocol.py: the drafter and the params it reads). `draft_source` accepts
+`make(target, setting) -> DraftSource` (device/drafter.py: the drafter and the params it reads). `draft_source` accepts
 exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when the engine or the
 serving engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and the engine and the
 serving engine know drafters only through `draft_source`. A new drafter kind
@@ -19,7 +19,7 @@ from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.ngram import NGramDrafter
-from jaxspec.decoding.drafters.protocol import DraftSource, PlainDrafter
+from jaxspec.decoding.device.drafter import DraftSource, PlainDrafter
 from jaxspec.decoding.settings import NGramDraft
 from jaxspec.errors import SettingsError
 from jaxspec.models import eagle3
