@@ -19,13 +19,13 @@ import jax
 import numpy as np
 
 from jaxspec.checks import check_int
-from jaxspec.decoding import arguments, memory_guard, placement, streaming
-from jaxspec.decoding.device import adaptive, loop
-from jaxspec.decoding.device.sampling import SamplingKnobs
-from jaxspec.decoding.drafters import registry
+from jaxspec.decoding import arguments, memory_guard, placement
+from jaxspec.decoding.device import adaptive, loop, streaming
 from jaxspec.decoding.device.drafter import DraftSource
+from jaxspec.decoding.device.sampling import SamplingKnobs
+from jaxspec.decoding.device.stats import GenerateOutput
+from jaxspec.decoding.drafters import registry
 from jaxspec.decoding.settings import Sampling, Speculation
-from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.models.loaded import Model
 

@@ -91,7 +91,7 @@ from jaxspec.decoding.drafters import registry
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.checks import check_seed, is_int
 from jaxspec.decoding.settings import Sampling, Speculation
-from jaxspec.decoding.stats import DecodeStats
+from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.served_draft import ServedDraftModel

@@ -49,11 +49,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import streaming
-from jaxspec.decoding.device import adaptive, sampling, tree_verify, verify
+from jaxspec.decoding.device import adaptive, sampling, streaming, tree_verify, verify
 from jaxspec.decoding.device.drafter import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
-                                                TreeProposal, Verdict)
-from jaxspec.decoding.stats import DecodeStats
+                                             TreeProposal, Verdict)
+from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
 
 if TYPE_CHECKING:
