@@ -23,7 +23,7 @@ from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import contract, eagle3, t5
 from jaxspec.models.decoder_only import CausalDecoder
-from jaxspec.serving.served_draft import ServedDraftModel
+from jaxspec.decoding.drafters.served_draft import ServedDraftModel
 from jaxspec.sharding.memory_plan import LoopShape
 from stub_models import MarkovDecoder, MarkovEncoderFeatureDecoder, MarkovFeatureDecoder
 

@@ -174,3 +174,12 @@ def test_the_loop_imports_no_drafter_even_for_annotations():
   bad = sorted((m, t) for m, targets in _imports(False).items() if m.startswith(D + "device")
                for t in targets if t.startswith(D + "drafters"))
   assert not bad, bad
+
+
+def test_serving_knows_drafters_only_through_the_registry():
+  """jaxspec.serving imports of decoding/drafters/ only the registry (every import counted, function-level and
+  `if TYPE_CHECKING:` ones too): the slot engine gets its drafter, a draft model wrapped for serving included
+  (drafters/served_draft.py), from `registry`, never by naming a drafter class."""
+  bad = sorted((m, t) for m, targets in _imports(False).items() if m.startswith("jaxspec.serving")
+               for t in targets if t.startswith(D + "drafters") and t != D + "drafters.registry")
+  assert not bad, bad

@@ -88,13 +88,11 @@ from jaxspec.decoding import arguments, placement
 from jaxspec.decoding.device import adaptive, loop
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.checks import check_seed, is_int
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.served_draft import ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import shard
 
@@ -412,11 +410,11 @@ class SlotEngine:
                                                 tree=speculation.tree),))
     self.table = adaptive
     source = registry.draft_source(target, speculation)
-    drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
+    # A draft model catches up after plain / tree steps, and skips its prefill at a plain load (served_draft.py).
+    served = registry.served(source.drafter, lags=any(e.plain or e.tree is not None for e in adaptive.entries),
+                             rests=any(e.plain for e in adaptive.entries))
+    drafter, self.draft_params = served.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
-    lags = any(e.plain or e.tree is not None for e in adaptive.entries)
-    if isinstance(drafter, ModelDrafter) and lags:  # catches up after plain / tree steps (served_draft.py)
-      drafter = ServedDraftModel(drafter)
     self._programs: dict[tuple[int, str, int], _Program] = {}
     width = self.iterations_per_step * (adaptive.max_gamma + 1)
     alloc, planned = None, []
@@ -443,8 +441,8 @@ class SlotEngine:
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
     # Inserts at a load the table runs plain skip a draft model's prefill (those rows never draft).
     self._quiet_alloc = None
-    if isinstance(drafter, ServedDraftModel) and any(e.plain for e in adaptive.entries):
-      self._quiet_alloc = dataclasses.replace(self._alloc, drafter=dataclasses.replace(drafter, prefill=False))
+    if served.quiet is not None:
+      self._quiet_alloc = dataclasses.replace(self._alloc, drafter=served.quiet)
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     for n in range(1, self.slots + 1):

@@ -1,25 +1,29 @@
 """The one registration of drafter kinds: which drafter a `Speculation.draft` setting drafts with.
 
     source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
+    served = registry.served(source.drafter, lags=..., rests=...)   # the slot engine: that drafter under a load table
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
 `make(target, setting) -> DraftSource` (device/drafter.py: the drafter and the params it reads). `draft_source` accepts
 exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when the engine or the
 serving engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and the engine and the
-serving engine know drafters only through `draft_source`. A new drafter kind
+serving engine know drafters only through `draft_source` (and the serving engine through `served`, which wraps a
+draft model for a load table: served_draft.py). A new drafter kind
 is one module of this subpackage (its setting, its `Drafter`, its factory) and one entry here; nothing in the loop
 (device/) or the engine changes (docs/drafters.md has a worked example).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
+from jaxspec.decoding.device.drafter import Drafter, DraftSource, PlainDrafter
 from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.ngram import NGramDrafter
-from jaxspec.decoding.device.drafter import DraftSource, PlainDrafter
+from jaxspec.decoding.drafters.served_draft import ServedDraftModel
 from jaxspec.decoding.settings import NGramDraft
 from jaxspec.errors import SettingsError
 from jaxspec.models import eagle3
@@ -93,3 +97,22 @@ def draft_source(target: Model, speculation: Any) -> DraftSource:
     if isinstance(speculation.draft, kind.setting):
       return kind.make(target, speculation.draft)
   raise SettingsError(f"Speculation.draft must be {kind_names()}, got {type(speculation.draft).__name__}.")
+
+
+class Served(NamedTuple):
+  """The slot engine's drafters for one speculation under its load table (`served`)."""
+
+  drafter: Drafter  # What every step program drafts (or rests) with, and what an insert prefills.
+  quiet: Drafter | None  # What an insert at a load the table runs plain prefills with (a draft model's prefill
+  #                        skipped: the row never drafts, served_draft.py); None: every insert uses `drafter`.
+
+
+def served(drafter: Drafter, *, lags: bool, rests: bool) -> Served:
+  """`drafter` (a `draft_source`'s) as the slot engine runs it under a load table. lags: some table entry runs
+  plain or a tree, after which a draft model catches up (it is then wrapped in `ServedDraftModel`); rests: some
+  entry runs plain, so a request inserted at that load may skip the draft model's prefill (`quiet`). Every other
+  drafter (a head, prompt lookup, plain decoding) keeps its state in sync on its own and is served as it is."""
+  if not (lags and isinstance(drafter, model_drafter.ModelDrafter)):
+    return Served(drafter, None)
+  wrapped = ServedDraftModel(drafter)
+  return Served(wrapped, dataclasses.replace(wrapped, prefill=False) if rests else None)

@@ -1,5 +1,6 @@
 """A draft model as the slot engine runs it under a load table: catching up after plain steps, and rows that
-never draft because their request arrived while the load ran plain.
+never draft because their request arrived while the load ran plain. The slot engine (jaxspec/serving) gets it
+through `registry.served`, never by name.
 
 Why. Under a `SpeculationTable` with plain entries (the full server decodes without drafting) two things differ
 from `generate`:
@@ -11,11 +12,11 @@ from `generate`:
   inserted at; a row inserted without it drafts no chain (its limit is 0: the target decodes it alone, exactly;
   in a tree step its tree is junk, verified like any other, and its lag does not widen the catch-up call) and its
   draft cache is zeros. When the load falls to an entry that drafts, the engine prefills the draft of each such
-  row still active ("wakes" it: engine._WAKE, the prompt only) and the row drafts from then on, its catch-up
+  row still active ("wakes" it: the serving engine's _WAKE, the prompt only) and the row drafts from then on, its catch-up
   feeding the tokens generated meanwhile. So a draft model's prefill is paid only by requests that draft.
 
 The drafter's state is `ServedDraftState`: the draft cache and, per row, whether the row drafts. Everything else is
-the wrapped `ModelDrafter`'s (decoding/device/drafter.py).
+the wrapped `ModelDrafter`'s (model_drafter.py; the protocol: decoding/device/drafter.py).
 
 Shapes: B rows, V vocabulary.
 """
