@@ -210,8 +210,8 @@ def _mask_eos(settings: LoopSettings, logits: jax.Array, positions: jax.Array, e
 
 def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal | TreeProposal,
             knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None, eos_free: jax.Array | None = None):
-  """The target's call over this iteration's proposal (a chain or a tree) and its verdict, the one verification
-  entry point: (verify.Verdict, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
+  """The target's call over this iteration's proposal (a chain or a tree) and its acceptance, the one verification
+  entry point: (verify.Acceptance, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
   bool, the target cache (a tree's compacted to the accepted path), features).
 
   last [B, 1] the rows' last tokens (a tree's root is proposal.tokens[:, 0]). features: None unless the drafter
@@ -242,14 +242,14 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
     logits = _mask_eos(settings, logits, jnp.arange(width)[None], eos_free)
     drafted = counts if width > 1 else None
     if settings.greedy:
-      verdict = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
+      acceptance = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
     else:
       p = sampling.warp_probs(logits, knobs, settings.filtering)
       # Nothing drafted (width 1): an empty q; deterministic proposals (one-hot): None.
       q = p[:, :0] if width == 1 else None if proposal.q is None else proposal.q[:, :width - 1]
-      verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
-    beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
-    return verdict.replace(beta=beta), tokens, bad, cache, features
+      acceptance = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
+    beta = jnp.pad(acceptance.beta, ((0, 0), (0, gamma + 1 - width)))
+    return acceptance.replace(beta=beta), tokens, bad, cache, features
 
   if width is not None:
     return score(cache, width)
@@ -258,7 +258,7 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
 
 def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: TreeProposal,
                  knobs: sampling.SamplingKnobs, keys: jax.Array, eos_free: jax.Array | None):
-  """A tree's verification (`_verify`): every node in one call, the verdict as a chain's (the accepted depths'
+  """A tree's verification (`_verify`): every node in one call, the acceptance as a chain's (the accepted depths'
   beta 1 and the first rejected depth's 0), the target cache compacted to the accepted path. The cache at the
   top of an iteration holds every token but the root (the last one), so the tree's root sits at slot
   base = cache.lengths; node path[j] of the accepted path sits at position L - 1 + j, as the j-th position of a
@@ -284,10 +284,10 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
   n = found.num_accepted
   beta = (jnp.arange(gamma)[None] < n[:, None]).astype(jnp.float32)
   drafts = jnp.take_along_axis(proposal.tokens, found.path[:, 1:], axis=1)  # [B, G]; junk past n
-  verdict = verify.Verdict(num_accepted=n, next_token=found.next_token, beta=beta)
+  acceptance = verify.Acceptance(num_accepted=n, next_token=found.next_token, beta=beta)
   if features is not None:
     features = jnp.take_along_axis(features, found.path[:, :, None], axis=1)  # [B, G + 1, F]
-  return verdict, drafts, bad, cache.compact(base, found.path, found.path_len), features
+  return acceptance, drafts, bad, cache.compact(base, found.path, found.path_len), features
 
 
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
@@ -305,18 +305,18 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
   # New tokens the row must still emit before an EOS may end it (min_tokens; lengths - 1 are emitted so far).
   eos_free = None if state.min_tokens is None else state.min_tokens - (state.lengths - 1)
-  verdict, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
+  acceptance, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
                                                          state.history.last[:, None], proposal, knobs,
                                                          verify_keys, kind.width, eos_free)
   failed = state.failed | (active & bad)
   active = active & ~bad
-  n = verdict.num_accepted
+  n = acceptance.num_accepted
   drafted = jnp.full((batch,), gamma, jnp.int32) if settings.tree or proposal.counts is None else proposal.counts
 
   # The emitted block: accepted drafts, then the correction/bonus token at index n; cut at EOS and budget.
   positions = jnp.arange(gamma + 1)[None]  # [1, G + 1]
   block = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-  block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
+  block = jnp.where(positions == n[:, None], acceptance.next_token[:, None], block)
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   if state.ignore_eos is not None:  # such a row's EOS is a token like any other: it ends at its budget
     is_eos = is_eos & ~state.ignore_eos[:, None]
@@ -336,13 +336,13 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
                                                 params=draft_params, features=features))
   schedule = state.schedule
   if schedule is not None:
-    schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)
+    schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, acceptance.beta, resting, active)
   if settings.streaming:
     streaming.emit(stream_id, state.step, block, emit)
   return LoopState(sequences=write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
                    failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
-                   stats=state.stats.add(active, drafted, n, verdict.beta, resting), rest=state.rest,
+                   stats=state.stats.add(active, drafted, n, acceptance.beta, resting), rest=state.rest,
                    budget=state.budget, ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
 
 
