@@ -127,7 +127,7 @@ DECODING_MAY_IMPORT = {
     D + "device": (D + "device",),
     # Drafters: the protocol they implement, the loop's shared numerics and the settings they are made from, never
     # the loop, the verifiers or the host API (engine, placement, memory_guard, arguments).
-    D + "drafters": (D + "drafters", D + "device.drafter", D + "device.sampling", D + "device.adaptive",
+    D + "drafters": (D + "drafters", D + "device.drafter", D + "device.sampling", D + "device.schedules",
                      D + "settings"),
 }
 

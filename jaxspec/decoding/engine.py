@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxspec.checks import check_int
 from jaxspec.decoding import arguments, memory_guard, placement
-from jaxspec.decoding.device import adaptive, loop, streaming
+from jaxspec.decoding.device import loop, schedules, streaming
 from jaxspec.decoding.device.drafter import DraftSource
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.device.stats import GenerateOutput
@@ -75,12 +75,12 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
   return _Call(settings, ids, lengths, source, speculation, sampling)
 
 
-def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
+def _knobs(call: _Call) -> schedules.SpeculationKnobs:
   s = call.speculation
   if s is None:
-    return adaptive.SpeculationKnobs.create()
+    return schedules.SpeculationKnobs.create()
   cost = call.settings.drafter.default_cost if s.draft_cost is None else s.draft_cost
-  return adaptive.SpeculationKnobs.create(s.draft_confidence, s.fallback_alpha, s.probe_interval, cost,
+  return schedules.SpeculationKnobs.create(s.draft_confidence, s.fallback_alpha, s.probe_interval, cost,
                                           s.prior_alpha)
 
 

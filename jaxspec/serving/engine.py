@@ -85,7 +85,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.decoding import arguments, placement
-from jaxspec.decoding.device import adaptive, loop
+from jaxspec.decoding.device import loop, schedules
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
 from jaxspec.checks import check_seed, is_int
@@ -231,7 +231,7 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
-  spec = adaptive.SpeculationKnobs.create()
+  spec = schedules.SpeculationKnobs.create()
   start = _state_of(program, state)
 
   def body(s):

@@ -4,7 +4,7 @@ ngram.py, on the shared chain/tree base of chain.py and EAGLE-2's tree builder o
 registration of kinds (registry.py: which `Speculation.draft` setting drafts with which drafter).
 
 A new drafter kind is one module here plus one entry in `registry.KINDS` (docs/drafters.md). Drafters import the
-loop's protocol and shared numerics (device/drafter.py, device/sampling.py, device/adaptive.py) and the settings,
+loop's protocol and shared numerics (device/drafter.py, device/sampling.py, device/schedules.py) and the settings,
 never the loop, the verifiers or the host API (engine, placement, memory_guard, arguments); tests/test_layers.py
 checks it.
 """

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.device import adaptive
+from jaxspec.decoding.device import schedules
 from jaxspec.decoding.drafters import chain
 from jaxspec.decoding.device.drafter import ProposalSettings
 from jaxspec.errors import SettingsError
@@ -95,7 +95,7 @@ class ModelDrafter(chain.LearnedDrafter):
 
   decoder: Decoder
   may_find_nothing: bool = False
-  default_cost: float = adaptive.DEFAULT_DRAFT_COST
+  default_cost: float = schedules.DEFAULT_DRAFT_COST
   feature_layers: tuple[int, ...] = ()
   reads_encoder: bool = False
 
