@@ -56,7 +56,7 @@ and one sampled mode compiled make a seeded request the same under any load (at 
 each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
 `generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
 
-Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
+The load table. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
 head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
 of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
@@ -348,8 +348,8 @@ class SlotEngine:
     max_input_length: the longest prompt, in tokens.
     max_new_tokens: the most tokens a request may ask for (its max_tokens).
     iterations_per_step: loop iterations one `step` runs at most.
-    adaptive: a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its gamma /
-      tree), or None: `speculation`'s gamma and tree for any load.
+    table: the load table, a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its
+      gamma / tree), or None: `speculation`'s gamma and tree for any load.
     mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
       `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
       model replicated over `model` and a head replicated, as `generate` does; every slot's state is replicated on
@@ -365,15 +365,15 @@ class SlotEngine:
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
-               max_new_tokens: int, iterations_per_step: int = 4, adaptive: SpeculationTable | None = None,
+               max_new_tokens: int, iterations_per_step: int = 4, table: SpeculationTable | None = None,
                mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
     if not isinstance(target, Model):
       raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
     if speculation is not None and not isinstance(speculation, Speculation):
       raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}.")
     if speculation is not None and speculation.schedule != "constant":
-      raise SettingsError(f"the slot engine runs schedule 'constant' (load-adaptive speculation comes from "
-                          f"`adaptive`, a SpeculationTable), got schedule {speculation.schedule!r}.")
+      raise SettingsError(f"the slot engine runs schedule 'constant' (speculation by load comes from "
+                          f"`table`, a SpeculationTable), got schedule {speculation.schedule!r}.")
     for name, value in (("slots", slots), ("max_input_length", max_input_length),
                         ("max_new_tokens", max_new_tokens), ("iterations_per_step", iterations_per_step)):
       if not is_int(value) or value < 1:
@@ -382,10 +382,10 @@ class SlotEngine:
     if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes or any(m not in MODES for m in modes):
       raise SettingsError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}.")
     self.modes = tuple(m for m in MODES if m in modes)
-    if adaptive is not None and not isinstance(adaptive, SpeculationTable):
-      raise SettingsError(f"adaptive must be a SpeculationTable or None, got {type(adaptive).__name__}.")
-    if adaptive is not None and speculation is None and adaptive.max_gamma > 0:
-      raise SettingsError("adaptive: a table that drafts needs a speculation (its draft).")
+    if table is not None and not isinstance(table, SpeculationTable):
+      raise SettingsError(f"table must be a SpeculationTable or None, got {type(table).__name__}.")
+    if table is not None and speculation is None and table.max_gamma > 0:
+      raise SettingsError("table: a load table that drafts needs a speculation (its draft).")
     placed_on = placement.mesh_of(target.params)
     if mesh is not None and not isinstance(mesh, Mesh):
       raise SettingsError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
@@ -402,23 +402,23 @@ class SlotEngine:
     cfg = target.config
     self.eos_ids = tuple(cfg.eos_token_ids)
     self.pad_id = cfg.pad_token_id
-    if adaptive is None:
+    if table is None:
       if speculation is None:
-        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
+        table = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
       else:
-        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
-                                                tree=speculation.tree),))
-    self.table = adaptive
+        table = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
+                                             tree=speculation.tree),))
+    self.table = table
     source = registry.draft_source(target, speculation)
     # A draft model catches up after plain / tree steps, and skips its prefill at a plain load (served_draft.py).
-    served = registry.served(source.drafter, lags=any(e.plain or e.tree is not None for e in adaptive.entries),
-                             rests=any(e.plain for e in adaptive.entries))
+    served = registry.served(source.drafter, lags=any(e.plain or e.tree is not None for e in table.entries),
+                             rests=any(e.plain for e in table.entries))
     drafter, self.draft_params = served.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
     self._programs: dict[tuple[int, str, int], _Program] = {}
-    width = self.iterations_per_step * (adaptive.max_gamma + 1)
+    width = self.iterations_per_step * (table.max_gamma + 1)
     alloc, planned = None, []
-    for i, entry in enumerate(adaptive.entries):
+    for i, entry in enumerate(table.entries):
       gamma, tree = entry.gamma, entry.tree
       if tree is not None and tree.top_k == 1:  # a one-child tree is the chain (as generate runs it)
         gamma, tree = tree.nodes, None
@@ -446,7 +446,7 @@ class SlotEngine:
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     for n in range(1, self.slots + 1):
-      reachable.setdefault(adaptive.index(n), set()).add(self._bucket(n))
+      reachable.setdefault(table.index(n), set()).add(self._bucket(n))
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = _Program(settings, kind, self.iterations_per_step, width, rows,
