@@ -126,7 +126,7 @@ DECODING_MAY_IMPORT = {
     # side (the host API imports device/, never the other way).
     D + "device": (D + "device",),
     # Drafters: the protocol they implement, the loop's shared numerics and the settings they are made from, never
-    # the loop, the verifiers or the host API (engine, placement, memory_guard, arguments).
+    # the loop, the verifiers or the host API (generation, placement, memory_guard, arguments).
     D + "drafters": (D + "drafters", D + "device.drafter", D + "device.sampling", D + "device.schedules",
                      D + "settings"),
 }
@@ -156,7 +156,7 @@ def _runtime_imports() -> dict[str, set[str]]:
 def test_the_loop_knows_no_drafter_and_drafters_no_loop():
   """device/ imports nothing of decoding but device/ (the Drafter protocol, the stats and the streaming are
   device/'s own); drafters/ imports of device/ only the protocol and the shared numerics, never the loop, the
-  verifiers or the engine (so a new drafter kind touches drafters/ only)."""
+  verifiers or the host API (so a new drafter kind touches drafters/ only)."""
   bad = []
   for m, targets in _runtime_imports().items():
     part = next((p for p in DECODING_MAY_IMPORT if m == p or m.startswith(p + ".")), None)

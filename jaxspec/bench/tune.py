@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
 from jaxspec.tools.inputs import encode_texts
 from jaxspec.errors import CheckpointError, SettingsError

@@ -5,6 +5,6 @@ protocol it calls (drafter.py), the stats it counts (stats.py: `DecodeStats`, `G
 streams to the host (streaming.py: `TokenChunk`, `emit`).
 
 Nothing here knows a drafter by kind or imports drafters/ (every drafter imports drafter.py), and nothing imports
-the host side of decoding (engine, placement, arguments, memory_guard, settings; type annotations aside): the host
+the host side of decoding (generation, placement, arguments, memory_guard, settings; type annotations aside): the host
 API imports from here, never the other way. tests/test_layers.py checks both.
 """

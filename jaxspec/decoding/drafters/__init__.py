@@ -5,6 +5,6 @@ registration of kinds (registry.py: which `Speculation.draft` setting drafts wit
 
 A new drafter kind is one module here plus one entry in `registry.KINDS` (docs/drafters.md). Drafters import the
 loop's protocol and shared numerics (device/drafter.py, device/sampling.py, device/schedules.py) and the settings,
-never the loop, the verifiers or the host API (engine, placement, memory_guard, arguments); tests/test_layers.py
+never the loop, the verifiers or the host API (generation, placement, memory_guard, arguments); tests/test_layers.py
 checks it.
 """

@@ -1,16 +1,16 @@
 """The one registration of drafter kinds: which drafter a `Speculation.draft` setting drafts with.
 
-    source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
+    source = registry.draft_source(target, speculation)   # generation.py, serving: the loop's drafter, its params
     served = registry.served(source.drafter, lags=..., rests=...)   # the slot engine: that drafter under a load table
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
-`make(target, setting) -> DraftSource` (device/drafter.py: the drafter and the params it reads). `draft_source` accepts
-exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when the engine or the
-serving engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and the engine and the
-serving engine know drafters only through `draft_source` (and the serving engine through `served`, which wraps a
-draft model for a load table: served_draft.py). A new drafter kind
-is one module of this subpackage (its setting, its `Drafter`, its factory) and one entry here; nothing in the loop
-(device/) or the engine changes (docs/drafters.md has a worked example).
+`make(target, setting) -> DraftSource` (device/drafter.py: the drafter and the params it reads). `draft_source`
+accepts exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when `generate`
+or the slot engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and `generate` and
+the slot engine know drafters only through `draft_source` (and the slot engine through `served`, which wraps a
+draft model for a load table: served_draft.py). A new drafter kind is one module of this subpackage (its setting,
+its `Drafter`, its factory) and one entry here; nothing in the loop (device/) or in generation.py changes
+(docs/drafters.md has a worked example).
 """
 
 from __future__ import annotations
