@@ -122,7 +122,7 @@ def _serve(argv) -> int:
   draft = next(iter(drafts.values()), None)
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
-                      iterations_per_step=_ITERATIONS.value, adaptive=table, mesh=mesh,
+                      iterations_per_step=_ITERATIONS.value, table=table, mesh=mesh,
                       row_buckets=_row_buckets(), modes=_MODES.value)
   name = _NAME.value or server.model_id(FLAGS.target)
   leader = None

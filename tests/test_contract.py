@@ -1,5 +1,5 @@
 """The contracts hold their implementations: every model family's decoder against `models.contract.Decoder` (the
-EAGLE-3 head against `HeadDecoder`), every drafter against `decoding.drafters.protocol.Drafter`. Signatures are compared
+EAGLE-3 head against `HeadDecoder`), every drafter against `decoding.device.drafter.Drafter`. Signatures are compared
 with inspect.signature (parameter names, kinds and defaults), and every public method or property of an
 implementation must be declared by its protocol, so an undeclared method or keyword fails here. Also the typed
 values of the contract (TreeNodes, StepResult, Prefilled, HeadInput, LoopShape)."""
@@ -18,12 +18,12 @@ import jaxspec
 from jaxspec.bench.oracle import OracleDecoder, OracleDrafter
 from jaxspec.decoding.drafters import model_drafter, ngram, registry
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
-from jaxspec.decoding.drafters.protocol import Drafter, PlainDrafter
+from jaxspec.decoding.device.drafter import Drafter, PlainDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import contract, eagle3, t5
 from jaxspec.models.decoder_only import CausalDecoder
-from jaxspec.serving.served_draft import Deferred, ServedDraftModel
+from jaxspec.decoding.drafters.served_draft import Deferred, ServedDraftModel
 from jaxspec.sharding.memory_plan import LoopShape
 from stub_models import MarkovDecoder, MarkovEncoderFeatureDecoder, MarkovFeatureDecoder
 
@@ -134,7 +134,7 @@ def test_typed_values():
 def test_the_drafter_typed_values():
   """`DraftRequest` (propose's one value) and `Verdict` (settle's) hold today's arguments by name, in order;
   `Proposal.nothing` is the proposal of nothing every drafter's `idle` returns."""
-  from jaxspec.decoding.drafters.protocol import DraftRequest, History, Proposal, ProposalSettings, Verdict
+  from jaxspec.decoding.device.drafter import DraftRequest, History, Proposal, ProposalSettings, Verdict
   history = History(sequences=jnp.zeros((2, 6), jnp.int32), lengths=jnp.asarray([1, 3], jnp.int32),
                     done=jnp.zeros((2,), bool))
   static = ProposalSettings(gamma=3, cache_len=8, greedy=True, filtering=False)

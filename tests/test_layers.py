@@ -121,12 +121,14 @@ def test_no_arrow_against_the_layers():
 D = "jaxspec.decoding."
 # What each part of decoding may import from decoding at run time (type annotations under TYPE_CHECKING aside).
 DECODING_MAY_IMPORT = {
-    # The compiled program: reaches drafters through the protocol only, and of the host side reads only what it
-    # hands back to the host (the stats it counts, the streamed chunks).
-    D + "device": (D + "device", D + "drafters.protocol", D + "stats", D + "streaming"),
-    # Drafters: the loop's shared numerics and the settings they are made from, never the loop, the verifiers or
-    # the host API (engine, placement, memory_guard, arguments).
-    D + "drafters": (D + "drafters", D + "device.sampling", D + "device.adaptive", D + "settings"),
+    # The compiled program: owns the interfaces it calls and hands back (the Drafter protocol, the stats it counts,
+    # the streamed chunks: device/drafter.py, stats.py, streaming.py) and imports nothing of drafters/ or of the host
+    # side (the host API imports device/, never the other way).
+    D + "device": (D + "device",),
+    # Drafters: the protocol they implement, the loop's shared numerics and the settings they are made from, never
+    # the loop, the verifiers or the host API (generation, placement, memory_guard, arguments).
+    D + "drafters": (D + "drafters", D + "device.drafter", D + "device.sampling", D + "device.schedules",
+                     D + "settings"),
 }
 
 
@@ -152,8 +154,9 @@ def _runtime_imports() -> dict[str, set[str]]:
 
 
 def test_the_loop_knows_no_drafter_and_drafters_no_loop():
-  """device/ imports no host API and of drafters/ only the protocol; drafters/ imports neither the loop, the
-  verifiers nor the engine (so a new drafter kind touches drafters/ only)."""
+  """device/ imports nothing of decoding but device/ (the Drafter protocol, the stats and the streaming are
+  device/'s own); drafters/ imports of device/ only the protocol and the shared numerics, never the loop, the
+  verifiers or the host API (so a new drafter kind touches drafters/ only)."""
   bad = []
   for m, targets in _runtime_imports().items():
     part = next((p for p in DECODING_MAY_IMPORT if m == p or m.startswith(p + ".")), None)
@@ -163,3 +166,20 @@ def test_the_loop_knows_no_drafter_and_drafters_no_loop():
       if t.startswith(D) and not any(t == ok or t.startswith(ok + ".") for ok in DECODING_MAY_IMPORT[part]):
         bad.append((m, t))
   assert not bad, sorted(bad)
+
+
+def test_the_loop_imports_no_drafter_even_for_annotations():
+  """device/ imports nothing of drafters/ at all: not inside functions, not under `if TYPE_CHECKING:` (the loop
+  owns the protocol its drafters implement, so the arrow runs one way)."""
+  bad = sorted((m, t) for m, targets in _imports(False).items() if m.startswith(D + "device")
+               for t in targets if t.startswith(D + "drafters"))
+  assert not bad, bad
+
+
+def test_serving_knows_drafters_only_through_the_registry():
+  """jaxspec.serving imports of decoding/drafters/ only the registry (every import counted, function-level and
+  `if TYPE_CHECKING:` ones too): the slot engine gets its drafter, a draft model wrapped for serving included
+  (drafters/served_draft.py), from `registry`, never by naming a drafter class."""
+  bad = sorted((m, t) for m, targets in _imports(False).items() if m.startswith("jaxspec.serving")
+               for t in targets if t.startswith(D + "drafters") and t != D + "drafters.registry")
+  assert not bad, bad

@@ -17,7 +17,7 @@ from typing import Sequence
 import jaxspec
 from jaxspec.bench import profiling
 from jaxspec.decoding.arguments import bucket_length
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.tools.outputs import markdown_table, progress
 
 HEADER = ["gamma", "iterations", "wall ms/iter", "target", "draft", "loop kernels", "idle", "models' share",

@@ -32,7 +32,7 @@ import numpy as np
 from jaxspec.decoding.device import loop, sampling
 from jaxspec.decoding import placement
 from jaxspec.decoding.drafters import tree as tree_lib
-from jaxspec.decoding.drafters.protocol import PlainDrafter, Proposal, TreeProposal
+from jaxspec.decoding.device.drafter import PlainDrafter, Proposal, TreeProposal
 from jaxspec.decoding.settings import Tree
 from jaxspec.errors import SettingsError
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter

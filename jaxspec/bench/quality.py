@@ -16,7 +16,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec.tools.batching import generate_all
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.data.ende import by_domain, evenly_spaced
 from jaxspec.tools.inputs import encode_texts
 from jaxspec.tools.outputs import markdown_table

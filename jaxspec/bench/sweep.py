@@ -25,7 +25,7 @@ import numpy as np
 import jaxspec
 from jaxspec.bench import costs, timing
 from jaxspec.decoding.arguments import bucket_length
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.tools.outputs import progress
 
 

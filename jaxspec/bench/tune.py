@@ -32,7 +32,7 @@ import jax
 import numpy as np
 
 import jaxspec
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.bench import sweep
 from jaxspec.tools.inputs import encode_texts
 from jaxspec.errors import CheckpointError, SettingsError
@@ -310,7 +310,7 @@ def tune(target: jaxspec.Model, drafts: dict, inputs, *, gammas: Sequence[int] =
 
 def speculation_table(rows: list[dict], draft: str | None = None, temperature: float = 0.0,
                       min_speedup: float = MIN_SPEEDUP):
-  """The slot engine's load-adaptive table (`jaxspec.serving.SpeculationTable`) from `tune`'s rows (`result.rows`
+  """The slot engine's load table (`jaxspec.serving.SpeculationTable`) from `tune`'s rows (`result.rows`
   of a tune over several batch sizes): for each measured batch size, in increasing order, the fastest chain or
   tree of `draft` (a name of tune's `drafts`; None: the only draft of the rows) with schedule "constant" (what the
   engine runs) at `temperature`, or plain decoding (gamma 0) when none is at least `min_speedup` times faster

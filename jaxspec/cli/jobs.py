@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import jaxspec
 from jaxspec.tools.batching import BatchRun, generate_all
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec.bench import loop as bench_loop
 from jaxspec.bench import tune
 from jaxspec.bench.report import speed_summary, tune_table

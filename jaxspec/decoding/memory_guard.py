@@ -116,7 +116,7 @@ def check_fits(settings, where, target, source, batch: int, width: int, headroom
     settings: the loop's static settings (max_new_tokens, slack: gamma or a tree's widest call, greedy, the tree,
       the drafter: its features and state are counted for every drafter, `loop_shape`).
     where: the call's `placement.Placement` (None on one device).
-    target: the call's target; source: its `protocol.DraftSource` (a draft model is planned with its config,
+    target: the call's target; source: its `drafter.DraftSource` (a draft model is planned with its config,
       any other drafter by its state).
     batch, width: the input ids' shape [B, S] before padding the batch to the mesh.
   """

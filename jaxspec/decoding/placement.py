@@ -12,7 +12,7 @@ placed on a mesh (`jaxspec.shard`, `jaxspec.load(..., mesh=...)`):
     over `model` where the weights' heads are, batch over `data`): explicit `out_shardings` of the prefill and the
     loop, and the loop's `in_shardings`, so the compiler neither replicates them nor gathers weights (the caches
     are still donated to the loop);
-  - the drafter's params (`protocol.DraftSource`) are placed one way for every kind (`draft_params_on`): arrays
+  - the drafter's params (`drafter.DraftSource`) are placed one way for every kind (`draft_params_on`): arrays
     already on the mesh stay (a feature head reads the target's embedding as the target placed it), a draft
     model's other weights are placed by its axes under `DRAFT_RULES` (replicated over `model`, docs/scaling.md),
     a head's replicated (one decoder layer, small beside the target); once per mesh, the placed copy kept beside
@@ -205,7 +205,7 @@ def plan(target, draft, batch: int) -> Placement | None:
 
 
 def draft_params_on(source, mesh: Mesh | None) -> Any:
-  """A `protocol.DraftSource`'s params where the loop reads them, one way for a draft model, a feature head and
+  """A `drafter.DraftSource`'s params where the loop reads them, one way for a draft model, a feature head and
   prompt lookup: as they are without a mesh (or without params); on `mesh`, every array already there as it is and
   every other one placed, by the draft model's own axes under DRAFT_RULES (replicated over `model`) when the
   source is a draft model, else replicated. Placed once per mesh and kept beside `source.owner` (keyed by the
@@ -245,7 +245,7 @@ def _kept_copy(owner: Any, key: tuple, make: Callable[[], Any]) -> Any:
 
 def prepare(where: Placement | None, target, source, ids: np.ndarray, lengths: np.ndarray, seeds: np.ndarray,
             row_ids: np.ndarray) -> Call:
-  """The programs and arguments for decoding `ids` [B, S] with `target` and the `protocol.DraftSource` `source`
+  """The programs and arguments for decoding `ids` [B, S] with `target` and the `drafter.DraftSource` `source`
   where `plan` placed them (the drafter's params by `draft_params_on`)."""
   draft_params = draft_params_on(source, None if where is None else where.mesh)
   if where is None:

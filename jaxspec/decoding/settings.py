@@ -137,7 +137,7 @@ class Speculation:
     model), or a `jaxspec.FeatureHead` (an EAGLE-3 head from `jaxspec.load`, trained on the target: it drafts
     from the target's hidden states).
   gamma: the most draft tokens per row and iteration (>= 1).
-  schedule: how many of them each iteration drafts (jaxspec.decoding.device.adaptive): "constant" (gamma every
+  schedule: how many of them each iteration drafts (jaxspec.decoding.device.schedules): "constant" (gamma every
     iteration), "heuristic" (transformers': +2 after a fully accepted block, -1 otherwise, in [1, gamma]) or
     "adaptive" (the length that maximises Theorem 3.8's tokens per cost from the running acceptance estimates).
     At batch > 1 the length is the batch's. Output is exact under every schedule; when sampling, a row's sample
@@ -148,7 +148,7 @@ class Speculation:
     batch decodes plainly and drafts again after `probe_interval` such iterations (not with "constant").
   probe_interval: resting iterations between probes (>= 1); doubles after each failed probe.
   draft_cost: c, a draft step's cost relative to a verify call, read by "adaptive"; None: the drafter's default
-    (0 for prompt lookup, adaptive.DEFAULT_DRAFT_COST for a model, head_drafter.HEAD_DRAFT_COST for a head).
+    (0 for prompt lookup, schedules.DEFAULT_DRAFT_COST for a model, head_drafter.HEAD_DRAFT_COST for a head).
   prior_alpha: in [0, 1]: each row's acceptance estimate before any evidence (1: every row starts by drafting);
     `jaxspec.tune` passes the draft's measured acceptance.
   tree: None (chains: gamma tokens per row), or a `jaxspec.Tree(top_k, nodes)`: each iteration the draft

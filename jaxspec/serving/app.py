@@ -8,7 +8,7 @@ POST /v1/chat/completions (targets with a chat template), GET /metrics (Promethe
 server-sent events, one `data: {json}` chunk per text delta and `data: [DONE]` last; with
 `stream_options.include_usage` a last chunk before [DONE] carries `usage` (choices empty), as OpenAI's does, and
 with `continuous_usage_stats` too every chunk carries the usage so far (vLLM's extension, which guidellm asks). Every
-refused request gets OpenAI's error body (`protocol.error_body`) with a 4xx status; a streaming client that
+refused request gets OpenAI's error body (`requests.error_body`) with a 4xx status; a streaming client that
 disconnects cancels its request (its slot is freed before the engine's next step), and so does a non-streaming
 one (checked every `_DISCONNECT_POLL_S`).
 
@@ -36,19 +36,19 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from jaxspec.serving import protocol
-from jaxspec.serving.protocol import APIError
+from jaxspec.serving import requests
+from jaxspec.serving.requests import APIError
 from jaxspec.serving.scheduler import Handle, Scheduler
 
 _DISCONNECT_POLL_S = 0.5
 BODY_TIMEOUT_S = 30.0  # a request body not read whole in this time is answered 408
 _BODY_BYTES = 1 << 20  # the body limit's floor: fields, messages' wrapping, stop strings
-_BODY_BYTES_PER_TOKEN = 4 * protocol.MAX_CHARS_PER_TOKEN  # a prompt text the pre-check accepts, as UTF-8
+_BODY_BYTES_PER_TOKEN = 4 * requests.MAX_CHARS_PER_TOKEN  # a prompt text the pre-check accepts, as UTF-8
 
 
 def body_limit(max_input_length: int) -> int:
   """The largest request body accepted (413 beyond): 1 MiB plus 256 bytes per token of --max_input_length, room
-  for the longest prompt text the length pre-check lets through (protocol.MAX_CHARS_PER_TOKEN characters a
+  for the longest prompt text the length pre-check lets through (requests.MAX_CHARS_PER_TOKEN characters a
   token, 4 bytes a character) or max_input_length token ids."""
   return _BODY_BYTES + _BODY_BYTES_PER_TOKEN * max_input_length
 
@@ -135,11 +135,11 @@ def create_app(scheduler: Scheduler, *, model_name: str, max_tokens: int, api_ke
                      code="request_timeout") from None
     return b"".join(chunks)
 
-  def _parse(raw: bytes, kind: str) -> protocol.Request:  # in a worker thread: json, checks, the tokenizer
-    body = protocol.parse_json(raw)
+  def _parse(raw: bytes, kind: str) -> requests.Request:  # in a worker thread: json, checks, the tokenizer
+    body = requests.parse_json(raw)
     if kind == "chat":
-      return protocol.parse_chat(body, **limits)
-    return protocol.parse_completion(body, vocab_size=vocab_size, **limits)
+      return requests.parse_chat(body, **limits)
+    return requests.parse_completion(body, vocab_size=vocab_size, **limits)
 
   async def _serve(http: HTTPRequest, kind: str):
     try:

@@ -65,7 +65,7 @@ Its first token is drawn at insert as plain decoding draws it (`generate(..., se
 speculation draws the same token); later iterations draft, so with speculation its draws differ from
 `generate`'s speculative ones with the same seed (same distribution: the target's).
 
-Load-adaptive speculation. All table entries share one state layout. A plain entry runs the speculation's drafter
+The load table. All table entries share one state layout. A plain entry runs the speculation's drafter
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
 head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
 of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
@@ -101,17 +101,15 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.decoding import arguments, memory_guard, placement
-from jaxspec.decoding.device import adaptive, loop
+from jaxspec.decoding.device import loop, schedules
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.checks import check_seed, is_int
 from jaxspec.decoding.settings import Sampling, Speculation
-from jaxspec.decoding.stats import DecodeStats
+from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.models import contract
-from jaxspec.serving.served_draft import Deferred, ServedDraftModel
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard, tree_shardings
 
@@ -291,7 +289,7 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
-  spec = adaptive.SpeculationKnobs.create()
+  spec = schedules.SpeculationKnobs.create()
   start = _state_of(program, state)
 
   def body(s):
@@ -383,7 +381,7 @@ def _insert_program(first: _First, layout: _Layout, target_params, draft_params,
       stats=DecodeStats.create(1, first.settings.gamma), budget=max_tokens[None], ignore_eos=ignore_eos[None],
       min_tokens=min_tokens[None])
   knobs = SamplingKnobs(temperature=temperature[None], top_k=top_k[None], top_p=top_p[None])
-  spec = adaptive.SpeculationKnobs.create()
+  spec = schedules.SpeculationKnobs.create()
   end = loop._iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)  # pylint: disable=protected-access
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
@@ -461,8 +459,8 @@ class SlotEngine:
     max_input_length: the longest prompt, in tokens.
     max_new_tokens: the most tokens a request may ask for (its max_tokens).
     iterations_per_step: loop iterations one `step` runs at most.
-    adaptive: a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its gamma /
-      tree), or None: `speculation`'s gamma and tree for any load.
+    table: the load table, a `SpeculationTable` (needs `speculation`: its drafter; the table's entries replace its
+      gamma / tree), or None: `speculation`'s gamma and tree for any load.
     mesh: a `jax.sharding.Mesh` (jaxspec.make_mesh) to serve on: the target's parameters are placed on it as
       `jaxspec.shard` places them (a target already placed on a mesh is served there without `mesh`), a draft
       model replicated over `model` and a head replicated, as `generate` does; the slots are split as `generate`
@@ -486,15 +484,15 @@ class SlotEngine:
   """
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
-               max_new_tokens: int, iterations_per_step: int = 4, adaptive: SpeculationTable | None = None,
+               max_new_tokens: int, iterations_per_step: int = 4, table: SpeculationTable | None = None,
                mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
     if not isinstance(target, Model):
       raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
     if speculation is not None and not isinstance(speculation, Speculation):
       raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}.")
     if speculation is not None and speculation.schedule != "constant":
-      raise SettingsError(f"the slot engine runs schedule 'constant' (load-adaptive speculation comes from "
-                          f"`adaptive`, a SpeculationTable), got schedule {speculation.schedule!r}.")
+      raise SettingsError(f"the slot engine runs schedule 'constant' (speculation by load comes from "
+                          f"`table`, a SpeculationTable), got schedule {speculation.schedule!r}.")
     for name, value in (("slots", slots), ("max_input_length", max_input_length),
                         ("max_new_tokens", max_new_tokens), ("iterations_per_step", iterations_per_step)):
       if not is_int(value) or value < 1:
@@ -502,10 +500,10 @@ class SlotEngine:
     if isinstance(modes, str) or not isinstance(modes, Sequence) or not modes or any(m not in MODES for m in modes):
       raise SettingsError(f"modes must be a non-empty sequence of {MODES}, got {modes!r}.")
     self.modes = tuple(m for m in MODES if m in modes)
-    if adaptive is not None and not isinstance(adaptive, SpeculationTable):
-      raise SettingsError(f"adaptive must be a SpeculationTable or None, got {type(adaptive).__name__}.")
-    if adaptive is not None and speculation is None and adaptive.max_gamma > 0:
-      raise SettingsError("adaptive: a table that drafts needs a speculation (its draft).")
+    if table is not None and not isinstance(table, SpeculationTable):
+      raise SettingsError(f"table must be a SpeculationTable or None, got {type(table).__name__}.")
+    if table is not None and speculation is None and table.max_gamma > 0:
+      raise SettingsError("table: a load table that drafts needs a speculation (its draft).")
     placed_on = placement.mesh_of(target.params)
     if mesh is not None and not isinstance(mesh, Mesh):
       raise SettingsError(f"mesh must be a jax.sharding.Mesh (jaxspec.make_mesh(...)) or None, got "
@@ -528,23 +526,23 @@ class SlotEngine:
     cfg = target.config
     self.eos_ids = tuple(cfg.eos_token_ids)
     self.pad_id = cfg.pad_token_id
-    if adaptive is None:
+    if table is None:
       if speculation is None:
-        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
+        table = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
       else:
-        adaptive = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
-                                                tree=speculation.tree),))
-    self.table = adaptive
+        table = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
+                                             tree=speculation.tree),))
+    self.table = table
     source = self._source = registry.draft_source(target, speculation)
-    drafter, self.draft_params = source.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
+    # A draft model catches up after plain / tree steps, and its prefill waits for the row's first drafting step
+    # (served_draft.py, through the registry).
+    served = registry.served(source.drafter, lags=any(e.plain or e.tree is not None for e in table.entries))
+    drafter, self.draft_params = served.drafter, placement.draft_params_on(source, self.mesh)  # as generate places it
     self.target_params = target.params
-    lags = any(e.plain or e.tree is not None for e in adaptive.entries)
-    if isinstance(drafter, ModelDrafter) and lags:  # catches up after plain / tree steps (served_draft.py)
-      drafter = ServedDraftModel(drafter)
     self._programs: dict[tuple[int, str, int], _Program] = {}
-    width = self.iterations_per_step * (adaptive.max_gamma + 1)
+    width = self.iterations_per_step * (table.max_gamma + 1)
     alloc, planned = None, []
-    for i, entry in enumerate(adaptive.entries):
+    for i, entry in enumerate(table.entries):
       gamma, tree = entry.gamma, entry.tree
       if tree is not None and tree.top_k == 1:  # a one-child tree is the chain (as generate runs it)
         gamma, tree = tree.nodes, None
@@ -567,8 +565,8 @@ class SlotEngine:
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
     # The insert: the first token from a plain entry's resting iteration; a draft model's prefill deferred to the
     # row's first drafting step (served_draft.py: `Deferred`, woken by `step`).
-    self._defers = isinstance(drafter, (ModelDrafter, ServedDraftModel))
-    first = dataclasses.replace(self._alloc, drafter=Deferred(drafter)) if self._defers else self._alloc
+    self._defers = served.insert is not None
+    first = dataclasses.replace(self._alloc, drafter=served.insert) if self._defers else self._alloc
     self._first = {m: _First(first, dataclasses.replace(first, gamma=int(speculation is not None), tree=None,
                                                         greedy=m == "greedy", filtering=m == "filtered"),
                              loop._Kind(rests=speculation is not None, width=1))  # pylint: disable=protected-access
@@ -580,7 +578,7 @@ class SlotEngine:
     self._groups, per_group = data, self.slots // data
     for n in range(1, self.slots + 1):  # n active slots: max(ceil(n / D), ...) of them in the fullest group
       for fullest in range(-(-n // data), min(n, per_group) + 1):
-        reachable.setdefault(adaptive.index(n), set()).add(self._bucket(data * fullest))
+        reachable.setdefault(table.index(n), set()).add(self._bucket(data * fullest))
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = _Program(settings, kind, self.iterations_per_step, width, rows,

@@ -28,7 +28,7 @@ import threading
 import time
 
 from jaxspec.serving.metrics import Metrics
-from jaxspec.serving.protocol import APIError, Request
+from jaxspec.serving.requests import APIError, Request
 from jaxspec.serving.text import TextStream
 
 _IDLE_WAIT_S = 0.5  # the engine thread sleeps at most this long when nothing runs (woken by submit and cancel)

@@ -1,4 +1,4 @@
-"""Load-adaptive speculation: which draft length (or tree, or none) the slot engine runs for how many active slots.
+"""The load table: which draft length (or tree, or none) the slot engine runs for how many active slots.
 
     table = SpeculationTable((TableEntry(max_active=1, gamma=5), TableEntry(max_active=8, gamma=2),
                               TableEntry(max_active=64, gamma=0)))   # gamma 0: plain decoding

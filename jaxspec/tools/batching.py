@@ -22,7 +22,7 @@ import numpy as np
 import jaxspec
 from jaxspec.tools.outputs import progress
 from jaxspec.decoding.arguments import bucket_length
-from jaxspec.decoding.engine import MAX_INPUT_LENGTH
+from jaxspec.decoding.generation import MAX_INPUT_LENGTH
 from jaxspec import checks
 from jaxspec.checks import MAX_SEED
 from jaxspec.errors import InputError

@@ -130,7 +130,7 @@ def test_head_chain_and_tree(head_pair):
 
 def test_inner_work_is_live(t5_pair):
   """XLA keeps the inner drafter's step: the oracle's propose costs at least the inner's flops."""
-  from jaxspec.decoding.drafters import protocol as drafter_lib
+  from jaxspec.decoding.device import drafter as drafter_lib
   from jaxspec.decoding.device import sampling
   target, (d_dec, d_params), ids, lengths, greedy = t5_pair
   settings = oracle.drafter_settings(target[0], oracle.OracleDrafter(ModelDrafter(d_dec), V), GAMMA, N)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding.device import loop, sampling, schedules, verify
 from jaxspec.decoding import arguments, placement, theory
 from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
@@ -127,53 +127,53 @@ def test_adaptive_length_maximises_theorem_3_8():
   gamma = 8
   alphas = np.linspace(0.0, 1.0, 21)
   for c in (0.0, 0.02, 0.1, 0.5):
-    got = np.asarray(adaptive.theory_length(jnp.asarray(alphas, jnp.float32), jnp.float32(c), gamma))
+    got = np.asarray(schedules.theory_length(jnp.asarray(alphas, jnp.float32), jnp.float32(c), gamma))
     for alpha, k in zip(alphas, got):
       best = max(theory.expected_speedup(float(alpha), g, c) for g in range(1, gamma + 1))  # speculating at all
       assert 1 <= k <= gamma
       assert theory.expected_speedup(float(alpha), int(k), c) == pytest.approx(best, rel=1e-5), (alpha, c, k)
-  assert np.asarray(adaptive.theory_length(jnp.asarray([0.0, 0.95]), jnp.float32(0.05), gamma)).tolist() == [1, 8]
+  assert np.asarray(schedules.theory_length(jnp.asarray([0.0, 0.95]), jnp.float32(0.05), gamma)).tolist() == [1, 8]
 
 
 @pytest.mark.usefixtures("strict_ranks")
 def test_heuristic_rule_and_fallback_counters():
   gamma = 5
-  state = adaptive.ScheduleState.create(4, gamma).replace(length=jnp.asarray([5, 3, 1, 2], jnp.int32))
+  state = schedules.ScheduleState.create(4, gamma).replace(length=jnp.asarray([5, 3, 1, 2], jnp.int32))
   drafted = jnp.asarray([5, 3, 1, 0], jnp.int32)
   accepted = jnp.asarray([5, 1, 0, 0], jnp.int32)
   beta = jnp.ones((4, gamma), jnp.float32)
   resting = jnp.asarray([False, False, False, True])
-  new = adaptive.update(state, gamma, drafted, accepted, beta, resting, jnp.ones((4,), bool))
+  new = schedules.update(state, gamma, drafted, accepted, beta, resting, jnp.ones((4,), bool))
   assert new.length.tolist() == [5, 2, 1, 2]  # +2 clipped to gamma, -1, -1 clipped to 1, unchanged (no draft)
   assert new.idle.tolist() == [0, 0, 0, 1]
   # Verified positions: 5 (all accepted), 2 (up to the first rejection), 1, 0 (nothing drafted: no evidence).
-  prior = adaptive.PRIOR_POSITIONS * adaptive.ALPHA_DECAY ** np.asarray([5, 2, 1, 0])
+  prior = schedules.PRIOR_POSITIONS * schedules.ALPHA_DECAY ** np.asarray([5, 2, 1, 0])
   np.testing.assert_allclose(new.beta_count, prior + [5, 2, 1, 0], rtol=1e-6)
   one = jnp.ones((1,), bool)
-  missed = adaptive.update(adaptive.ScheduleState.create(1, gamma), gamma, jnp.asarray([3], jnp.int32),
+  missed = schedules.update(schedules.ScheduleState.create(1, gamma), gamma, jnp.asarray([3], jnp.int32),
                            jnp.asarray([0], jnp.int32), jnp.zeros((1, gamma), jnp.float32), ~one, one)
   # A first rejection: the prior keeps the row's estimate well above 0 (PRIOR_POSITIONS decayed once, over one more).
-  kept = adaptive.PRIOR_POSITIONS * adaptive.ALPHA_DECAY
+  kept = schedules.PRIOR_POSITIONS * schedules.ALPHA_DECAY
   assert float(missed.alpha[0]) == pytest.approx(kept / (kept + 1), rel=1e-6) and float(missed.alpha[0]) > 0.6
   assert new.alpha.tolist()[3] == 1.0  # no evidence yet: optimistic
   # One decision for the batch: every active row drafts the longest active row's length (the finished row's 5
   # does not count), or the batch rests when the active rows' mean estimate is below fallback_alpha.
-  knobs = adaptive.SpeculationKnobs.create(fallback_alpha=0.5, probe_interval=2)
+  knobs = schedules.SpeculationKnobs.create(fallback_alpha=0.5, probe_interval=2)
   active = jnp.asarray([True, True, True, False])
   idle = jnp.asarray([1, 1, 1, 5], jnp.int32)
   low = new.replace(beta_sum=jnp.asarray([0.0, 0.0, 1.0, 1.0]), beta_count=jnp.ones(4), idle=idle,
                     length=jnp.asarray([2, 3, 1, 5], jnp.int32))
-  limit, rest = adaptive.limits("heuristic", gamma, knobs, low, active)
+  limit, rest = schedules.limits("heuristic", gamma, knobs, low, active)
   assert rest.tolist() == [True, True, True, False] and limit.tolist() == [0, 0, 0, 0]  # mean 1/3 < 0.5
-  limit, rest = adaptive.limits("heuristic", gamma, knobs, low.replace(idle=idle.at[1].set(2)), active)
+  limit, rest = schedules.limits("heuristic", gamma, knobs, low.replace(idle=idle.at[1].set(2)), active)
   assert rest.tolist() == [False] * 4 and limit.tolist() == [3, 3, 3, 0]  # a row's interval is due: a probe
-  limit, rest = adaptive.limits("heuristic", gamma, knobs, low.replace(beta_sum=jnp.asarray([0.0, 1, 1, 0])), active)
+  limit, rest = schedules.limits("heuristic", gamma, knobs, low.replace(beta_sum=jnp.asarray([0.0, 1, 1, 0])), active)
   assert rest.tolist() == [False] * 4 and limit.tolist() == [3, 3, 3, 0]  # mean 2/3: the batch drafts
   # Backoff: after 2 failed probes the interval is 2 * 2**2 = 8 idle iterations.
   backed = low.replace(probes=jnp.full((4,), 2, jnp.int32), idle=jnp.full((4,), 7, jnp.int32))
-  assert adaptive.limits("heuristic", gamma, knobs, backed, active)[1].tolist() == [True, True, True, False]
+  assert schedules.limits("heuristic", gamma, knobs, backed, active)[1].tolist() == [True, True, True, False]
   backed = backed.replace(idle=jnp.full((4,), 8, jnp.int32))
-  assert not any(adaptive.limits("heuristic", gamma, knobs, backed, active)[1].tolist())
+  assert not any(schedules.limits("heuristic", gamma, knobs, backed, active)[1].tolist())
 
 
 @pytest.mark.usefixtures("strict_ranks")
@@ -181,24 +181,24 @@ def test_adaptive_length_is_the_batch_s_theorem_3_8_choice():
   gamma, c = 6, jnp.float32(0.1)
   alpha = jnp.asarray([0.95, 0.1, 0.9, 0.0], jnp.float32)
   active = jnp.asarray([True, True, True, False])
-  limit, _ = adaptive.limits("adaptive", gamma, adaptive.SpeculationKnobs.create(draft_cost=0.1),
-                             adaptive.ScheduleState.create(4, gamma).replace(beta_sum=alpha,
-                                                                               beta_count=jnp.ones(4)), active)
+  limit, _ = schedules.limits("adaptive", gamma, schedules.SpeculationKnobs.create(draft_cost=0.1),
+                              schedules.ScheduleState.create(4, gamma).replace(beta_sum=alpha,
+                                                                                beta_count=jnp.ones(4)), active)
   ks = np.arange(1, gamma + 1)
   total = sum(np.cumsum(np.float32(a) ** ks) + 1 for a in np.asarray(alpha)[:3])
   assert limit.tolist() == [int(ks[np.argmax(total / (1 + ks * 0.1))])] * 3 + [0]
   # Alone, each row would choose its own k: the batch's choice differs from the weak row's.
-  alone = np.asarray(adaptive.theory_length(alpha, c, gamma))
+  alone = np.asarray(schedules.theory_length(alpha, c, gamma))
   assert alone[1] < limit[0] and alone[0] == gamma
-  warm = adaptive.ScheduleState.create(2, gamma, adaptive.SpeculationKnobs.create(prior_alpha=0.25))
+  warm = schedules.ScheduleState.create(2, gamma, schedules.SpeculationKnobs.create(prior_alpha=0.25))
   assert float(warm.alpha[0]) == 0.25 and warm.probes.tolist() == [0, 0]  # prior_alpha; fallback off
-  cold = adaptive.ScheduleState.create(2, gamma, adaptive.SpeculationKnobs.create(prior_alpha=0.25,
+  cold = schedules.ScheduleState.create(2, gamma, schedules.SpeculationKnobs.create(prior_alpha=0.25,
                                                                                  fallback_alpha=0.3))
-  assert cold.probes.tolist() == [adaptive.COLD_BACKOFF] * 2  # calibrated below the threshold: probes come late
-  knobs = adaptive.SpeculationKnobs.create(prior_alpha=0.25, fallback_alpha=0.3, probe_interval=2)
-  interval = 2 * 2**adaptive.COLD_BACKOFF
+  assert cold.probes.tolist() == [schedules.COLD_BACKOFF] * 2  # calibrated below the threshold: probes come late
+  knobs = schedules.SpeculationKnobs.create(prior_alpha=0.25, fallback_alpha=0.3, probe_interval=2)
+  interval = 2 * 2**schedules.COLD_BACKOFF
   for idle, rests in ((interval - 1, True), (interval, False)):
-    _, resting = adaptive.limits("adaptive", gamma, knobs, cold.replace(idle=jnp.full((2,), idle, jnp.int32)),
+    _, resting = schedules.limits("adaptive", gamma, knobs, cold.replace(idle=jnp.full((2,), idle, jnp.int32)),
                                  jnp.ones((2,), bool))
     assert resting.tolist() == [rests] * 2
 
@@ -283,7 +283,7 @@ def test_draft_cache_is_consistent_after_long_fallback(pair, probe_interval):
                                eos_ids=tuple(target.config.eos_token_ids), pad_id=target.config.pad_token_id,
                                schedule="heuristic")
   tc, dc, first = jax.jit(loop.prefill, static_argnums=0)(settings, target.params, good.params, ids, input_lengths)
-  spec = adaptive.SpeculationKnobs.create(fallback_alpha=1.0, probe_interval=probe_interval)
+  spec = schedules.SpeculationKnobs.create(fallback_alpha=1.0, probe_interval=probe_interval)
   seeds = np.zeros((len(prompts),), np.uint32)
   state = jax.jit(loop.run, static_argnums=0)(settings, target.params, good.params, tc, dc, first,
                                               sampling.SamplingKnobs.create(0.0, 0, 1.0), seeds,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding.device import adaptive, loop, sampling
+from jaxspec.decoding.device import loop, sampling, schedules
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.errors import CheckpointError
 from jaxspec.models import eagle3, t5
@@ -199,7 +199,7 @@ def test_head_cache_equals_a_fresh_prefill():
   target's features; its `hidden` is that prefill's pre-norm output at the last entry; its encoder keys and values
   are those of the target's encoder output, untouched by the rollbacks."""
   target, head = _pair()
-  spec = adaptive.SpeculationKnobs.create(fallback_alpha=0.5, prior_alpha=0.6, probe_interval=1,
+  spec = schedules.SpeculationKnobs.create(fallback_alpha=0.5, prior_alpha=0.6, probe_interval=1,
                                           draft_confidence=0.3)
   state, settings, params, ids = _run_loop(target, head, "adaptive", spec)
   assert int(state.stats.fallback_iterations.sum()) > 0 and int(state.stats.drafted.sum()) > 0

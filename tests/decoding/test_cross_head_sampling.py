@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding.device import loop, sampling, schedules, verify
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.models import eagle3
 
@@ -59,7 +59,7 @@ def _sample(gamma, schedule="constant", spec=None, temperature=1.0, top_k=0):
 def test_lossless_sampling(gamma, schedule, top_k):
   spec = None
   if schedule != "constant":
-    spec = adaptive.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
+    spec = schedules.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
                                             draft_cost=0.1, prior_alpha=0.6)
   samples, exact, state = _sample(gamma, schedule, spec, temperature=0.9 if top_k else 1.0, top_k=top_k)
   stat, dof = chi_square(samples, exact)

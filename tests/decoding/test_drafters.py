@@ -1,4 +1,4 @@
-"""Unit tests of each drafter behind the Drafter protocol (jaxspec/decoding/drafters/protocol.py): what it
+"""Unit tests of each drafter behind the Drafter protocol (jaxspec/decoding/device/drafter.py): what it
 proposes for a known context, and the state it settles on after a verdict (the loop-level tests are in test_generate.py,
 test_ngram.py, test_adaptive.py and test_sampling_lossless.py)."""
 
@@ -10,7 +10,7 @@ import pytest
 import jaxspec
 from jaxspec.decoding.drafters import ngram, registry
 from jaxspec.decoding.device import sampling
-from jaxspec.decoding.drafters.protocol import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
+from jaxspec.decoding.device.drafter import DraftRequest, Drafter, History, PlainDrafter, ProposalSettings, Verdict
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 
 from stub_models import MarkovDecoder

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding.device import adaptive, loop, sampling, verify
+from jaxspec.decoding.device import loop, sampling, schedules, verify
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only as do
@@ -132,7 +132,7 @@ def test_head_cache_equals_a_fresh_prefill(schedule):
   target, head = _pair()
   spec = None
   if schedule == "adaptive":
-    spec = adaptive.SpeculationKnobs.create(fallback_alpha=0.5, prior_alpha=0.6, probe_interval=1)
+    spec = schedules.SpeculationKnobs.create(fallback_alpha=0.5, prior_alpha=0.6, probe_interval=1)
   state, settings, params = _run_loop(target, head, schedule, spec)
   if schedule == "adaptive":
     assert int(state.stats.fallback_iterations.sum()) > 0 and int(state.stats.drafted.sum()) > 0
@@ -223,7 +223,7 @@ def _sample(gamma, schedule="constant", spec=None, temperature=1.0, top_k=0):
 def test_lossless_sampling(gamma, schedule, top_k):
   spec = None
   if schedule != "constant":
-    spec = adaptive.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
+    spec = schedules.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
                                             draft_cost=0.1, prior_alpha=0.6)
   samples, exact, state = _sample(gamma, schedule, spec, temperature=0.9 if top_k else 1.0, top_k=top_k)
   stat, dof = chi_square(samples, exact)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.decoding import engine, memory_guard, placement
+from jaxspec.decoding import generation, memory_guard, placement
 from jaxspec.decoding.drafters import registry
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3, t5
@@ -68,7 +68,7 @@ def _plan(monkeypatch, target, speculation, sampling):
   real = memory_guard.memory_plan
   monkeypatch.setattr(memory_guard, "memory_plan", lambda *a, **k: seen.append(real(*a, **k)) or seen[-1])
   monkeypatch.setattr(memory_guard, "_least_free", lambda where: 2**40)
-  engine._placed(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False), target, 0)
+  generation._placed(generation._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False), target, 0)
   monkeypatch.setattr(memory_guard, "memory_plan", real)
   return seen[-1]
 
@@ -85,8 +85,8 @@ def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatc
   plain, need = (p.caches + p.state + p.activations for p in (plain_plan, plan))
   source = registry.draft_source(target, speculation)
   draft_params = None if isinstance(speculation.draft, jaxspec.Model) else source.params
-  state = memory_guard.loop_shape(engine._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False).settings,
-                                  target.params, draft_params, isinstance(speculation.draft, jaxspec.Model),
+  settings = generation._prepare(target, PROMPTS, speculation, sampling, NEW, 64, False).settings
+  state = memory_guard.loop_shape(settings, target.params, draft_params, isinstance(speculation.draft, jaxspec.Model),
                                   len(PROMPTS), 16).drafter_state
   # The drafter's own state in the loop's state, and the verify call's logits [B, T, V] float32 (T = gamma + 1, or
   # a tree's N + 1 nodes) among the activations.
@@ -105,7 +105,7 @@ def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatc
                                                        r"device .* free: lower max_new_tokens"):
     jaxspec.generate(target, PROMPTS, speculation, sampling, max_new_tokens=NEW, max_input_length=64)
   assert not moved  # refused before anything was placed
-  engine._placed(engine._prepare(target, PROMPTS, None, sampling, NEW, 64, False), target, 0)  # plain fits
+  generation._placed(generation._prepare(target, PROMPTS, None, sampling, NEW, 64, False), target, 0)  # plain fits
   assert moved == [1]
 
 
@@ -131,7 +131,7 @@ def test_every_speculation_drafts_from_one_source_placed_one_way():
   `placement.draft_params_on` places it one way: as it is without a mesh; on a mesh, arrays already there kept, the
   rest placed once (the same copy on the next call), a draft model's by its axes, and nothing stored on the user's
   object."""
-  from jaxspec.decoding.drafters.protocol import DraftSource
+  from jaxspec.decoding.device.drafter import DraftSource
   from jaxspec.sharding import make_mesh, mesh_of
   target, head, t5_target, _, t5_draft = _models()
   mesh = make_mesh(data=1, model=1, devices=jax.devices()[:1])

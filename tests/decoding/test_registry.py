@@ -10,7 +10,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.protocol import DraftSource, Proposal
+from jaxspec.decoding.device.drafter import DraftSource, Proposal
 from jaxspec.models import t5
 
 
@@ -88,3 +88,17 @@ def test_an_unregistered_kind_is_one_clear_error(target):
   spec = jaxspec.Speculation(RepeatDraft(), gamma=3)
   with pytest.raises(jaxspec.errors.SettingsError, match="Speculation.draft must be .*NGramDraft.* got RepeatDraft"):
     jaxspec.generate(target, [[5, 6, 1]], spec, max_new_tokens=4)
+
+
+def test_the_slot_engine_gets_a_draft_model_wrapped_for_its_load_table(target):
+  """`registry.served`: a draft model under a table with plain or tree entries is wrapped (drafters/served_draft.py)
+  and, with plain entries, has a 'quiet' form that prefills nothing; any other drafter, or a table that never
+  lags, is served as it is (the slot engine names no drafter class: tests/test_layers.py)."""
+  model = registry.draft_source(target, jaxspec.Speculation(target, gamma=2)).drafter
+  assert registry.served(model, lags=False, rests=False) == (model, None)
+  chained = registry.served(model, lags=True, rests=False)
+  assert chained.drafter.inner == model and chained.drafter.prefill and chained.quiet is None
+  rested = registry.served(model, lags=True, rests=True)
+  assert rested.quiet.inner == model and not rested.quiet.prefill
+  lookup = registry.draft_source(target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2)).drafter
+  assert registry.served(lookup, lags=True, rests=True) == (lookup, None)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from jaxspec.decoding.device import adaptive, loop, sampling, tree_verify, verify
+from jaxspec.decoding.device import loop, sampling, schedules, tree_verify, verify
 from jaxspec.decoding.drafters import ngram, tree
-from jaxspec.decoding.drafters.protocol import PlainDrafter
+from jaxspec.decoding.device.drafter import PlainDrafter
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.decoding.settings import Tree
 from jaxspec.models import t5
@@ -123,7 +123,7 @@ def test_lossless_with_top_k_and_top_p(top_k, top_p):
 
 # Every knob on: rows stop after unconfident drafts; batches start at fallback_alpha (prior_alpha), draft, rest
 # when their rows' mean estimate falls below it and probe every other iteration (LENGTH is only 3 tokens).
-ADAPTIVE_KNOBS = adaptive.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
+ADAPTIVE_KNOBS = schedules.SpeculationKnobs.create(draft_confidence=0.5, fallback_alpha=0.6, probe_interval=1,
                                                   draft_cost=0.1, prior_alpha=0.6)
 
 
@@ -200,7 +200,7 @@ def test_a_length_rule_that_peeks_at_the_verdict_is_caught(monkeypatch):
   monkeypatch.setattr(verify, "accept_sampled", peeking)
   try:
     samples, _ = _run(target, draft, gamma=3, schedule="heuristic",
-                      spec=adaptive.SpeculationKnobs.create(draft_confidence=0.5))
+                      spec=schedules.SpeculationKnobs.create(draft_confidence=0.5))
   finally:
     monkeypatch.undo()
     jax.clear_caches()

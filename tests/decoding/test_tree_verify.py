@@ -70,7 +70,7 @@ def node_logits(table: np.ndarray, bias: np.ndarray, tokens: np.ndarray, positio
 def run_rounds(verify, table, bias, draft, rows: int, length: int, parents: np.ndarray = PARENTS,
                argmax_first: bool = False):
   """Emitted tokens [rows, length] of tree verification repeated round after round, from start token 0 at
-  position 0; `verify(round, tokens, logits) -> TreeVerdict`. argmax_first: every other round, the target's
+  position 0; `verify(round, tokens, logits) -> TreeAcceptance`. argmax_first: every other round, the target's
   argmax is the root's first candidate (long greedy paths happen too)."""
   out = [[] for _ in range(rows)]
   current, position = np.zeros(rows, np.int32), np.zeros(rows, np.int32)

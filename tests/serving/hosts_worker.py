@@ -28,7 +28,7 @@ def main(path: str, port: int, process_id: int) -> None:
   target, draft = _llama(0), _llama(0, mix=0.07)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]  # one device of this process, no mesh
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=2), slots=4, max_input_length=32,
-                      max_new_tokens=MAX_NEW, iterations_per_step=3, adaptive=TABLE, modes=("greedy",),
+                      max_new_tokens=MAX_NEW, iterations_per_step=3, table=TABLE, modes=("greedy",),
                       mesh=sharding.make_mesh(data=2, model=2))
   requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
   drive(engine, requests)

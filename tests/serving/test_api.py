@@ -1,4 +1,4 @@
-"""The HTTP layer (jaxspec.serving.app, scheduler, protocol, text, metrics) with the official `openai` client against
+"""The HTTP layer (jaxspec.serving.app, scheduler, requests, text, metrics) with the official `openai` client against
 a live uvicorn on 127.0.0.1, over a stub engine with known outputs (tests/serving/stub_engine.py): every bad request,
 the queue bound, stop strings, streaming, cancellation and the metrics. The real engine's tests:
 test_server.py."""

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import jaxspec
-from jaxspec.serving import protocol
+from jaxspec.serving import requests
 from jaxspec.serving import server as serving
 from stub_engine import Settings, StubEngine
 
@@ -102,6 +102,6 @@ def test_chat_takes_the_same_fields():
   body = {"model": MODEL, "messages": [{"role": "user", "content": "a b c"}], "max_completion_tokens": 8,
           "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
           "ignore_eos": True, "min_tokens": 2, "stop": None}
-  req = protocol.parse_chat(body, served_model=MODEL, tokenizer=Tokenizer(), max_input_length=16, max_tokens=4,
+  req = requests.parse_chat(body, served_model=MODEL, tokenizer=Tokenizer(), max_input_length=16, max_tokens=4,
                             max_new_tokens=16)
   assert (req.ignore_eos, req.min_tokens, req.continuous_usage, req.stop, req.max_tokens) == (True, 2, True, (), 8)

@@ -30,7 +30,7 @@ MARGIN = 0.8
 def _engine(name: str, slots: int) -> SlotEngine:
   target, speculation = _case(name)
   return SlotEngine(target, speculation, slots=slots, max_input_length=16, max_new_tokens=MAX_NEW,
-                    iterations_per_step=1, adaptive=TABLE, modes=("greedy",))
+                    iterations_per_step=1, table=TABLE, modes=("greedy",))
 
 
 def _run(engine: SlotEngine, filler: bool) -> tuple[list[int], list[tuple[int, bool, int, int]]]:

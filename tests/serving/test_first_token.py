@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from jaxspec.serving.metrics import Metrics
-from jaxspec.serving.protocol import Request
+from jaxspec.serving.requests import Request
 from jaxspec.serving.scheduler import Event, Scheduler
 from stub_engine import Settings, StubEngine
 

@@ -1,6 +1,6 @@
 """Every drafter in the slot engine, on tiny in-process models: prompt lookup, a feature head and a draft model on a
 decoder-only target, a T5 target's feature head (cross-attention to the encoder). Each engine runs a
-load-adaptive table (`SpeculationTable`): a chain of gamma 3 for one active slot, a token tree for two, plain
+load table (`SpeculationTable`): a chain of gamma 3 for one active slot, a token tree for two, plain
 decoding for three, so that steps switch between a chain, a tree and resting drafters as requests join and leave;
 at temperature 0 every request equals `generate`'s plain greedy tokens for its prompt alone, and greedy rows keep
 their greedy tokens in a step whose program samples for another row. The table's JSON round-trip and the tuner's
@@ -76,10 +76,10 @@ def _case(name: str):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ngram", "head", "draft", "t5-head"])
-def test_every_drafter_with_a_load_adaptive_table_equals_plain_greedy(name):
+def test_every_drafter_with_a_load_table_equals_plain_greedy(name):
   target, speculation = _case(name)
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
-                      iterations_per_step=2, adaptive=TABLE)
+                      iterations_per_step=2, table=TABLE)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]
   # Load 1, 2, then 3 (PROMPTS[3] ends at its insert: EOS first), then down: every table entry runs, the drafters
   # lag and catch up.
@@ -111,7 +111,7 @@ def test_the_draft_prefill_waits_for_the_first_drafting_step():
   target, speculation = _case("draft")
   table = SpeculationTable((TableEntry(max_active=2, gamma=3), TableEntry(max_active=3, gamma=0)))
   engine = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
-                      iterations_per_step=2, adaptive=table, modes=("greedy",))
+                      iterations_per_step=2, table=table, modes=("greedy",))
   engine.warmup()
   compiled = engine.compiled_programs()
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:5]]
@@ -180,7 +180,7 @@ def test_table_json_round_trip_and_refusals():
   with pytest.raises(SettingsError, match="JSON"):
     SpeculationTable.from_json('{"rows": []}')
   with pytest.raises(SettingsError, match="needs a speculation"):
-    SlotEngine(_llama(0), None, slots=2, max_input_length=16, max_new_tokens=4, adaptive=TABLE)
+    SlotEngine(_llama(0), None, slots=2, max_input_length=16, max_new_tokens=4, table=TABLE)
 
 
 def test_the_tuners_table():

@@ -86,7 +86,7 @@ out["programs_rows"] = sorted({p.rows for p in quarter._programs.values()})
 
 # data:2 x model:2 with a load-adaptive table: greedy tokens equal one device's.
 mesh = jaxspec.make_mesh(data=2, model=2)
-both = SlotEngine(target, spec, slots=4, adaptive=TABLE, mesh=mesh, **kw)
+both = SlotEngine(target, spec, slots=4, table=TABLE, mesh=mesh, **kw)
 out["both_specs"] = sorted({s for s, _ in placed(both)})
 before = placed(both)
 tokens, _ = run(both, PROMPTS)

@@ -14,7 +14,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding.device import loop
-from jaxspec.decoding.drafters.protocol import PlainDrafter
+from jaxspec.decoding.device.drafter import PlainDrafter
 from jaxspec.errors import SettingsError
 from jaxspec.serving import SlotEngine
 
@@ -41,7 +41,7 @@ def test_declared_batch_axes_are_the_rows(name):
   else:
     target, speculation = _case("draft" if name == "served draft" else name)
     table = TABLE if name == "served draft" else None  # plain and tree entries: the served draft model's state
-  engine = SlotEngine(target, speculation, slots=2, adaptive=table, **KW)
+  engine = SlotEngine(target, speculation, slots=2, table=table, **KW)
   axes = engine._layout.axes  # pylint: disable=protected-access
   assert axes == _grown_axes(engine), name
   if name == "t5-head":  # T5's cross-attention keys [L, B, ...]: the rows are axis 1

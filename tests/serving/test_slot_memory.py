@@ -65,10 +65,10 @@ def test_the_drafter_and_the_tables_widest_entry_are_counted(monkeypatch, models
   target, draft = models
   plain = _need(monkeypatch, target, None, 4)
   chain = _need(monkeypatch, target, jaxspec.Speculation(draft, gamma=2), 4)
-  table = _need(monkeypatch, target, jaxspec.Speculation(draft, gamma=2), 4, adaptive=TABLE)
+  table = _need(monkeypatch, target, jaxspec.Speculation(draft, gamma=2), 4, table=TABLE)
   assert plain < chain < table, (plain, chain, table)
   for low, high, fits, refused in ((plain, chain, dict(speculation=None), dict()),
-                                   (chain, table, dict(), dict(adaptive=TABLE))):
+                                   (chain, table, dict(), dict(table=TABLE))):
     monkeypatch.setattr(memory_guard, "_least_free", lambda where, b=(low + high) / 2: int(b / 0.9))
     SlotEngine(target, fits.get("speculation", jaxspec.Speculation(draft, gamma=2)), slots=4, **KW)
     with pytest.raises(CacheTooLargeError, match=r"^--slots=4 needs .* at most [0-3] slots? fit|not even one"):

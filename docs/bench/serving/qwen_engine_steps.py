@@ -16,7 +16,7 @@ target = jaxspec.load("/work/models/qwen15"); draft = jaxspec.load("/work/models
 print("loaded", time.time() - t0, flush=True)
 table = SpeculationTable.from_json(open("docs/bench/serving/qwen_table.json").read())
 kw = dict(slots=16, max_input_length=128, max_new_tokens=48, modes=("greedy",), row_buckets=(16,))
-spec = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), adaptive=table, **kw)
+spec = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), table=table, **kw)
 plain = SlotEngine(target, None, **kw)
 print("spec programs", spec.programs, "plain", plain.programs, flush=True)
 tok = target.tokenizer

@@ -1,8 +1,10 @@
-"""What runs only inside the compiled decoding program: the `lax.while_loop` (loop.py), verification of chains
-(verify.py) and token trees (tree_verify.py), the sampling transforms both sides share (sampling.py) and the
-draft-length schedules with their runtime knobs (adaptive.py).
+"""What runs inside the compiled decoding program: the `lax.while_loop` (loop.py), verification of chains
+(verify.py) and token trees (tree_verify.py), the sampling transforms both sides share (sampling.py), the
+draft-length schedules with their runtime knobs (schedules.py), and the interfaces the loop owns: the `Drafter`
+protocol it calls (drafter.py), the stats it counts (stats.py: `DecodeStats`, `GenerateOutput`) and the tokens it
+streams to the host (streaming.py: `TokenChunk`, `emit`).
 
-Nothing here knows a drafter by kind: the loop reaches drafters through `drafters.protocol` only, and imports no
-host API (engine, placement, arguments, memory_guard, settings); from the top level it reads only what it hands
-back to the host (stats.py's `DecodeStats`, streaming.py's `emit`). tests/test_layers.py checks both.
+Nothing here knows a drafter by kind or imports drafters/ (every drafter imports drafter.py), and nothing imports
+the host side of decoding (generation, placement, arguments, memory_guard, settings; type annotations aside): the host
+API imports from here, never the other way. tests/test_layers.py checks both.
 """

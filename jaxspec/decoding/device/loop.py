@@ -12,8 +12,8 @@ generated tokens; a cache's `positions` count how many of them it has fed.
 
 Each iteration, for every unfinished row:
   1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:
-     drafters/ngram.py; nothing: protocol.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
-     at most the batch's length from its schedule and fallback (adaptive.py), and fewer where the drafter stops
+     drafters/ngram.py; nothing: drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
+     at most the batch's length from its schedule and fallback (schedules.py), and fewer where the drafter stops
      early (draft confidence, a lookup without a match);
   2. the target scores [last token, x_1..x_gamma] in ONE call of gamma + 1 positions (1 position when no row
      drafted anything: the iteration is then plain decoding). Under "heuristic" / "adaptive", with a drafter that
@@ -33,7 +33,7 @@ Invariants at the top of an iteration (row b, L = lengths[b] tokens in sequences
     it never saw the last one, REFERENCE.md pitfall 1; less after iterations in which it drafted nothing);
     the lookup context holds the input and all L tokens; a feature head holds the entries of positions < L - 1,
     each from the target's real features (head_drafter.py);
-  - choices of k use only what is known before the target scores the tokens (exact: adaptive.py);
+  - choices of k use only what is known before the target scores the tokens (exact: schedules.py);
   - a row's random draws depend only on its own key (from its seed) and its own iteration count, never on other
     rows;
   - a finished row (EOS, max_new_tokens, or non-finite logits: `failed`) is frozen: nothing it emits is written.
@@ -49,11 +49,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding import streaming
-from jaxspec.decoding.device import adaptive, sampling, tree_verify, verify
-from jaxspec.decoding.drafters.protocol import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
-                                                TreeProposal, Verdict)
-from jaxspec.decoding.stats import DecodeStats
+from jaxspec.decoding.device import sampling, schedules, streaming, tree_verify, verify
+from jaxspec.decoding.device.drafter import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
+                                             TreeProposal, Verdict)
+from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.models.contract import Decoder, StepResult, TreeNodes, write_rows
 
 if TYPE_CHECKING:
@@ -72,7 +71,7 @@ class LoopSettings:
   filtering: bool  # Top-k or top-p active (needs a sort).
   eos_ids: tuple[int, ...]  # Every id that ends a row.
   pad_id: int  # Fills `sequences` past each row's end.
-  schedule: str = "constant"  # adaptive.SCHEDULES: how many tokens each row drafts ("constant" when plain).
+  schedule: str = "constant"  # schedules.SCHEDULES: how many tokens each row drafts ("constant" when plain).
   streaming: bool = False  # Send each iteration's tokens to the host (an ordered io_callback).
   tree: Tree | None = None  # Draft a token tree of this shape and depth gamma each iteration (schedule "constant").
 
@@ -125,11 +124,11 @@ class LoopState:
   failed: jax.Array  # [B] bool: the target's logits held NaN or +inf for this row; its output stops there.
   target_cache: Any
   draft_state: Any  # The drafter's own state (a draft model's cache, the lookup context; None when plain).
-  schedule: adaptive.ScheduleState | None  # Rows' histories (schedules other than "constant").
+  schedule: schedules.ScheduleState | None  # Rows' histories (schedules other than "constant").
   keys: jax.Array  # [B] PRNG keys, one per row (from its seed); the iteration number is folded in each step.
   step: jax.Array  # [] int32 iteration counter.
   stats: DecodeStats
-  rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (adaptive.limits).
+  rest: jax.Array | None = None  # [] bool (phased loops): the batch rests in the next iteration (schedules.limits).
   # [B] int32 per-row token budgets (<= max_new_tokens: the slot engine's per-request max_tokens), or None:
   # max_new_tokens for every row (`generate`).
   budget: jax.Array | None = None
@@ -169,7 +168,7 @@ class _Kind:
   width: int | None
 
 
-def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: adaptive.SpeculationKnobs,
+def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: schedules.SpeculationKnobs,
              state: LoopState, keys: jax.Array, kind: _Kind) -> tuple[Proposal | TreeProposal, jax.Array | None]:
   """This iteration's proposal (a chain, or with `settings.tree` a token tree) and which rows rest ([B] bool;
   None under "constant")."""
@@ -180,7 +179,7 @@ def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs,
     return settings.drafter.idle(state.draft_state, history, settings.proposal), active
   limit, resting = None, None
   if settings.scheduled:
-    limit, resting = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, active)
+    limit, resting = schedules.limits(settings.schedule, settings.gamma, spec, state.schedule, active)
   proposal = settings.drafter.propose(DraftRequest(params, state.draft_state, history, limit, settings.proposal,
                                                    knobs, spec.draft_confidence, keys,
                                                    some_row_drafts=kind.width is not None))
@@ -211,8 +210,8 @@ def _mask_eos(settings: LoopSettings, logits: jax.Array, positions: jax.Array, e
 
 def _verify(settings: LoopSettings, params: Any, cache: Any, last: jax.Array, proposal: Proposal | TreeProposal,
             knobs: sampling.SamplingKnobs, keys: jax.Array, width: int | None, eos_free: jax.Array | None = None):
-  """The target's call over this iteration's proposal (a chain or a tree) and its verdict, the one verification
-  entry point: (verify.Verdict, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
+  """The target's call over this iteration's proposal (a chain or a tree) and its acceptance, the one verification
+  entry point: (verify.Acceptance, drafts [B, G] (the accepted path's for a tree, junk past num_accepted), bad [B]
   bool, the target cache (a tree's compacted to the accepted path), features).
 
   last [B, 1] the rows' last tokens (a tree's root is proposal.tokens[:, 0]). features: None unless the drafter
@@ -243,14 +242,14 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
     logits = _mask_eos(settings, logits, jnp.arange(width)[None], eos_free)
     drafted = counts if width > 1 else None
     if settings.greedy:
-      verdict = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
+      acceptance = verify.accept_greedy(tokens[:, :width - 1], logits, drafted)
     else:
       p = sampling.warp_probs(logits, knobs, settings.filtering)
       # Nothing drafted (width 1): an empty q; deterministic proposals (one-hot): None.
       q = p[:, :0] if width == 1 else None if proposal.q is None else proposal.q[:, :width - 1]
-      verdict = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
-    beta = jnp.pad(verdict.beta, ((0, 0), (0, gamma + 1 - width)))
-    return verdict.replace(beta=beta), tokens, bad, cache, features
+      acceptance = verify.accept_sampled(keys, tokens[:, :width - 1], q, p, drafted)
+    beta = jnp.pad(acceptance.beta, ((0, 0), (0, gamma + 1 - width)))
+    return acceptance.replace(beta=beta), tokens, bad, cache, features
 
   if width is not None:
     return score(cache, width)
@@ -259,7 +258,7 @@ def _verify_chain(settings: LoopSettings, params: Any, cache: Any, last: jax.Arr
 
 def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: TreeProposal,
                  knobs: sampling.SamplingKnobs, keys: jax.Array, eos_free: jax.Array | None):
-  """A tree's verification (`_verify`): every node in one call, the verdict as a chain's (the accepted depths'
+  """A tree's verification (`_verify`): every node in one call, the acceptance as a chain's (the accepted depths'
   beta 1 and the first rejected depth's 0), the target cache compacted to the accepted path. The cache at the
   top of an iteration holds every token but the root (the last one), so the tree's root sits at slot
   base = cache.lengths; node path[j] of the accepted path sits at position L - 1 + j, as the j-th position of a
@@ -285,14 +284,14 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
   n = found.num_accepted
   beta = (jnp.arange(gamma)[None] < n[:, None]).astype(jnp.float32)
   drafts = jnp.take_along_axis(proposal.tokens, found.path[:, 1:], axis=1)  # [B, G]; junk past n
-  verdict = verify.Verdict(num_accepted=n, next_token=found.next_token, beta=beta)
+  acceptance = verify.Acceptance(num_accepted=n, next_token=found.next_token, beta=beta)
   if features is not None:
     features = jnp.take_along_axis(features, found.path[:, :, None], axis=1)  # [B, G + 1, F]
-  return verdict, drafts, bad, cache.compact(base, found.path, found.path_len), features
+  return acceptance, drafts, bad, cache.compact(base, found.path, found.path_len), features
 
 
 def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
-               spec: adaptive.SpeculationKnobs, stream_id: jax.Array | None, kind: _Kind,
+               spec: schedules.SpeculationKnobs, stream_id: jax.Array | None, kind: _Kind,
                state: LoopState) -> LoopState:
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
@@ -306,18 +305,18 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
   proposal, resting = _propose(settings, draft_params, knobs, spec, state, draft_keys, kind)
   # New tokens the row must still emit before an EOS may end it (min_tokens; lengths - 1 are emitted so far).
   eos_free = None if state.min_tokens is None else state.min_tokens - (state.lengths - 1)
-  verdict, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
+  acceptance, drafts, bad, target_cache, features = _verify(settings, target_params, state.target_cache,
                                                          state.history.last[:, None], proposal, knobs,
                                                          verify_keys, kind.width, eos_free)
   failed = state.failed | (active & bad)
   active = active & ~bad
-  n = verdict.num_accepted
+  n = acceptance.num_accepted
   drafted = jnp.full((batch,), gamma, jnp.int32) if settings.tree or proposal.counts is None else proposal.counts
 
   # The emitted block: accepted drafts, then the correction/bonus token at index n; cut at EOS and budget.
   positions = jnp.arange(gamma + 1)[None]  # [1, G + 1]
   block = jnp.concatenate([drafts, jnp.zeros((batch, 1), jnp.int32)], axis=1)
-  block = jnp.where(positions == n[:, None], verdict.next_token[:, None], block)
+  block = jnp.where(positions == n[:, None], acceptance.next_token[:, None], block)
   is_eos = jnp.isin(block, jnp.asarray(settings.eos_ids, jnp.int32)) & (positions <= n[:, None])
   if state.ignore_eos is not None:  # such a row's EOS is a token like any other: it ends at its budget
     is_eos = is_eos & ~state.ignore_eos[:, None]
@@ -337,19 +336,19 @@ def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kn
                                                 params=draft_params, features=features))
   schedule = state.schedule
   if schedule is not None:
-    schedule = adaptive.update(schedule, gamma, jnp.where(active, drafted, 0), n, verdict.beta, resting, active)
+    schedule = schedules.update(schedule, gamma, jnp.where(active, drafted, 0), n, acceptance.beta, resting, active)
   if settings.streaming:
     streaming.emit(stream_id, state.step, block, emit)
   return LoopState(sequences=write_rows(state.sequences, block, state.lengths), lengths=lengths, done=done,
                    failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
-                   stats=state.stats.add(active, drafted, n, verdict.beta, resting), rest=state.rest,
+                   stats=state.stats.add(active, drafted, n, acceptance.beta, resting), rest=state.rest,
                    budget=state.budget, ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
 
 
 def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_state, first_tokens: jax.Array,
         knobs: sampling.SamplingKnobs, seeds: jax.Array, row_ids: jax.Array,
-        spec: adaptive.SpeculationKnobs | None = None, stream_id: jax.Array | None = None) -> LoopState:
+        spec: schedules.SpeculationKnobs | None = None, stream_id: jax.Array | None = None) -> LoopState:
   """Decodes until every row is done.
 
   Args:
@@ -363,11 +362,11 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   """
   # Keys are made inside the program: host-side keys cost ~1 ms per call on CPU.
   keys = jax.vmap(lambda s, r: jax.random.fold_in(jax.random.key(s), r))(seeds, row_ids)
-  spec = adaptive.SpeculationKnobs.create() if spec is None else spec
+  spec = schedules.SpeculationKnobs.create() if spec is None else spec
   batch = target_cache.lengths.shape[0]
   sequences = jnp.full((batch, settings.seq_len), settings.pad_id, jnp.int32).at[:, 0].set(first_tokens)
   no = jnp.zeros((batch,), bool)
-  schedule = adaptive.ScheduleState.create(batch, settings.gamma, spec) if settings.scheduled else None
+  schedule = schedules.ScheduleState.create(batch, settings.gamma, spec) if settings.scheduled else None
   state = LoopState(
       sequences=sequences, lengths=jnp.ones((batch,), jnp.int32), done=no, failed=no, target_cache=target_cache,
       draft_state=draft_state, schedule=schedule, keys=keys, step=jnp.int32(0),
@@ -384,9 +383,9 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
                                                settings.gamma + 1)), state)
 
   def flagged(state: LoopState) -> LoopState:
-    """The state with its next decision: whether the batch rests (adaptive.limits: all active rows or none).
+    """The state with its next decision: whether the batch rests (schedules.limits: all active rows or none).
     Stored once, so that both inner loops' conditions read the same value and one of them always advances."""
-    rest = adaptive.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1]
+    rest = schedules.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1]
     return state.replace(rest=jnp.any(rest))
 
   drafting, resting = step(_Kind(rests=False, width=settings.gamma + 1)), step(_Kind(rests=True, width=1))

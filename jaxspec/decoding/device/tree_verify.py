@@ -4,7 +4,7 @@ The target scored every node of a tree in one call (`Decoder.step(..., tree=...)
 the target's next-token distribution after the path root..n. Both rules walk down from the root (node 0, the
 token the loop feeds first), trying the children of the current node in node order (a tree builder puts
 siblings in decreasing draft score: `jaxspec.decoding.drafters.tree.build_tree`), and stop at a node where no child is
-accepted; the next token then comes from that node. What they return, `TreeVerdict`, is what the loop needs:
+accepted; the next token then comes from that node. What they return, `TreeAcceptance`, is what the loop needs:
 the path (for `cache.compact(base, path, path_len)` and the emitted tokens tokens[path[1:]]) and the next token.
 
 Greedy (`accept_tree_greedy`): move to the child whose token is the target's argmax; the next token is the
@@ -25,7 +25,7 @@ long as the tree was chosen from draft information only (never from the target's
 with the same token has r(x) = 0 by then and is never accepted.
 
 Sampled children (`accept_tree_recursive`): when the drafter DREW each expanded node's K children from its q
-without replacement (x_1 .. x_K in draw order; `protocol.SampledSiblings`), recursive rejection sampling (Jeon et
+without replacement (x_1 .. x_K in draw order; `drafter.SampledSiblings`), recursive rejection sampling (Jeon et
 al. 2024, "Recursive Speculative Decoding") accepts more: with r = p at the node and q_1 = q, accept x_i with
 probability min(1, r_i(x_i) / q_i(x_i)); on rejection r_{i+1} = norm(max(0, r_i - q_i)) and q_{i+1} = q_i
 without x_i, renormalised; when every draw is rejected, the next token comes from r_{K+1}. Each stage is
@@ -52,12 +52,12 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding.device import sampling
-from jaxspec.decoding.drafters.protocol import SampledSiblings
+from jaxspec.decoding.device.drafter import SampledSiblings
 from jaxspec.decoding.device.verify import residual_probs
 
 
 @struct.dataclass
-class TreeVerdict:
+class TreeAcceptance:
   path: jax.Array  # [B, D] int32 node indices of the kept path, root (0) first; 0 past path_len.
   path_len: jax.Array  # [B] int32 nodes on the path, root included (>= 1): accepted drafts + 1.
   next_token: jax.Array  # [B] int32: the correction (every child of the last node rejected) or the bonus token.
@@ -73,8 +73,8 @@ def _children(parents: jax.Array, node: jax.Array) -> jax.Array:
   return parents == node[:, None]
 
 
-def _walk(parents: jax.Array, path_size: int, choose) -> tuple[TreeVerdict, jax.Array]:
-  """Walks down from the root: `choose(step, node [B]) -> (child [B], found [B] bool)`. Returns the verdict
+def _walk(parents: jax.Array, path_size: int, choose) -> tuple[TreeAcceptance, jax.Array]:
+  """Walks down from the root: `choose(step, node [B]) -> (child [B], found [B] bool)`. Returns the acceptance
   without next_token (zeros) and the last node [B]."""
   batch = parents.shape[0]
 
@@ -89,7 +89,7 @@ def _walk(parents: jax.Array, path_size: int, choose) -> tuple[TreeVerdict, jax.
   start = (jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool), jnp.zeros((batch, path_size), jnp.int32),
            jnp.ones((batch,), jnp.int32))
   node, _, path, length = jax.lax.fori_loop(0, path_size - 1, body, start)
-  return TreeVerdict(path=path, path_len=length, next_token=jnp.zeros((batch,), jnp.int32)), node
+  return TreeAcceptance(path=path, path_len=length, next_token=jnp.zeros((batch,), jnp.int32)), node
 
 
 def _path_size(parents: jax.Array, path_size: int | None) -> int:
@@ -100,7 +100,7 @@ def _path_size(parents: jax.Array, path_size: int | None) -> int:
 
 
 def accept_tree_greedy(tokens: jax.Array, parents: jax.Array, target_logits: jax.Array,
-                       path_size: int | None = None) -> TreeVerdict:
+                       path_size: int | None = None) -> TreeAcceptance:
   """Temperature 0: from the root, move to the child equal to the target's argmax while there is one.
 
   Args:
@@ -110,7 +110,7 @@ def accept_tree_greedy(tokens: jax.Array, parents: jax.Array, target_logits: jax
     target_logits: [B, N, V] (or probabilities): node n's predict the token after n's path.
     path_size: D, static, at least the deepest node's depth + 1 (default N).
   Returns:
-    TreeVerdict; the emitted tokens tokens[path[1:path_len]] + [next_token] are plain greedy decoding's.
+    TreeAcceptance; the emitted tokens tokens[path[1:path_len]] + [next_token] are plain greedy decoding's.
   """
   best = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, N]
 
@@ -120,8 +120,8 @@ def accept_tree_greedy(tokens: jax.Array, parents: jax.Array, target_logits: jax
     match = _children(parents, node) & (tokens == want)
     return jnp.argmax(match, axis=1).astype(jnp.int32), jnp.any(match, axis=1)
 
-  verdict, last = _walk(parents, _path_size(parents, path_size), choose)
-  return verdict.replace(next_token=jnp.take_along_axis(best, last[:, None], axis=1)[:, 0])
+  acceptance, last = _walk(parents, _path_size(parents, path_size), choose)
+  return acceptance.replace(next_token=jnp.take_along_axis(best, last[:, None], axis=1)[:, 0])
 
 
 def _first_candidates(tokens: jax.Array, candidate: jax.Array) -> jax.Array:
@@ -148,7 +148,7 @@ def _residual(p_node: jax.Array, tokens: jax.Array, rejected: jax.Array) -> jax.
 
 
 def accept_tree_sampled(key: jax.Array, tokens: jax.Array, parents: jax.Array, p: jax.Array,
-                        path_size: int | None = None) -> TreeVerdict:
+                        path_size: int | None = None) -> TreeAcceptance:
   """Sampling: siblings as deterministic candidates, each tried against the residual left by those before it.
 
   Args:
@@ -158,7 +158,7 @@ def accept_tree_sampled(key: jax.Array, tokens: jax.Array, parents: jax.Array, p
       sampling would draw from).
     path_size: D, static, at least the deepest node's depth + 1 (default N).
   Returns:
-    TreeVerdict; the emitted tokens have the target's joint distribution (see the module docstring).
+    TreeAcceptance; the emitted tokens have the target's joint distribution (see the module docstring).
   """
   batch = tokens.shape[0]
   keys = sampling.row_keys(key, batch)
@@ -174,10 +174,10 @@ def accept_tree_sampled(key: jax.Array, tokens: jax.Array, parents: jax.Array, p
     accept = candidate & (u * mass < p_x)
     return jnp.argmax(accept, axis=1).astype(jnp.int32), jnp.any(accept, axis=1)
 
-  verdict, last = _walk(parents, size, choose)
+  acceptance, last = _walk(parents, size, choose)
   p_last = jnp.take_along_axis(p, last[:, None, None], axis=1)[:, 0]
   residual = _residual(p_last, tokens, _children(parents, last))  # every child of the last node was rejected
-  return verdict.replace(next_token=sampling.sample(sampling.fold(keys, size), residual))
+  return acceptance.replace(next_token=sampling.sample(sampling.fold(keys, size), residual))
 
 
 def _normalised(x: jax.Array) -> jax.Array:
@@ -229,7 +229,7 @@ def _expanded_node(siblings: SampledSiblings, node: jax.Array) -> tuple[jax.Arra
 
 
 def accept_tree_recursive(key: jax.Array, tokens: jax.Array, parents: jax.Array, p: jax.Array,
-                          siblings: SampledSiblings, path_size: int | None = None) -> TreeVerdict:
+                          siblings: SampledSiblings, path_size: int | None = None) -> TreeAcceptance:
   """Sampling over a tree whose children were drawn from the draft's q: recursive rejection sampling.
 
   Args:
@@ -238,7 +238,7 @@ def accept_tree_recursive(key: jax.Array, tokens: jax.Array, parents: jax.Array,
       probabilities at every node; siblings: the draws and q of every expanded node (`tree.draft_tree` with keys).
     path_size: D, static, at least the deepest node's depth + 1 (default N).
   Returns:
-    TreeVerdict; the emitted tokens have the target's joint distribution (the module docstring).
+    TreeAcceptance; the emitted tokens have the target's joint distribution (the module docstring).
   """
   batch = tokens.shape[0]
   keys = sampling.row_keys(key, batch)
@@ -264,4 +264,4 @@ def accept_tree_recursive(key: jax.Array, tokens: jax.Array, parents: jax.Array,
   start = (jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool), jnp.zeros((batch, size), jnp.int32),
            jnp.ones((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32))
   _, _, path, length, next_token = jax.lax.fori_loop(0, size, body, start)
-  return TreeVerdict(path=path, path_len=length, next_token=next_token)
+  return TreeAcceptance(path=path, path_len=length, next_token=next_token)

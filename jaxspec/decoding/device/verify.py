@@ -23,7 +23,10 @@ RESIDUAL_FLOOR = 1e-6
 
 
 @struct.dataclass
-class Verdict:
+class Acceptance:
+  """What verification kept of a chain, per row (what the loop emits; not the drafter's `drafter.Verdict`, which
+  the loop builds from it for `Drafter.settle`)."""
+
   num_accepted: jax.Array  # [B] int32 in [0, k]: the longest accepted prefix of the draft.
   next_token: jax.Array  # [B] int32: the correction (at the first rejection) or the bonus token.
   beta: jax.Array  # [B, G] float32: sum_x min(p(x), q(x)) per drafted position (argmax agreement when greedy); 0
@@ -41,7 +44,7 @@ def _drafted(num_drafted: jax.Array | None, gamma: int) -> jax.Array | None:
 
 
 def accept_greedy(draft_tokens: jax.Array, target_logits: jax.Array,
-                  num_drafted: jax.Array | None = None) -> Verdict:
+                  num_drafted: jax.Array | None = None) -> Acceptance:
   """Temperature 0: keep the longest drafted prefix equal to the target's argmax; next token = the argmax after it.
 
   Args:
@@ -56,7 +59,7 @@ def accept_greedy(draft_tokens: jax.Array, target_logits: jax.Array,
     match &= drafted
   n = _leading_true(match)
   next_token = jnp.take_along_axis(best, n[:, None], axis=1)[:, 0]
-  return Verdict(num_accepted=n, next_token=next_token, beta=match.astype(jnp.float32))
+  return Acceptance(num_accepted=n, next_token=next_token, beta=match.astype(jnp.float32))
 
 
 def residual_probs(p: jax.Array, q: jax.Array) -> jax.Array:
@@ -67,7 +70,7 @@ def residual_probs(p: jax.Array, q: jax.Array) -> jax.Array:
 
 
 def accept_sampled(key: jax.Array, draft_tokens: jax.Array, q: jax.Array | None, p: jax.Array,
-                   num_drafted: jax.Array | None = None) -> Verdict:
+                   num_drafted: jax.Array | None = None) -> Acceptance:
   """Leviathan et al.'s rejection rule: accept x_j while u_j < min(1, p_j(x_j) / q_j(x_j)).
 
   Args:
@@ -109,4 +112,4 @@ def accept_sampled(key: jax.Array, draft_tokens: jax.Array, q: jax.Array | None,
   next_token = sampling.sample(token_key, residual_probs(p_n, q_n))
   if drafted is not None:
     beta = jnp.where(drafted, beta, 0.0)
-  return Verdict(num_accepted=n, next_token=next_token, beta=beta)
+  return Acceptance(num_accepted=n, next_token=next_token, beta=beta)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 from jaxspec.decoding.device import sampling
 from jaxspec.decoding.drafters import tree
-from jaxspec.decoding.drafters.protocol import Proposal, ProposalSettings
+from jaxspec.decoding.device.drafter import Proposal, ProposalSettings
 
 Step = Callable[[Any, jax.Array], tuple[jax.Array, Any]]  # (carry, token [B]) -> (logits [B, V], carry)
 

@@ -30,7 +30,7 @@ from jaxspec.decoding.drafters.head_drafter import HeadDrafter, HeadState
 class CrossHeadDrafter(HeadDrafter):
   """A T5 target's feature head behind the `Drafter` protocol (hashable: part of the loop's static settings)."""
 
-  reads_encoder: bool = True  # The loop's prefill passes init the target's encoder output (protocol.py).
+  reads_encoder: bool = True  # The loop's prefill passes init the target's encoder output (device/drafter.py).
 
   def __post_init__(self):
     super().__post_init__()

@@ -1,5 +1,5 @@
 """`HeadDrafter`: a feature head (EAGLE-3, `jaxspec.models.eagle3`) drafts from the target's own hidden states
-(protocol.py's `Drafter`).
+(device/drafter.py's `Drafter`).
 
     out = jaxspec.generate(target, prompts, jaxspec.Speculation(jaxspec.load(head_dir), gamma=3))
 

@@ -1,4 +1,4 @@
-"""`ModelDrafter`: a smaller model of the target's tokenizer drafts (the paper's drafter; protocol.py's `Drafter`),
+"""`ModelDrafter`: a smaller model of the target's tokenizer drafts (the paper's drafter; device/drafter.py's `Drafter`),
 and `draft_decoder`, the check that a draft model and a target can speculate together.
 
 Each iteration it catches its cache up with the accepted sequence, then drafts.
@@ -34,9 +34,9 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxspec.decoding.device import adaptive
+from jaxspec.decoding.device import schedules
 from jaxspec.decoding.drafters import chain
-from jaxspec.decoding.drafters.protocol import ProposalSettings
+from jaxspec.decoding.device.drafter import ProposalSettings
 from jaxspec.errors import SettingsError
 from jaxspec.models.contract import Decoder, TreeNodes
 from jaxspec.models.loaded import Model
@@ -95,7 +95,7 @@ class ModelDrafter(chain.LearnedDrafter):
 
   decoder: Decoder
   may_find_nothing: bool = False
-  default_cost: float = adaptive.DEFAULT_DRAFT_COST
+  default_cost: float = schedules.DEFAULT_DRAFT_COST
   feature_layers: tuple[int, ...] = ()
   reads_encoder: bool = False
 

@@ -14,7 +14,7 @@ min(1, p(x) / 1) = p(x), and a rejection draws from the residual norm(max(0, p -
 renormalised (`device.verify.accept_sampled` with q=None). At temperature 0 a proposal is kept while it equals the
 target's argmax. Either way the output is the target's, exactly as with a draft model.
 
-`jaxspec.NGramDraft` (settings.py) is the user's setting; `NGramDrafter` (here) the drafter it makes (protocol.py's
+`jaxspec.NGramDraft` (settings.py) is the user's setting; `NGramDrafter` (here) the drafter it makes (device/drafter.py's
 `Drafter`). Its state is an `NGramContext`: the input ids with the loop's cache_len positions of room after them, to which each iteration appends the tokens it emitted. The search is vectorised:
 for each n (a static, small loop) n shifted comparisons of the whole [B, C] context.
 
@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding.drafters import tree
-from jaxspec.decoding.drafters.protocol import Proposal, TreeProposal
+from jaxspec.decoding.device.drafter import Proposal, TreeProposal
 from jaxspec.models.contract import write_rows
 
 if TYPE_CHECKING:

@@ -1,25 +1,28 @@
 """The one registration of drafter kinds: which drafter a `Speculation.draft` setting drafts with.
 
-    source = registry.draft_source(target, speculation)   # engine.py, serving: the loop's drafter and its params
+    source = registry.draft_source(target, speculation)   # generation.py, serving: the loop's drafter, its params
+    served = registry.served(source.drafter, lags=...)   # the slot engine: that drafter under a load table
 
 `KINDS` maps each kind of setting a user passes as `jaxspec.Speculation(draft, ...)` to a factory
-`make(target, setting) -> DraftSource` (protocol.py: the drafter and the params it reads). `draft_source` accepts
-exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when the engine or the
-serving engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and the engine and the
-serving engine know drafters only through `draft_source`. A new drafter kind
-is one module of this subpackage (its setting, its `Drafter`, its factory) and one entry here; nothing in the loop
-(device/) or the engine changes (docs/drafters.md has a worked example).
+`make(target, setting) -> DraftSource` (device/drafter.py: the drafter and the params it reads). `draft_source`
+accepts exactly these kinds (any other `Speculation.draft` is one SettingsError naming them, raised when `generate`
+or the slot engine makes the draft source: `settings.py` stays a leaf that imports no drafter), and `generate` and
+the slot engine know drafters only through `draft_source` (and the slot engine through `served`, which wraps a
+draft model for a load table: served_draft.py). A new drafter kind is one module of this subpackage (its setting,
+its `Drafter`, its factory) and one entry here; nothing in the loop (device/) or in generation.py changes
+(docs/drafters.md has a worked example).
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, NamedTuple
 
+from jaxspec.decoding.device.drafter import Drafter, DraftSource, PlainDrafter
 from jaxspec.decoding.drafters import model_drafter
 from jaxspec.decoding.drafters.cross_head_drafter import CrossHeadDrafter
 from jaxspec.decoding.drafters.head_drafter import HeadDrafter
 from jaxspec.decoding.drafters.ngram import NGramDrafter
-from jaxspec.decoding.drafters.protocol import DraftSource, PlainDrafter
+from jaxspec.decoding.drafters.served_draft import Deferred, ServedDraftModel
 from jaxspec.decoding.settings import NGramDraft
 from jaxspec.errors import SettingsError
 from jaxspec.models import eagle3
@@ -93,3 +96,23 @@ def draft_source(target: Model, speculation: Any) -> DraftSource:
     if isinstance(speculation.draft, kind.setting):
       return kind.make(target, speculation.draft)
   raise SettingsError(f"Speculation.draft must be {kind_names()}, got {type(speculation.draft).__name__}.")
+
+
+class Served(NamedTuple):
+  """The slot engine's drafters for one speculation under its load table (`served`)."""
+
+  drafter: Drafter  # what every step program drafts with
+  insert: Drafter | None  # the insert program's: the step's drafter with a draft model's prompt prefill deferred
+  #                        to the row's first drafting step (served_draft.Deferred); None: `drafter` itself.
+
+
+def served(drafter: Drafter, *, lags: bool) -> Served:
+  """`drafter` (a `draft_source`'s) as the slot engine runs it under a load table. A draft model's prompt prefill
+  waits for the row's first drafting step (the first token comes from the insert without it: `Deferred`), and
+  where some table entry runs plain or a tree (`lags`), after which a draft model catches up, it is wrapped in
+  `ServedDraftModel`. Every other drafter (a head, prompt lookup, plain decoding) keeps its state in sync on its
+  own and is served as it is."""
+  if not isinstance(drafter, model_drafter.ModelDrafter):
+    return Served(drafter, None)
+  wrapped = ServedDraftModel(drafter) if lags else drafter
+  return Served(wrapped, Deferred(wrapped))

@@ -1,5 +1,5 @@
 """Token trees: EAGLE-2's dynamic tree shape built from draft log-probabilities (the `jaxspec.Tree` setting that
-shapes it is in settings.py; the `TreeProposal` a drafter hands the loop in protocol.py).
+shapes it is in settings.py; the `TreeProposal` a drafter hands the loop in device/drafter.py).
 
     tree = Tree(top_k=8, nodes=60)   # jaxspec.Speculation(draft, gamma=6, tree=tree): draft_tree grows it
 
@@ -38,7 +38,7 @@ import numpy as np
 from flax import struct
 
 from jaxspec.decoding.device import sampling
-from jaxspec.decoding.drafters.protocol import SampledSiblings, TreeProposal
+from jaxspec.decoding.device.drafter import SampledSiblings, TreeProposal
 
 if TYPE_CHECKING:
   from jaxspec.decoding.settings import Tree

@@ -1,9 +1,10 @@
 """A draft model as the slot engine runs it: its prompt prefill deferred past the first token, catching up after
-plain steps, and rows that draft nothing while the load runs plain.
+plain steps, and rows that draft nothing while the load runs plain. The slot engine (jaxspec/serving) gets these
+through `registry.served`, never by name.
 
 Why. The first token must not wait for the draft (issue 39): `insert` computes the request's first token with the
 target alone and writes a zero draft cache (`Deferred`: the insert's drafter); the engine prefills the draft of
-each such row ("wakes" it: engine._WAKE, the prompt only) right before the first step that drafts, and the row
+each such row ("wakes" it: the serving engine's _WAKE, the prompt only) right before the first step that drafts, and the row
 drafts from then on, its catch-up feeding the tokens generated meanwhile (one token after the insert). So the
 draft's prefill is paid after the first token, and only by requests that draft.
 
@@ -20,7 +21,7 @@ Without plain or tree entries every step drafts, so every row is woken before it
 
 The wrapped drafter's state is `ServedDraftState`: the draft cache and, per row, whether the row drafts (False
 in the zero state `Deferred` writes). Everything else is the wrapped `ModelDrafter`'s
-(decoding/drafters/protocol.py).
+(model_drafter.py; the protocol: decoding/device/drafter.py).
 
 Shapes: B rows, V vocabulary.
 """

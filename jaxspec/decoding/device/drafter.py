@@ -1,6 +1,7 @@
 """The `Drafter` protocol: what the decoding loop asks of anything that proposes tokens for the target to verify.
 
-The loop (device/loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
+It lives beside the loop that calls it (the consumer owns the interface): device/ imports nothing of drafters/,
+and every drafter (decoding/drafters/) imports this module. The loop (loop.py) knows no drafter by kind. Each iteration it calls, for the batch:
 
     proposal = drafter.propose(DraftRequest(params, state, history, limit, static, knobs, confidence, keys,
                                             some_row_drafts))
@@ -11,7 +12,7 @@ The loop (device/loop.py) knows no drafter by kind. Each iteration it calls, for
 and once per call, before the loop, `state = drafter.init(params, input_ids, input_lengths, cache_len,
 features=...)`. The
 drafter's `state` is its own pytree (a draft model's cache, the prompt-lookup context, nothing for plain
-decoding); the loop only carries it. Implementations, one module each:
+decoding); the loop only carries it. Implementations, one module each of decoding/drafters/:
 
   - `PlainDrafter` (below): proposes nothing; gamma is 0 and the loop is plain autoregressive decoding;
   - `model_drafter.ModelDrafter`: a smaller model of the same tokenizer (the paper's drafter);
@@ -36,8 +37,8 @@ target's `prefill(..., encoder=True)` for it and passes `encoder=(encoded [B, S,
 per input. The loop's iterations are unchanged.
 
 A drafter is a frozen dataclass of static settings (hashable: it is part of the loop's static settings); its
-weights, if any, come in `params`. To add one: a module of this subpackage with a frozen dataclass implementing
-these methods and a factory, one entry in `registry.KINDS`, its unit tests (tests/decoding/), and the exactness
+weights, if any, come in `params`. To add one: a module of decoding/drafters/ with a frozen dataclass implementing
+these methods and a factory, one entry in `drafters/registry.KINDS`, its unit tests (tests/decoding/), and the exactness
 and lossless-sampling tests run with it (docs/drafters.md).
 
 What keeps the output exact (REFERENCE.md): a proposal may depend on anything known before the target scores it

@@ -19,13 +19,13 @@ import jax
 import numpy as np
 
 from jaxspec.checks import check_int
-from jaxspec.decoding import arguments, memory_guard, placement, streaming
-from jaxspec.decoding.device import adaptive, loop
+from jaxspec.decoding import arguments, memory_guard, placement
+from jaxspec.decoding.device import loop, schedules, streaming
+from jaxspec.decoding.device.drafter import DraftSource
 from jaxspec.decoding.device.sampling import SamplingKnobs
+from jaxspec.decoding.device.stats import GenerateOutput
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.drafters.protocol import DraftSource
 from jaxspec.decoding.settings import Sampling, Speculation
-from jaxspec.decoding.stats import GenerateOutput
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.models.loaded import Model
 
@@ -75,12 +75,12 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
   return _Call(settings, ids, lengths, source, speculation, sampling)
 
 
-def _knobs(call: _Call) -> adaptive.SpeculationKnobs:
+def _knobs(call: _Call) -> schedules.SpeculationKnobs:
   s = call.speculation
   if s is None:
-    return adaptive.SpeculationKnobs.create()
+    return schedules.SpeculationKnobs.create()
   cost = call.settings.drafter.default_cost if s.draft_cost is None else s.draft_cost
-  return adaptive.SpeculationKnobs.create(s.draft_confidence, s.fallback_alpha, s.probe_interval, cost,
+  return schedules.SpeculationKnobs.create(s.draft_confidence, s.fallback_alpha, s.probe_interval, cost,
                                           s.prior_alpha)
 
 
