@@ -10,6 +10,7 @@ import pytest
 
 import jaxspec
 from jaxspec.decoding.drafters import registry
+from jaxspec.decoding.drafters.served_draft import Deferred, ServedDraftModel
 from jaxspec.decoding.device.drafter import DraftSource, Proposal
 from jaxspec.models import t5
 
@@ -91,14 +92,14 @@ def test_an_unregistered_kind_is_one_clear_error(target):
 
 
 def test_the_slot_engine_gets_a_draft_model_wrapped_for_its_load_table(target):
-  """`registry.served`: a draft model under a table with plain or tree entries is wrapped (drafters/served_draft.py)
-  and, with plain entries, has a 'quiet' form that prefills nothing; any other drafter, or a table that never
-  lags, is served as it is (the slot engine names no drafter class: tests/test_layers.py)."""
+  """`registry.served`: a draft model's insert defers its prefill (`Deferred`), and under a table with plain or
+  tree entries it is wrapped to catch up (drafters/served_draft.py); any other drafter is served as it is, with
+  no insert form (the slot engine names no drafter class: tests/test_layers.py)."""
   model = registry.draft_source(target, jaxspec.Speculation(target, gamma=2)).drafter
-  assert registry.served(model, lags=False, rests=False) == (model, None)
-  chained = registry.served(model, lags=True, rests=False)
-  assert chained.drafter.inner == model and chained.drafter.prefill and chained.quiet is None
-  rested = registry.served(model, lags=True, rests=True)
-  assert rested.quiet.inner == model and not rested.quiet.prefill
+  plain = registry.served(model, lags=False)
+  assert plain.drafter == model and isinstance(plain.insert, Deferred) and plain.insert.inner == model
+  chained = registry.served(model, lags=True)
+  assert isinstance(chained.drafter, ServedDraftModel) and chained.drafter.inner == model
+  assert isinstance(chained.insert, Deferred) and chained.insert.inner == chained.drafter
   lookup = registry.draft_source(target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2)).drafter
-  assert registry.served(lookup, lags=True, rests=True) == (lookup, None)
+  assert registry.served(lookup, lags=True) == (lookup, None)
