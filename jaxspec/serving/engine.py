@@ -30,7 +30,7 @@ row's first drafting step, which prefills it first ("wakes" the row; one program
 the slot's previous request survives: every array of the row is overwritten.
 
 step(): ONE compiled program: a `lax.while_loop` of at most iterations_per_step iterations (stopping early when no
-slot is active) whose body is the decoding loop's own `_iteration` (drafting, one verify call, acceptance,
+slot is active) whose body is the decoding loop's own `iteration` (drafting, one verify call, acceptance,
 rollback, the drafter's settle), then the new tokens of every slot, the finished / failed flags and the step's
 drafted / accepted counts packed in ONE [R, W] int32 array and copied to the host once. A step decodes R rows,
 R the smallest of the engine's `row_buckets` that holds the active slots: those slots (padded with idle, frozen
@@ -206,7 +206,7 @@ class _Program:
   """One step program's static settings."""
 
   settings: loop.LoopSettings
-  kind: loop._Kind  # pylint: disable=protected-access
+  kind: loop.IterationKind
   iterations: int
   width: int  # W: tokens per slot returned
   rows: int  # R: the rows the step decodes (a row bucket); R < S gathers them from the slots and back
@@ -293,7 +293,7 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   start = _state_of(program, state)
 
   def body(s):
-    return loop._iteration(settings, target_params, draft_params, knobs, spec, None,  # pylint: disable=protected-access
+    return loop.iteration(settings, target_params, draft_params, knobs, spec, None,
                            program.kind, s)
 
   end = jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.step < program.iterations), body, start)
@@ -362,7 +362,7 @@ class _First:
 
   alloc: loop.LoopSettings
   settings: loop.LoopSettings
-  kind: loop._Kind  # pylint: disable=protected-access
+  kind: loop.IterationKind
 
 
 def _insert_program(first: _First, layout: _Layout, target_params, draft_params, state: SlotState,
@@ -382,7 +382,7 @@ def _insert_program(first: _First, layout: _Layout, target_params, draft_params,
       min_tokens=min_tokens[None])
   knobs = SamplingKnobs(temperature=temperature[None], top_k=top_k[None], top_p=top_p[None])
   spec = schedules.SpeculationKnobs.create()
-  end = loop._iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)  # pylint: disable=protected-access
+  end = loop.iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
 
@@ -549,7 +549,7 @@ class SlotEngine:
       for mode in self.modes:
         if entry.plain:  # the drafter rests (`Drafter.idle`, width-1 verify calls) and keeps its state in sync
           use, gamma_used = drafter, (1 if speculation is not None else 0)
-          kind = loop._Kind(rests=speculation is not None, width=1)  # pylint: disable=protected-access
+          kind = loop.IterationKind(rests=speculation is not None, width=1)
         else:
           use, gamma_used = drafter, gamma
         settings = loop.LoopSettings(
@@ -557,7 +557,7 @@ class SlotEngine:
             greedy=mode == "greedy", filtering=mode == "filtered", eos_ids=self.eos_ids, pad_id=self.pad_id,
             tree=None if entry.plain else tree)
         if not entry.plain:
-          kind = loop._Kind(rests=False, width=None if settings.variable else settings.gamma + 1)  # pylint: disable=protected-access
+          kind = loop.IterationKind(rests=False, width=None if settings.variable else settings.gamma + 1)
         planned.append(((i, mode), settings, kind))
         if alloc is None or settings.slack > alloc.slack:
           alloc = settings
@@ -569,7 +569,7 @@ class SlotEngine:
     first = dataclasses.replace(self._alloc, drafter=served.insert) if self._defers else self._alloc
     self._first = {m: _First(first, dataclasses.replace(first, gamma=int(speculation is not None), tree=None,
                                                         greedy=m == "greedy", filtering=m == "filtered"),
-                             loop._Kind(rests=speculation is not None, width=1))  # pylint: disable=protected-access
+                             loop.IterationKind(rests=speculation is not None, width=1))
                    for m in {self._insert_mode(m) for m in self.modes}}
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
     self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])

@@ -10,6 +10,10 @@ imports no model family and knows no drafter by kind. Its own tokens live in `se
 first token the prefill returned (T5's decoder start token, a decoder-only prompt's last token), then the
 generated tokens; a cache's `positions` count how many of them it has fed.
 
+The loop step is public: `iteration(settings, target_params, draft_params, knobs, spec, stream_id, kind, state)`
+is one iteration over a `LoopState` and `IterationKind(rests, width)` says what its compiled body does; `run`'s
+while_loop and the slot engine's insert and step programs (jaxspec/serving/engine.py) run this same function.
+
 Each iteration, for every unfinished row:
   1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:
      drafters/ngram.py; nothing: drafter.PlainDrafter, gamma 0): at most gamma with schedule "constant", else
@@ -160,7 +164,7 @@ def prefill(settings: LoopSettings, target_params, draft_params, input_ids: jax.
 
 
 @dataclasses.dataclass(frozen=True)
-class _Kind:
+class IterationKind:
   """What one compiled iteration body does (static): whether it drafts or rests, and the verify call's width
   (gamma + 1, 1, or None: picked per iteration from the proposal's counts)."""
 
@@ -169,7 +173,7 @@ class _Kind:
 
 
 def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs, spec: schedules.SpeculationKnobs,
-             state: LoopState, keys: jax.Array, kind: _Kind) -> tuple[Proposal | TreeProposal, jax.Array | None]:
+             state: LoopState, keys: jax.Array, kind: IterationKind) -> tuple[Proposal | TreeProposal, jax.Array | None]:
   """This iteration's proposal (a chain, or with `settings.tree` a token tree) and which rows rest ([B] bool;
   None under "constant")."""
   history, active = state.history, ~state.done
@@ -290,9 +294,13 @@ def _verify_tree(settings: LoopSettings, params: Any, cache: Any, proposal: Tree
   return acceptance, drafts, bad, cache.compact(base, found.path, found.path_len), features
 
 
-def _iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
-               spec: schedules.SpeculationKnobs, stream_id: jax.Array | None, kind: _Kind,
-               state: LoopState) -> LoopState:
+def iteration(settings: LoopSettings, target_params: Any, draft_params: Any, knobs: sampling.SamplingKnobs,
+              spec: schedules.SpeculationKnobs, stream_id: jax.Array | None, kind: IterationKind,
+              state: LoopState) -> LoopState:
+  """One iteration of the loop over B rows (public: `run`'s while_loop body and the slot engine's insert and
+  step programs run this same function): drafting (`kind.rests`: the drafter's resting `idle` instead), one
+  verify call of width `kind.width`, per-row acceptance, EOS / budget cuts, rollback and the drafter's settle.
+  Returns the next LoopState (same shapes); rows already done are frozen."""
   gamma, batch = settings.gamma, state.lengths.shape[0]
   active = ~state.done
   # A row's key for this iteration folds in the row's own iteration count (stats.iterations: its active
@@ -375,11 +383,11 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
   def cond(state: LoopState):
     return jnp.any(~state.done) & (state.step <= settings.max_new_tokens)
 
-  def step(kind: _Kind):
-    return lambda state: _iteration(settings, target_params, draft_params, knobs, spec, stream_id, kind, state)
+  def step(kind: IterationKind):
+    return lambda state: iteration(settings, target_params, draft_params, knobs, spec, stream_id, kind, state)
 
   if not settings.phased:
-    return jax.lax.while_loop(cond, step(_Kind(rests=False, width=None if settings.variable else
+    return jax.lax.while_loop(cond, step(IterationKind(rests=False, width=None if settings.variable else
                                                settings.gamma + 1)), state)
 
   def flagged(state: LoopState) -> LoopState:
@@ -388,7 +396,7 @@ def run(settings: LoopSettings, target_params, draft_params, target_cache, draft
     rest = schedules.limits(settings.schedule, settings.gamma, spec, state.schedule, ~state.done)[1]
     return state.replace(rest=jnp.any(rest))
 
-  drafting, resting = step(_Kind(rests=False, width=settings.gamma + 1)), step(_Kind(rests=True, width=1))
+  drafting, resting = step(IterationKind(rests=False, width=settings.gamma + 1)), step(IterationKind(rests=True, width=1))
 
   def phases(state: LoopState):
     state = jax.lax.while_loop(lambda s: cond(s) & ~s.rest, lambda s: flagged(drafting(s)), state)
