@@ -18,7 +18,7 @@ draft_gpu: the draft's shape trained from scratch that way on a GPU (the first l
 Pair v2 (launch/train_pair_v2.py: both on one lent H100 in one 9.5-minute call; docs/ende_pair.md, "v2"):
 target_v2: ~25.6M parameters (d_model 512, 4 encoder / 3 decoder layers, d_ff 1024), the v2 tokenizer
   (configs/ende_tokenizer, trained on the bigger corpus of docs/corpus.md), dropout 0.1 and label smoothing 0.1
-  against overfitting ~15 epochs, bfloat16 compute, natural sentences twice per epoch, ~5.5 minutes of training
+  against overfitting ~15 epochs, float32 compute (bfloat16 ran ~10x slower on an H200), natural sentences twice per epoch, ~5.5 minutes of training
   (a time budget; the learning rate decays over it), exported at its best dev loss.
 draft_v2: ~3.5M parameters, shallow and wide (d_model 192, 2 encoder / 1 decoder layer, d_ff 768): as many
   multiply-adds per decoder step as a 4-layer d_model 128 decoder, in a quarter of the sequential kernels, which
@@ -124,7 +124,9 @@ def get_config(which: str = "target") -> ml_collections.ConfigDict:
     c.length_buckets = "32,96"  # Two train programs (each compile took 24-34 s on an H200 for five buckets).
     c.tokens_per_batch = 16384
     c.natural_repeat = 2  # 14k natural sentences among 285k pairs; the BLEU aim is on them.
-    c.compute_dtype = "bfloat16"
+    # float32: on the H200 of 2026-11-28 the bfloat16 train step ran ~10x slower (233 against 22 ms for 16k tokens;
+    # docs/experiments/pair_v2_h200_2026-11-28): the target got 863 steps in its 330 s and did not translate.
+    c.compute_dtype = "float32"
     c.train_steps = 1_000_000  # A cap only: the time budget ends training.
     c.log_every = 200
     c.eval_every = 500
