@@ -11,7 +11,9 @@
 Where the code lives: this module is the host side (which slot a request fills, which program a step runs, the
 requests' settings, the host copies); the device programs it runs (SlotState, the step, insert and wake programs,
 the zero state) are jaxspec/decoding/device/slots.py, compiled and placed by jaxspec/decoding/slot_programs.py (their
-jits, the layout and the allocation's shardings), beside `generate`'s programs (docs/layers.md).
+jits, the layout and the allocation's shardings), beside `generate`'s programs (docs/layers.md). Each table entry's
+and insert's static settings come from jaxspec/decoding/planner.py, `generate`'s planner (its checks, the one-child
+tree's chain, a plain entry resting the drafter).
 
 State. A fixed number of `slots` (static), each a row of one preallocated loop state (loop.LoopState's fields:
 the target's cache, the drafter's state, the token buffer, lengths, done / failed flags, the row's PRNG key) plus
@@ -103,7 +105,7 @@ import numpy as np
 
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxspec.decoding import arguments, memory_guard, placement, slot_programs
+from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_programs
 from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram
 from jaxspec.decoding.device import loop
 from jaxspec.decoding.drafters import registry
@@ -251,10 +253,7 @@ class SlotEngine:
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
                max_new_tokens: int, iterations_per_step: int = 4, table: SpeculationTable | None = None,
                mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
-    if not isinstance(target, Model):
-      raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
-    if speculation is not None and not isinstance(speculation, Speculation):
-      raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}.")
+    planner.check_models(target, speculation)
     if speculation is not None and speculation.schedule != "constant":
       raise SettingsError(f"the slot engine runs schedule 'constant' (speculation by load comes from "
                           f"`table`, a SpeculationTable), got schedule {speculation.schedule!r}.")
@@ -298,7 +297,7 @@ class SlotEngine:
         table = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                              tree=speculation.tree),))
     self.table = table
-    source = self._source = registry.draft_source(target, speculation)
+    source = self._source = planner.draft_source(target, speculation)
     # A draft model catches up after plain / tree steps, and its prefill waits for the row's first drafting step
     # (served_draft.py, through the registry).
     served = registry.served(source.drafter, lags=any(e.plain or e.tree is not None for e in table.entries))
@@ -308,34 +307,23 @@ class SlotEngine:
     width = self.iterations_per_step * (table.max_gamma + 1)
     alloc, planned = None, []
     for i, entry in enumerate(table.entries):
-      gamma, tree = entry.gamma, entry.tree
-      if tree is not None and tree.top_k == 1:  # a one-child tree is the chain (as generate runs it)
-        gamma, tree = tree.nodes, None
-      for mode in self.modes:
-        if entry.plain:  # the drafter rests (`Drafter.idle`, width-1 verify calls) and keeps its state in sync
-          use, gamma_used = drafter, (1 if speculation is not None else 0)
-          kind = loop.IterationKind(rests=speculation is not None, width=1)
-        else:
-          use, gamma_used = drafter, gamma
-        settings = loop.LoopSettings(
-            target=target.decoder(), drafter=use, gamma=gamma_used, max_new_tokens=self.max_new_tokens,
-            greedy=mode == "greedy", filtering=mode == "filtered", eos_ids=self.eos_ids, pad_id=self.pad_id,
-            tree=None if entry.plain else tree)
-        if not entry.plain:
-          kind = loop.IterationKind(rests=False, width=None if settings.variable else settings.gamma + 1)
-        planned.append(((i, mode), settings, kind))
-        if alloc is None or settings.slack > alloc.slack:
-          alloc = settings
+      for mode in self.modes:  # a plain entry rests the drafter (`Drafter.idle`), keeping its state in sync
+        step = planner.plan(target, drafter, mode, max_new_tokens=self.max_new_tokens, gamma=entry.gamma,
+                            tree=entry.tree, plain=entry.plain, rests=speculation is not None)
+        planned.append(((i, mode), step.settings, step.kind))
+        if alloc is None or step.settings.slack > alloc.slack:
+          alloc = step.settings
     # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
     # The insert: the first token from a plain entry's resting iteration; a draft model's prefill deferred to the
     # row's first drafting step (served_draft.py: `Deferred`, woken by `step`).
     self._defers = served.insert is not None
     first = dataclasses.replace(self._alloc, drafter=served.insert) if self._defers else self._alloc
-    self._first = {m: InsertProgram(first, dataclasses.replace(first, gamma=int(speculation is not None), tree=None,
-                                                               greedy=m == "greedy", filtering=m == "filtered"),
-                                    loop.IterationKind(rests=speculation is not None, width=1))
-                   for m in {self._insert_mode(m) for m in self.modes}}
+    self._first = {}
+    for m in {self._insert_mode(m) for m in self.modes}:
+      step = planner.plan(target, first.drafter, m, max_new_tokens=self.max_new_tokens, gamma=0, tree=None,
+                          plain=True, rests=speculation is not None)
+      self._first[m] = InsertProgram(first, step.settings, step.kind)
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
     self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
     self._layout, self._state = self._allocate()
@@ -410,18 +398,7 @@ class SlotEngine:
   def _check_prompt(self, prompt_ids) -> list[int]:
     if isinstance(prompt_ids, (str, bytes)) or not isinstance(prompt_ids, (Sequence, np.ndarray)):
       raise InputError(f"prompt_ids must be a sequence of token ids, got {type(prompt_ids).__name__}.")
-    ids = list(np.asarray(prompt_ids).tolist()) if isinstance(prompt_ids, np.ndarray) else list(prompt_ids)
-    if not ids:
-      raise InputError("the prompt is empty.")
-    if not all(is_int(t) for t in ids):
-      raise InputError("the prompt has a token id that is not an integer.")
-    if len(ids) > self.max_input_length:
-      raise InputError(f"the prompt has {len(ids)} tokens, more than this engine's max_input_length="
-                       f"{self.max_input_length}.")
-    vocab = self.target.config.vocab_size
-    if min(ids) < 0 or max(ids) >= vocab:
-      raise InputError(f"the prompt has token ids outside [0, {vocab}).")
-    return ids
+    return arguments.check_ids(prompt_ids, "the prompt", self.target.config.vocab_size, self.max_input_length)
 
   def check_request(self, settings: RequestSettings) -> None:
     """Raises SettingsError when this engine cannot decode a request with `settings` (max_tokens above its
