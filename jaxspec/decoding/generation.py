@@ -59,8 +59,7 @@ def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_le
   source = planner.draft_source(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
   gamma, tree = (0, None) if speculation is None else (speculation.gamma, speculation.tree)
-  mode = "greedy" if sampling.greedy else "filtered" if sampling.filtering else "sampled"
-  settings = planner.plan(target, source.drafter, mode, max_new_tokens=max_new_tokens, gamma=gamma, tree=tree,
+  settings = planner.plan(target, source.drafter, sampling.mode, max_new_tokens=max_new_tokens, gamma=gamma, tree=tree,
                           schedule="constant" if speculation is None else speculation.schedule,
                           stream=stream).settings
   return _Call(settings, ids, lengths, source, speculation, sampling)

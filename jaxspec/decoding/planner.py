@@ -19,12 +19,9 @@ import dataclasses
 from jaxspec.decoding.device import loop
 from jaxspec.decoding.device.drafter import DraftSource, Drafter
 from jaxspec.decoding.drafters import registry
-from jaxspec.decoding.settings import Speculation, Tree
+from jaxspec.decoding.settings import MODES, Speculation, Tree
 from jaxspec.errors import SettingsError
 from jaxspec.models.loaded import Model
-
-MODES = ("greedy", "sampled", "filtered")  # the sampling modes, least general first (`Sampling.mode`)
-
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
@@ -52,7 +49,7 @@ def draft_source(target: Model, speculation: Speculation | None) -> DraftSource:
 
 def plan(target: Model, drafter: Drafter, mode: str, *, max_new_tokens: int, gamma: int, tree: Tree | None,
          plain: bool = False, rests: bool = False, schedule: str = "constant", stream: bool = False) -> Plan:
-  """The loop's static settings and iteration kind for `target` with `drafter` in sampling `mode` (one of MODES).
+  """The loop's static settings and iteration kind for `target` with `drafter` in sampling `mode` (`Sampling.mode`).
 
   gamma, tree: the draft length and tree shape (a speculation's, or a load table entry's); plain: no drafting (a
   plain table entry; gamma and tree are then ignored), resting `drafter` when `rests`; schedule, stream:

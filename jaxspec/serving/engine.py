@@ -3,7 +3,7 @@
     engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), slots=8, max_input_length=128,
                         max_new_tokens=128)
     engine.warmup()                                   # compiles every program once
-    first = engine.insert(slot, prompt_ids, RequestSettings(max_tokens=32, temperature=0.0))
+    first = engine.insert(slot, prompt_ids, RequestSettings(max_tokens=32, sampling=jaxspec.Sampling(0.7)))
     first.tokens, first.reason                        # the first token, now (a reason: it ended there)
     out = engine.step()                               # <= iterations_per_step iterations over all active slots
     out.tokens[slot], out.finished[slot], out.reasons[slot]
@@ -50,9 +50,10 @@ Step programs. Per step the engine picks one compiled program from the host's vi
 request: the `SpeculationTable` entry for their number (a chain of some gamma, a tree, or plain decoding; one
 entry when no table is given) and the sampling mode of the active rows: "greedy" (every active row at temperature
 0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
-the sort). In the sampled modes temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a
-temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
-acceptance exactly greedy acceptance: its tokens are its greedy tokens whatever program runs. So the step
+the sort): each request's `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes
+temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a temperature-0 row gets the one-hot
+distribution of its argmax on both sides, which makes the min(1, p/q) acceptance exactly greedy acceptance: its
+tokens are its greedy tokens whatever program runs. So the step
 programs are, per table entry, (the row buckets its active counts meet) x (the compiled `modes`, all three by
 default), plus the inserts (per prompt bucket and insert mode) and wakes (per bucket), all compiled by `warmup`.
 
@@ -109,53 +110,13 @@ from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_p
 from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram
 from jaxspec.decoding.device import loop
 from jaxspec.decoding.drafters import registry
-from jaxspec.checks import check_seed, is_int
-from jaxspec.decoding.settings import Sampling, Speculation
+from jaxspec.checks import is_int
+from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
+from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
-
-MODES = ("greedy", "sampled", "filtered")
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestSettings:
-  """One request's settings, all runtime values of the engine's programs (a new value never recompiles).
-
-  max_tokens: new tokens at most (EOS included), in [1, engine.max_new_tokens]. temperature: 0 greedy, > 0
-  samples. top_k: 0 off. top_p: in (0, 1], 1 off. seed: in [0, 2**31 - 1]; a sampled request's tokens depend
-  on its prompt, settings and seed (and on the step programs that decode it: the module docstring's Exactness).
-  ignore_eos: an EOS does not end the request, which decodes to max_tokens (its EOS tokens among its tokens).
-  min_tokens: in [0, max_tokens]; the first min_tokens new tokens are never EOS (the target's EOS logits are
-  masked for them), as vLLM's min_tokens."""
-
-  max_tokens: int
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
-  seed: int = 0
-  ignore_eos: bool = False
-  min_tokens: int = 0
-
-  def __post_init__(self):
-    if not is_int(self.max_tokens) or self.max_tokens < 1:
-      raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
-    Sampling(self.temperature, self.top_k, self.top_p)  # raises SettingsError naming the field
-    check_seed(self.seed)
-    if not isinstance(self.ignore_eos, (bool, np.bool_)):
-      raise SettingsError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}.")
-    if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
-      raise SettingsError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got "
-                          f"{self.min_tokens!r}.")
-
-  @property
-  def mode(self) -> str:
-    """The least general step program that decodes this request exactly."""
-    if self.temperature == 0:
-      return "greedy"
-    return "filtered" if (self.top_k > 0 or self.top_p < 1) else "sampled"
-
 
 @dataclasses.dataclass(frozen=True)
 class InsertOutput:
@@ -405,10 +366,11 @@ class SlotEngine:
     max_new_tokens, a sampling mode it did not compile); `insert` checks it too."""
     if not isinstance(settings, RequestSettings):
       raise SettingsError(f"settings must be a RequestSettings, got {type(settings).__name__}.")
-    if self._mode_for(settings.mode) is None:
+    sampling = settings.sampling
+    if self._mode_for(sampling.mode) is None:
       raise SettingsError(f"this engine compiled the sampling modes {self.modes}: a request with temperature="
-                          f"{settings.temperature}, top_k={settings.top_k}, top_p={settings.top_p} needs "
-                          f"{settings.mode!r}.")
+                          f"{sampling.temperature}, top_k={sampling.top_k}, top_p={sampling.top_p} needs "
+                          f"{sampling.mode!r}.")
     if settings.max_tokens > self.max_new_tokens:
       raise SettingsError(f"max_tokens={settings.max_tokens} is more than this engine's max_new_tokens="
                           f"{self.max_new_tokens}.")
@@ -427,11 +389,12 @@ class SlotEngine:
     bucket = arguments.bucket_length(len(ids), self.max_input_length)
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
-    self._state, out = INSERT(self._first[self._insert_mode(settings.mode)], self._layout, self.target_params,
+    sampling = settings.sampling
+    self._state, out = INSERT(self._first[self._insert_mode(sampling.mode)], self._layout, self.target_params,
                               self.draft_params, self._state,
                               *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
-                                            np.uint32(settings.seed), np.float32(settings.temperature),
-                                            np.int32(settings.top_k), np.float32(settings.top_p),
+                                            np.uint32(settings.seed), np.float32(sampling.temperature),
+                                            np.int32(sampling.top_k), np.float32(sampling.top_p),
                                             np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
                                             np.int32(settings.min_tokens)))
     token, count, done, failed = (int(x) for x in jax.device_get(out))
@@ -469,7 +432,7 @@ class SlotEngine:
 
   def _pick(self) -> tuple[int, str, int]:
     active = [r for r in self._requests if r is not None]
-    needed = max((r.mode for r in active), key=MODES.index)
+    needed = max((r.sampling.mode for r in active), key=MODES.index)
     fullest = int(self._active.reshape(self._groups, -1).sum(axis=1).max())
     return self.table.index(len(active)), self._mode_for(needed), self._bucket(self._groups * fullest)
 
@@ -547,7 +510,7 @@ class SlotEngine:
       raise SettingsError("warmup runs on an idle engine (before any insert).")
     for bucket, mode in itertools.product(self.buckets, sorted(self._first)):
       prompt = [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id]
-      self.insert(0, prompt, RequestSettings(1, temperature=0.0 if mode == "greedy" else 1.0))  # ends there
+      self.insert(0, prompt, RequestSettings(1, Sampling(0.0 if mode == "greedy" else 1.0)))  # ends there
       if self._defers:
         self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
         self._wake([0])  # an idle row's draft: overwritten by the next insert

@@ -84,3 +84,11 @@ def test_a_bad_prompt_is_refused_in_the_same_words(models, prompt, words):
     jaxspec.generate(target, [prompt], max_new_tokens=2, max_input_length=32)
   assert words in str(served.value)
   assert str(served.value).replace("the prompt", "inputs row 0") == str(generated.value)
+
+
+def test_sampling_owns_the_mode():
+  """One greedy / sampled / filtered predicate: `generate`'s static settings and the slot engine's programs read
+  `Sampling.mode` (a request's settings hold one Sampling)."""
+  assert [jaxspec.Sampling(*a).mode for a in [(), (0.0, 5, 0.5), (0.7,), (0.7, 5), (0.7, 0, 0.9)]] == [
+      "greedy", "greedy", "sampled", "filtered", "filtered"]
+  assert jaxspec.serving.RequestSettings(4).sampling == jaxspec.Sampling()
