@@ -50,7 +50,7 @@ def test_every_entry_point_words_a_bad_seed_the_same():
   """generate's seed (decoding/arguments), batching's (a flag's), a training config's and the slot engine's request
   settings all go through check_seed: one message."""
   from jaxspec.decoding.arguments import seeds_for_rows
-  from jaxspec.serving.engine import RequestSettings
+  from jaxspec.serving import RequestSettings
   from jaxspec.tools.batching import check_seed as batching_seed
   message = r"seed must be an integer in \[0, 2\*\*31 - 1\], got -1\."
   with pytest.raises(SettingsError, match=message):

@@ -75,22 +75,33 @@ def prepare_inputs(target: Model, inputs, max_input_length: int) -> tuple[np.nda
   for i, r in enumerate(rows):
     if isinstance(r, str):
       raise InputError(f"inputs row {i} is a text but other rows are token ids: pass one kind.")
-    if isinstance(r, np.ndarray) and r.ndim == 1 and np.issubdtype(r.dtype, np.integer):
-      r = rows[i] = r.tolist()
-    if isinstance(r, (bytes, dict, set)) or not isinstance(r, Sequence):
+    if (isinstance(r, (bytes, dict, set)) or not isinstance(r, Sequence)) and not isinstance(r, np.ndarray):
       raise InputError(f"inputs row {i} must be a text or a list of token ids, got {type(r).__name__}.")
-    bad = next((t for t in r if not is_int(t)), None) if len(r) else None
-    if len(r) and not all(is_int(t) for t in r):
-      raise InputError(f"inputs row {i} has a token id that is not an integer: {bad!r}.")
-    if len(r) == 0:
-      raise InputError(f"inputs row {i} is empty.")
-    if len(r) > max_input_length:
-      raise InputError(f"inputs row {i} has {len(r)} tokens, more than max_input_length={max_input_length}: "
-                       f"truncate it or raise max_input_length.")
-    if min(r) < 0 or max(r) >= vocab:
-      raise InputError(f"inputs row {i} has token ids outside [0, {vocab}).")
+    rows[i] = check_ids(r, f"inputs row {i}", vocab, max_input_length)
   width = bucket_length(max(len(r) for r in rows), max_input_length)
   ids = np.full((len(rows), width), pad, np.int32)
   for i, r in enumerate(rows):
     ids[i, :len(r)] = r
   return ids, np.asarray([len(r) for r in rows], np.int32)
+
+
+def check_ids(ids, what: str, vocab: int, max_input_length: int) -> list[int]:
+  """One prompt's token ids (a sequence, or a 1-D array), checked: 1..max_input_length integers in [0, vocab). The
+  one prompt check of `generate` (per row) and the slot engine (per request); `what` names the prompt in the
+  InputError ("inputs row 3", "the prompt")."""
+  if isinstance(ids, np.ndarray):
+    if ids.ndim != 1:
+      raise InputError(f"{what} must be a list of token ids, got an array of shape {ids.shape}.")
+    ids = ids.tolist()
+  ids = list(ids)
+  if not ids:
+    raise InputError(f"{what} is empty.")
+  bad = next((t for t in ids if not is_int(t)), None)
+  if not all(is_int(t) for t in ids):
+    raise InputError(f"{what} has a token id that is not an integer: {bad!r}.")
+  if len(ids) > max_input_length:
+    raise InputError(f"{what} has {len(ids)} tokens, more than max_input_length={max_input_length}: "
+                     f"truncate it or raise max_input_length.")
+  if min(ids) < 0 or max(ids) >= vocab:
+    raise InputError(f"{what} has token ids outside [0, {vocab}).")
+  return [int(t) for t in ids]

@@ -19,12 +19,11 @@ import jax
 import numpy as np
 
 from jaxspec.checks import check_int
-from jaxspec.decoding import arguments, memory_guard, placement
+from jaxspec.decoding import arguments, memory_guard, placement, planner
 from jaxspec.decoding.device import loop, schedules, streaming
 from jaxspec.decoding.device.drafter import DraftSource
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.device.stats import GenerateOutput
-from jaxspec.decoding.drafters import registry
 from jaxspec.decoding.settings import Sampling, Speculation
 from jaxspec.errors import NonFiniteLogitsError, SettingsError
 from jaxspec.models.loaded import Model
@@ -51,27 +50,18 @@ def _check_int(name: str, value, upper: int) -> None:
 
 
 def _prepare(target, inputs, speculation, sampling, max_new_tokens, max_input_length, stream: bool) -> _Call:
-  if not isinstance(target, Model):
-    raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
-  if speculation is not None and not isinstance(speculation, Speculation):
-    raise SettingsError(f"speculation must be a jaxspec.Speculation or None, got {type(speculation).__name__}: "
-                        f"wrap a draft as jaxspec.Speculation(draft, gamma=...).")
+  planner.check_models(target, speculation)
   sampling = Sampling() if sampling is None else sampling
   if not isinstance(sampling, Sampling):
     raise SettingsError(f"sampling must be a jaxspec.Sampling or None, got {type(sampling).__name__}.")
   _check_int("max_new_tokens", max_new_tokens, MAX_NEW_TOKENS)
   _check_int("max_input_length", max_input_length, MAX_NEW_TOKENS)
-  source = registry.draft_source(target, speculation)
+  source = planner.draft_source(target, speculation)
   ids, lengths = arguments.prepare_inputs(target, inputs, max_input_length)
-  cfg = target.config
   gamma, tree = (0, None) if speculation is None else (speculation.gamma, speculation.tree)
-  if tree is not None and tree.top_k == 1:  # a tree of one child per node is the chain: the chain loop runs it
-    gamma, tree = tree.nodes, None
-  settings = loop.LoopSettings(
-      target=target.decoder(), drafter=source.drafter, gamma=gamma,
-      max_new_tokens=int(max_new_tokens), greedy=sampling.greedy, filtering=sampling.filtering,
-      eos_ids=tuple(cfg.eos_token_ids), pad_id=cfg.pad_token_id,
-      schedule="constant" if speculation is None else speculation.schedule, streaming=stream, tree=tree)
+  settings = planner.plan(target, source.drafter, sampling.mode, max_new_tokens=max_new_tokens, gamma=gamma, tree=tree,
+                          schedule="constant" if speculation is None else speculation.schedule,
+                          stream=stream).settings
   return _Call(settings, ids, lengths, source, speculation, sampling)
 
 

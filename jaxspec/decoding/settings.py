@@ -72,6 +72,9 @@ class Tree:
                           f"{self.nodes} candidates; depth {depth} proposes {self.pool_size(max(depth, 1))}.")
 
 
+MODES = ("greedy", "sampled", "filtered")  # Sampling.mode's values, least general first
+
+
 def _require(ok: bool, message: str) -> None:
   if not ok:
     raise SettingsError(message)
@@ -100,13 +103,23 @@ class Sampling:
     _require(is_real(p) and 0 < p <= 1, f"Sampling.top_p must be in (0, 1] (1 = off), got {p!r}.")
 
   @property
+  def mode(self) -> str:
+    """What a compiled program specialises on, one of MODES (least general first): "greedy" (temperature 0: argmax
+    on both sides), "filtered" (sampling with top-k or top-p on: the loop sorts the vocabulary) or "sampled". The
+    one greedy / sampled / filtered predicate: `generate`'s static settings (planner.plan), the slot engine's step
+    programs and the server's requests (RequestSettings.sampling) read it."""
+    if self.temperature == 0:
+      return "greedy"
+    return "filtered" if (self.top_k > 0 or self.top_p < 1) else "sampled"
+
+  @property
   def greedy(self) -> bool:
-    return self.temperature == 0
+    return self.mode == "greedy"
 
   @property
   def filtering(self) -> bool:
     """Top-k or top-p is active when sampling (the loop then sorts the vocabulary)."""
-    return not self.greedy and (self.top_k > 0 or self.top_p < 1)
+    return self.mode == "filtered"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,12 +3,13 @@
     engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), slots=8, max_input_length=256,
                         max_new_tokens=256)
     engine.warmup()
-    first = engine.insert(engine.free_slots()[0], prompt_ids, RequestSettings(max_tokens=64, temperature=0.7,
-                                                                              seed=1))   # the first token, now
+    first = engine.insert(engine.free_slots()[0], prompt_ids,
+                          RequestSettings(max_tokens=64, sampling=jaxspec.Sampling(0.7), seed=1))  # the first token
     out = engine.step()   # out.tokens[slot]: this step's new tokens; out.finished / out.reasons
 """
 
-from jaxspec.serving.engine import InsertOutput, RequestSettings, SlotEngine, StepOutput
+from jaxspec.serving.engine import InsertOutput, SlotEngine, StepOutput
+from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 
 __all__ = ["InsertOutput", "RequestSettings", "SlotEngine", "SpeculationTable", "StepOutput", "TableEntry"]

@@ -26,7 +26,12 @@ import math
 import re
 from typing import Any
 
-from jaxspec.checks import MAX_SEED  # the HTTP layer words its own 400s; the bound is the one
+import numpy as np
+
+from jaxspec.checks import MAX_SEED, check_seed, is_int  # the HTTP layer words its own 400s; the bound is the one
+from jaxspec.decoding.settings import Sampling
+from jaxspec.errors import SettingsError
+
 MAX_STOPS = 4
 MAX_DEPTH = 32  # JSON nesting a body may have (OpenAI's deepest field, a content part, is 4 levels down)
 # The cheap pre-check before encoding: a prompt text longer than this many characters per token of
@@ -77,6 +82,39 @@ class Request:
   continuous_usage: bool = False  # stream_options.continuous_usage_stats (with include_usage): usage per chunk
   ignore_eos: bool = False  # vLLM's: EOS does not end the answer; it runs to max_tokens
   min_tokens: int = 0  # vLLM's: no EOS before this many new tokens
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestSettings:
+  """One request's settings for the slot engine (`SlotEngine.insert`), all runtime values of its programs (a new
+  value never recompiles).
+
+  max_tokens: new tokens at most (EOS included), in [1, engine.max_new_tokens]. sampling: a `jaxspec.Sampling`
+  (temperature 0 greedy, > 0 samples; top_k 0 off; top_p in (0, 1], 1 off); its `mode` picks the least general
+  step program that decodes the request exactly. seed: in [0, 2**31 - 1]; a sampled request's tokens depend
+  on its prompt, settings and seed (and on the step programs that decode it: engine.py's Exactness).
+  ignore_eos: an EOS does not end the request, which decodes to max_tokens (its EOS tokens among its tokens).
+  min_tokens: in [0, max_tokens]; the first min_tokens new tokens are never EOS (the target's EOS logits are
+  masked for them), as vLLM's min_tokens."""
+
+  max_tokens: int
+  sampling: Sampling = Sampling()
+  seed: int = 0
+  ignore_eos: bool = False
+  min_tokens: int = 0
+
+  def __post_init__(self):
+    if not is_int(self.max_tokens) or self.max_tokens < 1:
+      raise SettingsError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}.")
+    if not isinstance(self.sampling, Sampling):
+      raise SettingsError(f"sampling must be a jaxspec.Sampling (temperature, top_k, top_p), got "
+                          f"{type(self.sampling).__name__}.")
+    check_seed(self.seed)
+    if not isinstance(self.ignore_eos, (bool, np.bool_)):
+      raise SettingsError(f"ignore_eos must be a boolean, got {self.ignore_eos!r}.")
+    if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+      raise SettingsError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got "
+                          f"{self.min_tokens!r}.")
 
 
 def _bad(message: str, param: str | None = None, code: str | None = None, status: int = 400) -> APIError:

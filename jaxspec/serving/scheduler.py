@@ -27,8 +27,9 @@ import logging
 import threading
 import time
 
+from jaxspec.decoding.settings import Sampling
 from jaxspec.serving.metrics import Metrics
-from jaxspec.serving.requests import APIError, Request
+from jaxspec.serving.requests import APIError, Request, RequestSettings
 from jaxspec.serving.text import TextStream
 
 _IDLE_WAIT_S = 0.5  # the engine thread sleeps at most this long when nothing runs (woken by submit and cancel)
@@ -92,9 +93,7 @@ class Scheduler:
       raise ValueError(f"queue_size must be >= 0, got {queue_size}.")
     self.engine, self.queue_size = engine, queue_size
     self.metrics = metrics or Metrics(engine.slots)
-    if settings_type is None:
-      from jaxspec.serving.engine import RequestSettings as settings_type  # pylint: disable=import-outside-toplevel
-    self.settings_type = settings_type
+    self.settings_type = RequestSettings if settings_type is None else settings_type
     self.tokenizer = engine.tokenizer
     self.ready = threading.Event()
     self.failure: str | None = None  # why warmup failed (GET /health says it)
@@ -137,8 +136,8 @@ class Scheduler:
       raise APIError(503, f"the server is not ready: {why}.",
                      type="server_error", code="not_ready")
     try:  # the engine's own checks, in the caller's thread: a refused setting is the client's 400
-      settings = self.settings_type(max_tokens=request.max_tokens, temperature=request.temperature,
-                                    top_k=request.top_k, top_p=request.top_p, seed=request.seed,
+      sampling = Sampling(request.temperature, request.top_k, request.top_p)
+      settings = self.settings_type(max_tokens=request.max_tokens, sampling=sampling, seed=request.seed,
                                     ignore_eos=request.ignore_eos, min_tokens=request.min_tokens)
       self.engine.check_request(settings)
     except ValueError as e:

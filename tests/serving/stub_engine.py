@@ -15,13 +15,13 @@ import time
 
 import numpy as np
 
+from jaxspec.decoding.settings import Sampling
+
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
   max_tokens: int
-  temperature: float = 0.0
-  top_k: int = 0
-  top_p: float = 1.0
+  sampling: Sampling = Sampling()
   seed: int = 0
   ignore_eos: bool = False
   min_tokens: int = 0
@@ -94,7 +94,7 @@ class StubEngine:
 
   def expected(self, prompt_ids, settings):
     """The whole output for a request (what the server's text must decode from)."""
-    seed = settings.seed if settings.temperature > 0 else 0
+    seed = settings.seed if settings.sampling.mode != "greedy" else 0
     start = (prompt_ids[0] + 7 * seed) % len(self.cycle)
     out = [self.cycle[(start + i) % len(self.cycle)] for i in range(settings.max_tokens)]
     eos_after = None if self.eos_after is None else max(self.eos_after, settings.min_tokens)

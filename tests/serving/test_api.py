@@ -45,9 +45,9 @@ def _wait(cond, timeout=10.0):
     time.sleep(0.02)
 
 
-def _expected_text(engine, prompt, max_tokens=MAX_TOKENS, **kw):
+def _expected_text(engine, prompt, max_tokens=MAX_TOKENS, temperature=0.0, **kw):
   ids = engine.tokenizer.encode(prompt)
-  return engine.tokenizer.decode(engine.expected(ids, Settings(max_tokens=max_tokens, **kw)))
+  return engine.tokenizer.decode(engine.expected(ids, Settings(max_tokens, jaxspec.Sampling(temperature), **kw)))
 
 
 def test_health_and_models(live, client):

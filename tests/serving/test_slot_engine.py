@@ -116,11 +116,11 @@ def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy
 
 def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts, greedy_refs):
   before = engine.compiled_programs()
-  sampled = RequestSettings(max_tokens=12, temperature=1.0, seed=7)
-  filtered = RequestSettings(max_tokens=12, temperature=0.8, top_k=20, top_p=0.9, seed=3)
+  sampled = RequestSettings(max_tokens=12, sampling=jaxspec.Sampling(1.0), seed=7)
+  filtered = RequestSettings(max_tokens=12, sampling=jaxspec.Sampling(0.8, top_k=20, top_p=0.9), seed=3)
   alone = [drive(engine, [Request(prompts[1], s)])[0].tokens for s in (sampled, filtered)]
   load = [Request(prompts[0], RequestSettings(MAX_NEW)), Request(prompts[1], sampled, arrive=1),
-          Request(prompts[3], RequestSettings(MAX_NEW, temperature=0.5, seed=1)),
+          Request(prompts[3], RequestSettings(MAX_NEW, jaxspec.Sampling(0.5), seed=1)),
           Request(prompts[2], RequestSettings(MAX_NEW)), Request(prompts[1], filtered, arrive=2)]
   drive(engine, load)
   assert load[1].tokens == alone[0] and load[4].tokens == alone[1]
@@ -138,11 +138,13 @@ def test_refusals(engine, prompts):
   with pytest.raises(SettingsError, match="max_tokens"):
     engine.insert(0, prompts[0], RequestSettings(max_tokens=MAX_NEW + 1))
   with pytest.raises(SettingsError, match="temperature"):
-    RequestSettings(max_tokens=4, temperature=-1.0)
+    RequestSettings(max_tokens=4, sampling=jaxspec.Sampling(-1.0))
   with pytest.raises(SettingsError, match="top_p"):
-    RequestSettings(max_tokens=4, top_p=0.0)
+    RequestSettings(max_tokens=4, sampling=jaxspec.Sampling(top_p=0.0))
   with pytest.raises(SettingsError, match="seed"):
     RequestSettings(max_tokens=4, seed=-3)
+  with pytest.raises(SettingsError, match="sampling must be a jaxspec.Sampling"):
+    RequestSettings(4, 0.7)  # the sampling settings are one typed value
   with pytest.raises(InputError, match="max_input_length=32"):
     engine.insert(0, [5] * 33, RequestSettings(4))
   with pytest.raises(InputError, match="empty"):
@@ -166,9 +168,9 @@ def test_refusals(engine, prompts):
   greedy_only = SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, modes=("greedy",))
   assert greedy_only.row_buckets == (1, 2) and {k[1] for k in greedy_only.programs} == {"greedy"}
   with pytest.raises(SettingsError, match="needs 'sampled'"):
-    greedy_only.insert(0, prompts[0][:16], RequestSettings(4, temperature=1.0))
+    greedy_only.insert(0, prompts[0][:16], RequestSettings(4, jaxspec.Sampling(1.0)))
   sampled_only = SlotEngine(engine.target, None, slots=4, max_input_length=16, max_new_tokens=4,
                             modes=("sampled",), row_buckets=(3,))
   assert sampled_only.programs == ((0, "sampled", 3), (0, "sampled", 4))  # greedy rows decode in it exactly
   with pytest.raises(SettingsError, match="needs 'filtered'"):
-    sampled_only.insert(0, prompts[0][:16], RequestSettings(4, temperature=1.0, top_k=5))
+    sampled_only.insert(0, prompts[0][:16], RequestSettings(4, jaxspec.Sampling(1.0, top_k=5)))

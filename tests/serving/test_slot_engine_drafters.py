@@ -164,8 +164,8 @@ def test_greedy_rows_stay_greedy_beside_sampled_rows():
   engine = SlotEngine(target, spec, slots=2, max_input_length=16, max_new_tokens=MAX_NEW, iterations_per_step=3)
   refs = [generate_tokens(target, p, MAX_NEW) for p in PROMPTS[:3]]
   requests = [Request(PROMPTS[0], RequestSettings(MAX_NEW)),
-              Request(PROMPTS[1], RequestSettings(MAX_NEW, temperature=1.0, seed=2)),
-              Request(PROMPTS[2], RequestSettings(MAX_NEW, temperature=0.0), arrive=1)]
+              Request(PROMPTS[1], RequestSettings(MAX_NEW, jaxspec.Sampling(1.0), seed=2)),
+              Request(PROMPTS[2], RequestSettings(MAX_NEW, jaxspec.Sampling(0.0)), arrive=1)]
   drive(engine, requests)
   assert requests[0].tokens == refs[0] and requests[2].tokens == refs[2]
 

@@ -116,7 +116,7 @@ def test_min_tokens_sampled_never_ends_early(engine, pair, prompts):
   least, seeds = 8, range(10)
 
   def lengths(min_tokens):
-    requests = [Request(prompts[3], RequestSettings(MAX_NEW, temperature=1.0, seed=s, min_tokens=min_tokens))
+    requests = [Request(prompts[3], RequestSettings(MAX_NEW, jaxspec.Sampling(1.0), seed=s, min_tokens=min_tokens))
                 for s in seeds]
     drive(engine, requests)
     for r in requests:
@@ -129,10 +129,10 @@ def test_min_tokens_sampled_never_ends_early(engine, pair, prompts):
 
 def test_seeded_sampling_is_the_same_within_a_row_bucket(engine, prompts):
   """Alone (slot 0, the other row idle) and beside another sampled request (in slot 1): one bucket of 2 rows."""
-  settings = RequestSettings(MAX_NEW, temperature=1.0, seed=11, ignore_eos=True)
+  settings = RequestSettings(MAX_NEW, jaxspec.Sampling(1.0), seed=11, ignore_eos=True)
   outputs = []
   alone = drive(engine, [Request(prompts[0], settings)], outputs=outputs)[0]
-  busy = drive(engine, [Request(prompts[2], RequestSettings(MAX_NEW, temperature=0.7, seed=5, ignore_eos=True)),
+  busy = drive(engine, [Request(prompts[2], RequestSettings(MAX_NEW, jaxspec.Sampling(0.7), seed=5, ignore_eos=True)),
                         Request(prompts[0], settings)], outputs=outputs)
   assert busy[1].slots_used == [1] and alone.slots_used == [0]
   assert {o.rows for o in outputs if o.rows} == {2}

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = r"""
 import json, re
 import jax, jaxspec, numpy as np
-from jaxspec.decoding import memory_guard
+from jaxspec.decoding import memory_guard, slot_programs
 from jaxspec.errors import CacheTooLargeError, SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine
 from jaxspec.serving import engine as slot_engine
@@ -67,10 +67,10 @@ out["data4_equal"] = [t == r for t, r in zip(tokens, refs)]
 out["data4_rows"] = rows
 out["data4_kept"] = placed(quarter) == before
 padded = np.zeros((1, 16), np.int32)
-insert = slot_engine._INSERT.lower(quarter._first["greedy"], quarter._layout, quarter.target_params, quarter.draft_params,
-                                   quarter._state, np.int32(1), padded, np.asarray([3], np.int32), np.uint32(0),
-                                   np.float32(0), np.int32(0), np.float32(1), np.int32(5), np.bool_(False),
-                                   np.int32(0)).compile().as_text()
+insert = slot_programs.INSERT.lower(quarter._first["greedy"], quarter._layout, quarter.target_params, quarter.draft_params,
+                                    quarter._state, np.int32(1), padded, np.asarray([3], np.int32), np.uint32(0),
+                                    np.float32(0), np.int32(0), np.float32(1), np.int32(5), np.bool_(False),
+                                    np.int32(0)).compile().as_text()
 
 def gathered(text):  # the result types of a compiled program's all-gathers, layouts dropped
   return [re.sub(r"\{.*", "", t) for t in re.findall(r"= (\S+) all-gather\(", text)]
@@ -78,9 +78,9 @@ def gathered(text):  # the result types of a compiled program's all-gathers, lay
 
 out["insert_gathers"] = gathered(insert)
 # A step's only all-gather: its packed tokens and counts [R, W + 5] int32, replicated for every process to read.
-out["step_gathers"] = [[g for g in gathered(slot_engine._STEP.lower(p, quarter.target_params, quarter.draft_params,
-                                                                   quarter._state, np.zeros(8, bool),
-                                                                   quarter._rows(p.rows)).compile().as_text())
+out["step_gathers"] = [[g for g in gathered(slot_programs.STEP.lower(p, quarter.target_params, quarter.draft_params,
+                                                                    quarter._state, np.zeros(8, bool),
+                                                                    quarter._rows(p.rows)).compile().as_text())
                         if g != f"s32[{p.rows},{p.width + 5}]"] for p in quarter._programs.values()]
 out["programs_rows"] = sorted({p.rows for p in quarter._programs.values()})
 

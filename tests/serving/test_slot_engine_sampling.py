@@ -82,7 +82,8 @@ def test_sampled_output_keeps_the_targets_distribution(pair, temperature, top_k,
   target, draft = pair
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=32, max_input_length=16,
                       max_new_tokens=2, iterations_per_step=2, row_buckets=(32,))
-  settings = [RequestSettings(2, temperature=temperature, top_k=top_k, top_p=top_p, seed=s) for s in range(REQUESTS)]
+  sampling = jaxspec.Sampling(temperature, top_k=top_k, top_p=top_p)
+  settings = [RequestSettings(2, sampling, seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, temperature, top_k, top_p))
   assert stat < chi_square_limit(dof), (stat, dof)
 
@@ -93,6 +94,6 @@ def test_a_broken_rule_is_caught(pair, monkeypatch):
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=31, max_input_length=16,  # a new trace
                       max_new_tokens=2, iterations_per_step=2, row_buckets=(31,))
-  settings = [RequestSettings(2, temperature=2.0, seed=s) for s in range(REQUESTS)]
+  settings = [RequestSettings(2, jaxspec.Sampling(2.0), seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, 2.0, 0, 1.0))
   assert stat > chi_square_limit(dof), (stat, dof)

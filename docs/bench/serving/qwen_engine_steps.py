@@ -9,7 +9,7 @@ import json, time, sys
 import numpy as np, jax
 import jaxspec
 from jaxspec.serving import SlotEngine, SpeculationTable
-from jaxspec.serving.engine import RequestSettings
+from jaxspec.serving import RequestSettings
 
 t0 = time.time()
 target = jaxspec.load("/work/models/qwen15"); draft = jaxspec.load("/work/models/qwen05")

@@ -12,7 +12,7 @@ generated tokens; a cache's `positions` count how many of them it has fed.
 
 The loop step is public: `iteration(settings, target_params, draft_params, knobs, spec, stream_id, kind, state)`
 is one iteration over a `LoopState` and `IterationKind(rests, width)` says what its compiled body does; `run`'s
-while_loop and the slot engine's insert and step programs (jaxspec/serving/engine.py) run this same function.
+while_loop and the slot engine's insert and step programs (device/slots.py) run this same function.
 
 Each iteration, for every unfinished row:
   1. the drafter proposes k <= gamma tokens (a draft model: drafters/model_drafter.py; prompt lookup:

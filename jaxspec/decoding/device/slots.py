@@ -1,0 +1,278 @@
+"""The slot engine's device programs: every slot's state and the step, insert and wake programs over it, on the
+decoding loop's own iteration (loop.iteration). Pure functions of their arguments; the host side compiles and places
+them (jaxspec/decoding/slot_programs.py: their jits, static and donated arguments, the allocation's shardings) and
+jaxspec/serving/engine.py (`SlotEngine`) drives them: which program runs, which slot a request fills, the host copies.
+
+State. A fixed number of slots S, each a row of one preallocated loop state (loop.LoopState's fields: the target's
+cache, the drafter's state, the token buffer, lengths, done / failed flags, the row's PRNG key) plus the row's
+request settings as runtime arrays and its own iteration count (its keys fold it in): `SlotState`. `zero_state` is
+every slot idle.
+
+step_program: a `lax.while_loop` of at most `StepProgram.iterations` iterations of `loop.iteration` over R rows
+(gathered from the slots when R < S, written back in place; on a mesh each `data` group's own rows), then the new
+tokens of every row, finished / failed flags and drafted / accepted counts packed in ONE [R, W + 5] int32 array.
+insert_program: the batch-1 prefill and the row's first (resting, width-1) iteration, written into one slot.
+wake_program: a deferred draft model's prefill written into one slot (served_draft.py).
+
+Shapes: S slots, R rows decoded by a step (a row bucket), W tokens per slot and step at most.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+from jaxspec.decoding.device import loop, schedules
+from jaxspec.decoding.device.sampling import SamplingKnobs
+from jaxspec.decoding.device.stats import DecodeStats
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SlotState:
+  """Every slot's state on the device (S slots; the loop's fields, see loop.LoopState)."""
+
+  sequences: jax.Array  # [S, N] int32
+  lengths: jax.Array  # [S] int32
+  done: jax.Array  # [S] bool: idle, finished or freed (frozen)
+  failed: jax.Array  # [S] bool
+  target_cache: Any
+  draft_state: Any
+  keys: jax.Array  # [S] PRNG keys (from each request's seed)
+  iterations: jax.Array  # [S] int32 the row's iterations so far (folded into its keys)
+  budget: jax.Array  # [S] int32 max_tokens
+  temperature: jax.Array  # [S] float32 (0: greedy)
+  top_k: jax.Array  # [S] int32
+  top_p: jax.Array  # [S] float32
+  ignore_eos: jax.Array  # [S] bool: an EOS does not end the row (it decodes to its budget)
+  min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepProgram:
+  """One step program's static settings."""
+
+  settings: loop.LoopSettings
+  kind: loop.IterationKind
+  iterations: int
+  width: int  # W: tokens per slot returned
+  rows: int  # R: the rows the step decodes (a row bucket); R < S gathers them from the slots and back
+  axes: tuple  # per leaf of (target cache, draft state): its batch axis, or None
+  shardings: tuple | None = None  # per leaf of SlotState: where it lives on the mesh (None: one device)
+  groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
+
+
+def _state_of(program: StepProgram, state: SlotState) -> loop.LoopState:
+  slots = state.lengths.shape[0]
+  stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
+  return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done,
+                        failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
+                        schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
+                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
+
+
+def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
+  """SlotState's batch axis per leaf (0 for the per-slot arrays; the layout's for the caches, None: shared)."""
+  treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
+  cache, draft = jax.tree_util.tree_unflatten(treedef, program.axes)
+  fields = {f.name: 0 for f in dataclasses.fields(SlotState)}
+  return SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
+
+
+def _grouped(program: StepProgram, x: jax.Array, axis: int, index: jax.Array):
+  """(x with its batch axis S split into [D, S / D], index [R] as [D, R / D] offsets inside each group): on a mesh
+  the rows of group g are the rows device g of `data` holds, and a step's rows are taken from each group's own
+  (SlotEngine._rows), so the gather and the write back stay on each device (no rows cross devices)."""
+  d = program.groups
+  s = x.shape[axis]
+  local = index.reshape(d, -1) - (jnp.arange(d, dtype=index.dtype) * (s // d))[:, None]
+  return x.reshape(x.shape[:axis] + (d, s // d) + x.shape[axis + 1:]), local
+
+
+def _take_rows(program: StepProgram, state: SlotState, index: jax.Array) -> SlotState:
+  """The R rows `index` ([R] int32, distinct, sorted; R / D of each group on a mesh) of every slot array."""
+  def take(x, axis):
+    if axis is None:
+      return x
+    if program.groups == 1:
+      return jnp.take(x, index, axis=axis)
+    groups, local = _grouped(program, x, axis, index)
+    rows = jax.vmap(lambda g, i: jnp.take(g, i, axis=axis), in_axes=(axis, 0), out_axes=axis)(groups, local)
+    return rows.reshape(x.shape[:axis] + (index.shape[0],) + x.shape[axis + 1:])
+  return jax.tree_util.tree_map(take, state, _slot_axes(program, state), is_leaf=lambda a: a is None)
+
+
+def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: jax.Array) -> SlotState:
+  """`state` with rows `index` replaced by `rows` (in place: the state is donated)."""
+  def put(x, r, axis):
+    if axis is None:
+      return r
+    if program.groups == 1:
+      return x.at[(slice(None),) * axis + (index,)].set(r, indices_are_sorted=True, unique_indices=True)
+    groups, local = _grouped(program, x, axis, index)
+    r = r.reshape(r.shape[:axis] + (program.groups, -1) + r.shape[axis + 1:])
+    new = jax.vmap(lambda g, v, i: g.at[(slice(None),) * axis + (i,)].set(v, indices_are_sorted=True,
+                                                                         unique_indices=True),
+                   in_axes=(axis, axis, 0), out_axes=axis)(groups, r, local)
+    return new.reshape(x.shape)
+  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), is_leaf=lambda a: a is None)
+
+
+def step_program(program: StepProgram, target_params, draft_params, state: SlotState, stop: jax.Array,
+                  index: jax.Array):
+  """(new state, packed [R, W + 5] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot when
+  R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
+  state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
+  if program.rows == state.lengths.shape[0]:
+    new, packed = _decode_rows(program, target_params, draft_params, state)
+    return _placed(new, program.shardings), _everywhere(packed, program.shardings)
+  # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
+  rows = _placed(_take_rows(program, state, index), program.shardings)
+  rows, packed = _decode_rows(program, target_params, draft_params, rows)
+  return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
+
+
+def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState):
+  """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
+  settings = program.settings
+  knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
+  spec = schedules.SpeculationKnobs.create()
+  start = _state_of(program, state)
+
+  def body(s):
+    return loop.iteration(settings, target_params, draft_params, knobs, spec, None,
+                           program.kind, s)
+
+  end = jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.step < program.iterations), body, start)
+  positions = jnp.clip(start.lengths[:, None] + jnp.arange(program.width)[None], 0, end.sequences.shape[1] - 1)
+  counts = end.lengths - start.lengths
+  tokens = jnp.take_along_axis(end.sequences, positions, axis=1)
+  tokens = jnp.where(jnp.arange(program.width)[None] < counts[:, None], tokens, settings.pad_id)
+  finished = end.done & ~start.done
+  packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
+                                               end.stats.drafted, end.stats.accepted], axis=1)], axis=1)
+  new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
+                            target_cache=end.target_cache, draft_state=end.draft_state,
+                            iterations=end.stats.iterations)
+  return new, packed
+
+
+def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
+  """`state` constrained to `shardings` (per leaf; None: one device, as it is): a program's outputs stay where the
+  slots were allocated (rows over `data`, heads over `model`), never resharded to replicated by the compiler."""
+  if shardings is None:
+    return state
+  leaves, treedef = jax.tree_util.tree_flatten(state)
+  return jax.tree_util.tree_unflatten(treedef, [jax.lax.with_sharding_constraint(x, s)
+                                                for x, s in zip(leaves, shardings)])
+
+
+def _everywhere(packed: jax.Array, shardings: tuple | None) -> jax.Array:
+  """A program's small packed output (the step's [R, W + 5], the insert's [4]) replicated on the mesh: every process
+  reads it whole (one small copy)."""
+  if shardings is None:
+    return packed
+  return jax.lax.with_sharding_constraint(packed, NamedSharding(shardings[0].mesh, PartitionSpec()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where each prefilled leaf goes: per leaf of (target cache, draft state), its batch axis (None: no batch
+  axis; declared by `Decoder.cache_axes` and `Drafter.state_axes`) and its shape for one row at the largest
+  bucket (what shorter buckets are padded to); per leaf of SlotState its sharding on the mesh (None: one
+  device)."""
+
+  axes: tuple
+  shapes: tuple
+  shardings: tuple | None = None
+
+
+def _write_row(row, state, axes, shapes, slot: jax.Array):
+  """`state` (a pytree of every slot's arrays) with the batch-1 pytree `row` written at `slot` ([] int32): per
+  leaf its batch axis (None: shared, kept as it is) and one row's shape at the largest bucket (`row`'s leaves,
+  shaped by the prompt's bucket, are zero-padded to it)."""
+  leaves, treedef = jax.tree_util.tree_flatten(row)
+  new = []
+  for leaf, old, axis, shape in zip(leaves, jax.tree_util.tree_leaves(state), axes, shapes):
+    if axis is None:
+      new.append(old)
+      continue
+    leaf = jnp.pad(leaf, [(0, t - s) for s, t in zip(leaf.shape, shape)])
+    new.append(jax.lax.dynamic_update_slice_in_dim(old, leaf.astype(old.dtype), slot, axis=axis))
+  return jax.tree_util.tree_unflatten(treedef, new)
+
+
+@dataclasses.dataclass(frozen=True)
+class InsertProgram:
+  """The insert program's static settings: the prefill's (`alloc`: the largest slack; a draft model's init
+  deferred) and the first token's resting iteration (`settings`, `kind`: a plain entry's, in one sampling mode)."""
+
+  alloc: loop.LoopSettings
+  settings: loop.LoopSettings
+  kind: loop.IterationKind
+
+
+def insert_program(first: InsertProgram, layout: Layout, target_params, draft_params, state: SlotState,
+                    slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
+                    top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array, ignore_eos: jax.Array,
+                    min_tokens: jax.Array):
+  """Prefills one request (ids [1, bucket], length [1]), runs its first loop iteration alone (width 1, the
+  drafter resting: the first new token, as a plain step's first iteration draws it) and writes the row into
+  `slot` ([] int32) of `state`: (new state, [4] int32: the token, tokens emitted (0: failed), done, failed)."""
+  cache, draft_state, last = loop.prefill(first.alloc, target_params, draft_params, ids, length)
+  row = loop.LoopState(
+      sequences=jnp.full((1, state.sequences.shape[1]), first.alloc.pad_id, jnp.int32).at[:, 0].set(last),
+      lengths=jnp.ones((1,), jnp.int32), done=jnp.zeros((1,), bool), failed=jnp.zeros((1,), bool),
+      target_cache=cache, draft_state=draft_state, schedule=None,
+      keys=jax.random.fold_in(jax.random.key(seed), 0)[None], step=jnp.int32(0),
+      stats=DecodeStats.create(1, first.settings.gamma), budget=max_tokens[None], ignore_eos=ignore_eos[None],
+      min_tokens=min_tokens[None])
+  knobs = SamplingKnobs(temperature=temperature[None], top_k=top_k[None], top_p=top_p[None])
+  spec = schedules.SpeculationKnobs.create()
+  end = loop.iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)
+  cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
+                                  layout.axes, layout.shapes, slot)
+
+  def put(array, value):
+    return array.at[slot].set(value[0])
+
+  new = SlotState(sequences=jax.lax.dynamic_update_slice_in_dim(state.sequences, end.sequences, slot, axis=0),
+                  lengths=put(state.lengths, end.lengths), done=put(state.done, end.done),
+                  failed=put(state.failed, end.failed), target_cache=cache, draft_state=draft_state,
+                  keys=put(state.keys, row.keys), iterations=put(state.iterations, end.stats.iterations),
+                  budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
+                  top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
+                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]))
+  out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
+                   end.failed[0].astype(jnp.int32)])
+  return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
+
+
+def wake_program(alloc: loop.LoopSettings, layout: Layout, draft_params, state: SlotState, slot: jax.Array,
+                  ids: jax.Array, length: jax.Array) -> SlotState:
+  """Prefills the draft model of row `slot` ([] int32) on its prompt (ids [1, bucket], length [1]): a row inserted
+  without it (served_draft.py) drafts from now on; its draft lags by the tokens generated since, which the
+  catch-up feeds. The target's cache and every other array are left as they are."""
+  draft = alloc.drafter.init(draft_params, ids, length, alloc.cache_len)
+  n = len(jax.tree_util.tree_leaves(state.target_cache))  # the layout lists the target's leaves first
+  return _placed(dataclasses.replace(state, draft_state=_write_row(draft, state.draft_state, layout.axes[n:],
+                                                                   layout.shapes[n:], slot)), layout.shardings)
+
+
+def zero_state(n: int, seq_len: int, pad: int, cache_tree, full) -> SlotState:
+  """Every one of `n` slots idle: `full` (per leaf of (target cache, draft state), its ShapeDtypeStruct at n rows;
+  `cache_tree` their treedef) zeros, every other array its idle value. One program (slot_programs.allocate jits it
+  with the allocation's shardings): every buffer its own (donation needs distinct buffers), allocated in place."""
+  cache, draft = jax.tree_util.tree_unflatten(cache_tree, [jnp.zeros(s.shape, s.dtype) for s in full])
+  zeros_i = jnp.zeros((n,), jnp.int32)
+  return SlotState(sequences=jnp.full((n, seq_len), pad, jnp.int32), lengths=jnp.ones((n,), jnp.int32),
+                   done=jnp.ones((n,), bool), failed=jnp.zeros((n,), bool), target_cache=cache,
+                   draft_state=draft, keys=jax.vmap(jax.random.key)(jnp.zeros((n,), jnp.uint32)),
+                   iterations=zeros_i, budget=jnp.ones((n,), jnp.int32),
+                   temperature=jnp.zeros((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
+                   top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
+                   min_tokens=jnp.zeros((n,), jnp.int32))
