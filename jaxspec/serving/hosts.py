@@ -40,6 +40,7 @@ _PREFIX = "jaxspec/serving/call/"
 _POLL_MS = 1000  # a follower's wait for the next call, repeated while process 0 is alive
 _BEAT_S = 1.0  # a follower's sign of life (a counter in the store, from a thread of its own)
 _STALE_S = 15.0  # process 0 ends every process when a follower showed no sign of life for this long
+_JOIN_S = 60.0  # the most a stop waits for a thread of this module to leave its store call
 
 
 def _client():
@@ -55,25 +56,27 @@ class Leader:
 
   def __init__(self, engine, stale_s: float = _STALE_S):
     self._engine, self._client, self._sent, self._deleted = engine, _client(), 0, 0
-    self._stopping = False
-    threading.Thread(target=self._watch, args=(stale_s,), name="jaxspec-followers", daemon=True).start()
+    self._stopping = threading.Event()
+    self._watcher = threading.Thread(target=self._watch, args=(stale_s,), name="jaxspec-followers", daemon=True)
+    self._watcher.start()
 
   def _watch(self, stale_s: float) -> None:
     """Ends this process (and so every process: the store lives here) with one line when a follower that has
     shown signs of life shows none for stale_s seconds (it died, or its host did): a collective would wait for it
     forever."""
     seen: dict[int, tuple[str, float]] = {}
-    while not self._stopping:
-      time.sleep(_BEAT_S)
+    while not self._stopping.wait(_BEAT_S):
       now = time.monotonic()
       for i in range(1, jax.process_count()):
+        if self._stopping.is_set():  # no store call once stop() began: it joins this thread before the exit
+          return
         try:
           beat = self._client.key_value_try_get(f"{_PREFIX}alive/{i}")
         except Exception:  # pylint: disable=broad-except  (no sign of life yet: still starting)
           continue
         if i not in seen or seen[i][0] != beat:
           seen[i] = (beat, now)
-        elif now - seen[i][1] > stale_s and not self._stopping:
+        elif now - seen[i][1] > stale_s and not self._stopping.is_set():
           print(f"error: process {i} stopped answering (no sign of life for {stale_s:g} s): every process stops.",
                 file=sys.stderr, flush=True)
           os._exit(1)  # pylint: disable=protected-access
@@ -110,8 +113,13 @@ class Leader:
 
   def stop(self, reason: str = "process 0 stopped", timeout_s: float = 30.0) -> None:
     """Ends every follower (one line each, naming `reason`); waits up to timeout_s for each to have read it (the
-    store lives in process 0: it must outlive their last read)."""
-    self._stopping = True
+    store lives in process 0: it must outlive their last read). The follower watch is stopped and joined first: a
+    thread still inside a store call when the interpreter finalizes is killed there, in C++, and the process
+    aborts (SIGABRT, "FATAL: exception not rethrown") instead of ending with 0. Once only; later calls do nothing."""
+    if self._stopping.is_set():
+      return
+    self._stopping.set()
+    _join(self._watcher)
     self._publish("stop", reason)
     for i in range(1, jax.process_count()):
       try:
@@ -135,11 +143,20 @@ def follow(engine, poll_ms: int = _POLL_MS) -> str:
       except Exception:  # pylint: disable=broad-except  (process 0 is gone: the main loop says so)
         return
 
-  threading.Thread(target=beat, name="jaxspec-alive", daemon=True).start()
+  beating = threading.Thread(target=beat, name="jaxspec-alive", daemon=True)
+  beating.start()
   try:
     return _follow(engine, client, poll_ms, JaxspecError)
   finally:
     done.set()
+    _join(beating)  # out of the store before the caller exits (see Leader.stop)
+
+
+def _join(thread: threading.Thread, timeout_s: float = _JOIN_S) -> None:
+  """Joins a thread that makes store calls (each answers at once: bounded); says so on stderr if it did not end."""
+  thread.join(timeout_s)
+  if thread.is_alive():
+    print(f"warning: the thread {thread.name} did not end within {timeout_s:g} s.", file=sys.stderr, flush=True)
 
 
 def _follow(engine, client, poll_ms: int, refused) -> str:
