@@ -7,6 +7,8 @@
     else:
       follow(engine)                     # until process 0 stops or is gone
 
+    serve(engine, serve_http)            # all of the above (server.serve does it): serve_http(Leader) on process 0
+
 The slot engine's device programs span every process's devices (its mesh), so every process must make the same
 calls in the same order: insert, free, step, warmup. `Leader` publishes each call to the distributed runtime's
 key-value store (JAX's coordination service, which `jax.distributed.initialize` already runs: no new service) under
@@ -15,12 +17,15 @@ bookkeeping (active slots, row buckets, wakes) and so runs the same compiled pro
 alone detokenizes and answers. A call its engine refuses on process 0 (a bad prompt, a busy slot) is refused the
 same way on every process before any device work, and skipped.
 
-Ending: `Leader.stop(reason)` publishes "stop" (launch/serve.py does it when its server ends: SIGTERM, Ctrl-C); a
+Ending: `Leader.stop(reason)` publishes "stop" (`serve` does it when process 0's server ends: SIGTERM, Ctrl-C); a
 follower ends with one line when it reads it, and when process 0 is gone (the store does not answer). A follower
 shows a sign of life every second (a counter in the store, from its own thread, so also while it compiles); when
 one shows none for 15 s (it died), process 0 ends with one line, and with it the store and every other process. Each call is
 one small value (a pickle of the call's arguments); the calls every process has run are deleted by process 0
-after each step (a step's device program needs every process, so all have read the calls before it).
+after each step (a step's device program needs every process, so all have read the calls before it). A thread of
+this module is out of the store before `Leader.stop` and `follow` return (joined): one still inside a store call
+when the interpreter finalizes would be killed there, in C++, and abort the process ("FATAL: exception not
+rethrown", status -6) instead of ending it with 0.
 """
 
 from __future__ import annotations
@@ -28,10 +33,11 @@ from __future__ import annotations
 import base64
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 from jax._src import distributed
@@ -179,3 +185,23 @@ def _follow(engine, client, poll_ms: int, refused) -> str:
       getattr(engine, name)(*args, **kwargs)
     except refused:
       pass  # process 0's engine refused the same call before any device work
+
+
+def serve(engine, serve_http: Callable[[Any], int]) -> int:
+  """Process 0: serve_http(Leader(engine)) (the HTTP server, until it ends), then stops every follower, also after
+  a SIGTERM; its status. Every other process: follows process 0 (one line when it starts and one when it ends), 0."""
+  index = jax.process_index()
+  if index != 0:
+    print(f"process {index} of {jax.process_count()}: following process 0", flush=True)
+    print(f"process {index}: {follow(engine)}", flush=True)
+    return 0
+  leader = Leader(engine)
+  main = threading.current_thread() is threading.main_thread()
+  if main:  # uvicorn re-raises the SIGTERM it caught once it has shut down: end through the `finally` then
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+  try:
+    return serve_http(leader)
+  finally:
+    if main:  # a second SIGTERM must not cut the stop short (its threads joined, the followers told)
+      signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    leader.stop("process 0's server stopped")

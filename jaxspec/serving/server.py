@@ -6,10 +6,14 @@
     with Background(scheduler, app, port=free_port()) as server:    # uvicorn in a thread, stopped on exit
       server.wait_ready(timeout=300)
       openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+
+    serve(engine, model_name="ende-target", drafting="draft ende-draft", port=8000)   # launch/serve.py's: the
+                                                    # banner, and over several processes process 0 leads (hosts.py)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -154,3 +158,43 @@ class Background:
 
   def __exit__(self, *exc) -> None:
     self.stop()
+
+
+def _loopback(host: str) -> bool:
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a host name: assume it reaches beyond this machine
+    return False
+
+
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+  """One line on stderr when `host` reaches beyond this machine and no API key guards the server."""
+  if not api_key and not _loopback(host):
+    print(f"warning: --host={host} reaches beyond this machine and no --api_key is set: anyone who can connect can "
+          "use the server.", file=sys.stderr, flush=True)
+
+
+def serve(engine, *, model_name: str, drafting: str, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info", max_tokens: int | None = None, queue_size: int = 64,
+          api_key: str | None = None) -> int:
+  """launch/serve.py's server over `engine` (a SlotEngine): `build`, then `run` with the banner "serving MODEL
+  (DRAFTING, N slots) on http://HOST:PORT/v1 ..." (drafting: "plain", "draft NAME", ...); its exit status. Over
+  several processes (jax.process_count() > 1) process 0 serves through a `hosts.Leader` and stops every follower
+  when its server ends (SIGTERM included), and every other process follows it (`hosts.serve`)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  def serve_http(engine) -> int:
+    scheduler, app = build(engine, model_name=model_name, max_tokens=max_tokens, queue_size=queue_size,
+                           api_key=api_key)
+
+    def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
+      return (f"serving {model_name} ({drafting}, {engine.slots} slots) on http://{host}:{port}/v1 (compiling "
+              "first: GET /health is 503 until ready)")
+    return run(scheduler, app, host=host, port=port, log_level=log_level, banner=banner)
+
+  if jax.process_count() > 1:
+    from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel
+    return hosts.serve(engine, serve_http)
+  return serve_http(engine)
