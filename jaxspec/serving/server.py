@@ -26,6 +26,7 @@ import uvicorn
 
 from jaxspec.errors import JaxspecError
 from jaxspec.serving.app import BODY_TIMEOUT_S, create_app
+from jaxspec.serving.linger import LingeringH11Protocol
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.scheduler import Scheduler
 
@@ -58,6 +59,12 @@ def model_id(target: str) -> str:
   if os.path.isdir(target):
     return os.path.basename(os.path.normpath(os.path.abspath(target)))
   return target
+
+
+def _config(app, host: str, port: int, log_level: str) -> uvicorn.Config:
+  """uvicorn over h11 whose connections close by lingering when a request's body is answered before it was read
+  whole (408, 413: jaxspec/serving/linger.py), so that the client reads the answer, not a reset."""
+  return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=LingeringH11Protocol)
 
 
 def _listening_port(server: uvicorn.Server, default: int) -> int:
@@ -94,7 +101,7 @@ def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000,
   XLA's compilation in the engine thread cannot be interrupted, and an interpreter torn down around it aborts in
   C++, so os._exit skips the teardown.
   """
-  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+  server = uvicorn.Server(_config(app, host, port, log_level))
   status = 0
   if threading.current_thread() is threading.main_thread():  # (a parent that ignored SIGINT must not decide)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -125,7 +132,7 @@ class Background:
   def __init__(self, scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int | None = None,
                log_level: str = "warning"):
     self.scheduler, self.host, self.port = scheduler, host, port or free_port(host)
-    self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level=log_level))
+    self.server = uvicorn.Server(_config(app, host, self.port, log_level))
     self.thread = threading.Thread(target=self.server.run, name="jaxspec-http", daemon=True)
 
   @property
