@@ -23,7 +23,8 @@ shows a sign of life every second (a counter in the store, from its own thread, 
 one shows none for 15 s (it died), process 0 ends with one line, and with it the store and every other process. Each call is
 one small value (a pickle of the call's arguments); the calls every process has run are deleted by process 0
 after each step (a step's device program needs every process, so all have read the calls before it). A thread of
-this module is out of the store before `Leader.stop` and `follow` return (joined): one still inside a store call
+this module is out of the store before `Leader.stop` and `follow` return (joined), and makes no JAX call (read up
+front: after jax's exit clean-up one would build the backend again): a thread still inside such a C++ call
 when the interpreter finalizes would be killed there, in C++, and abort the process ("FATAL: exception not
 rethrown", status -6) instead of ending it with 0.
 """
@@ -62,6 +63,8 @@ class Leader:
 
   def __init__(self, engine, stale_s: float = _STALE_S):
     self._engine, self._client, self._sent, self._deleted = engine, _client(), 0, 0
+    self._processes = jax.process_count()  # read here: the watch thread makes no JAX call (at the exit, after
+                                           # jax's clean-up, one would build the backend again, in C++)
     self._stopping = threading.Event()
     self._watcher = threading.Thread(target=self._watch, args=(stale_s,), name="jaxspec-followers", daemon=True)
     self._watcher.start()
@@ -73,7 +76,7 @@ class Leader:
     seen: dict[int, tuple[str, float]] = {}
     while not self._stopping.wait(_BEAT_S):
       now = time.monotonic()
-      for i in range(1, jax.process_count()):
+      for i in range(1, self._processes):
         if self._stopping.is_set():  # no store call once stop() began: it joins this thread before the exit
           return
         try:
@@ -127,7 +130,7 @@ class Leader:
     self._stopping.set()
     _join(self._watcher)
     self._publish("stop", reason)
-    for i in range(1, jax.process_count()):
+    for i in range(1, self._processes):
       try:
         self._client.blocking_key_value_get(f"{_PREFIX}stopped/{i}", int(timeout_s * 1000))
       except Exception:  # pylint: disable=broad-except  (a follower already gone: nothing to wait for)
@@ -138,14 +141,14 @@ def follow(engine, poll_ms: int = _POLL_MS) -> str:
   """Makes process 0's calls on `engine` until it stops (returns its reason) or is gone (SystemExit with one
   line). Calls the engine refuses (a JaxspecError, as process 0's engine refused them) are skipped."""
   from jaxspec.errors import JaxspecError  # pylint: disable=import-outside-toplevel
-  client, done = _client(), threading.Event()
+  client, done, index = _client(), threading.Event(), jax.process_index()
 
   def beat():
     count = 0
     while not done.wait(_BEAT_S):
       count += 1
       try:
-        client.key_value_set(f"{_PREFIX}alive/{jax.process_index()}", str(count), allow_overwrite=True)
+        client.key_value_set(f"{_PREFIX}alive/{index}", str(count), allow_overwrite=True)
       except Exception:  # pylint: disable=broad-except  (process 0 is gone: the main loop says so)
         return
 
