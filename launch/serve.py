@@ -16,12 +16,10 @@ loopback without one is warned about. The start-up line names the real port (--p
 warm-up ends the server (status 1, the reason on one line); Ctrl-C ends it with status 130, at once during the
 warm-up. Over several processes (--coordinator_address, --num_processes, --process_id, or the environment),
 process 0 serves HTTP and decides each step; the others make the same engine calls on their devices
-(jaxspec/serving/hosts.py). docs/serving.md has the API, its limits and the benchmark.
+(jaxspec.serving.server.serve, jaxspec/serving/hosts.py). docs/serving.md has the API, its limits and the benchmark.
 """
 
-import ipaddress
 import os
-import signal
 import sys
 
 from absl import flags
@@ -62,15 +60,6 @@ flags.register_multi_flags_validator(
     message="--max_tokens (the default of a request) must be at most --max_new_tokens (the most a request may ask)")
 
 
-def _loopback(host: str) -> bool:
-  if host == "localhost":
-    return True
-  try:
-    return ipaddress.ip_address(host).is_loopback
-  except ValueError:  # a host name: assume it reaches beyond this machine
-    return False
-
-
 def _draft_spec(target) -> str:
   """--draft ('' for 'none'), or '' (plain decoding, said on stderr) when it is left at its default and cannot
   draft for target (as generate.py does)."""
@@ -101,12 +90,9 @@ def _serve(argv) -> int:
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   api_key = _API_KEY.value or os.environ.get("JAXSPEC_API_KEY", "")
-  if not api_key and not _loopback(_HOST.value):
-    print(f"warning: --host={_HOST.value} reaches beyond this machine and no --api_key is set: anyone who can "
-          "connect can use the server.", file=sys.stderr, flush=True)
+  server.warn_if_exposed(_HOST.value, api_key)
   table = SpeculationTable.read(_TABLE.value, f"--speculation_table={_TABLE.value}") if _TABLE.value else None
   if table is not None:
     ignored = [f"--{n}" for n in ("gamma", "tree") if FLAGS[n].present]
@@ -124,32 +110,12 @@ def _serve(argv) -> int:
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, table=table, mesh=mesh,
                       row_buckets=_row_buckets(), modes=_MODES.value)
-  name = _NAME.value or server.model_id(FLAGS.target)
-  leader = None
-  if jax.process_count() > 1:  # process 0 decides and serves; every other process makes its calls (hosts.py)
-    from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel
-    if jax.process_index() != 0:
-      print(f"process {jax.process_index()} of {jax.process_count()}: following process 0", flush=True)
-      print(f"process {jax.process_index()}: {hosts.follow(engine)}", flush=True)
-      return 0
-    engine = leader = hosts.Leader(engine)
-    # uvicorn re-raises the SIGTERM it caught once it has shut down: end through the `finally` below then, so that
-    # the followers are stopped too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-  scheduler, app = server.build(engine, model_name=name, max_tokens=_MAX_TOKENS.value or None,
-                                queue_size=_QUEUE.value, api_key=api_key or None)
   drafting = "plain" if draft is None else f"draft {spec}"
   if table is not None:
     drafting += f", table {_TABLE.value}"
-
-  def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
-    return (f"serving {name} ({drafting}, {_SLOTS.value} slots) on http://{_HOST.value}:{port}/v1 (compiling first: "
-            f"GET /health is 503 until ready)")
-  try:
-    return server.run(scheduler, app, host=_HOST.value, port=_PORT.value, log_level=_LOG.value, banner=banner)
-  finally:
-    if leader is not None:
-      leader.stop("process 0's server stopped")
+  return server.serve(engine, model_name=_NAME.value or server.model_id(FLAGS.target), drafting=drafting,
+                      host=_HOST.value, port=_PORT.value, log_level=_LOG.value, max_tokens=_MAX_TOKENS.value or None,
+                      queue_size=_QUEUE.value, api_key=api_key or None)
 
 
 if __name__ == "__main__":

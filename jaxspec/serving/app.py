@@ -14,7 +14,8 @@ one (checked every `_DISCONNECT_POLL_S`).
 
 Hostile bodies: a body over `max_body_bytes` (default `body_limit(max_input_length)`) is answered 413 as soon as
 its Content-Length or its bytes so far say so (a chunked body is never buffered beyond the limit); one not read
-whole within `body_timeout_s` is answered 408 (a client trickling bytes); both close the connection. The body is
+whole within `body_timeout_s` is answered 408 (a client trickling bytes); both close the connection (lingering:
+jaxspec/serving/linger.py, so that a client still sending reads the answer, not a reset). The body is
 parsed, checked and its prompt encoded in a worker thread, never on the event loop, so one client's large prompt
 does not stall /health or the other streams. Anything unexpected is a 500 with OpenAI's body, counted in /metrics.
 With `api_key`, every /v1 route wants `Authorization: Bearer <api_key>` (401 otherwise); /health and /metrics stay

@@ -6,10 +6,14 @@
     with Background(scheduler, app, port=free_port()) as server:    # uvicorn in a thread, stopped on exit
       server.wait_ready(timeout=300)
       openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+
+    serve(engine, model_name="ende-target", drafting="draft ende-draft", port=8000)   # launch/serve.py's: the
+                                                    # banner, and over several processes process 0 leads (hosts.py)
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -22,6 +26,7 @@ import uvicorn
 
 from jaxspec.errors import JaxspecError
 from jaxspec.serving.app import BODY_TIMEOUT_S, create_app
+from jaxspec.serving.linger import LingeringH11Protocol
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.scheduler import Scheduler
 
@@ -54,6 +59,12 @@ def model_id(target: str) -> str:
   if os.path.isdir(target):
     return os.path.basename(os.path.normpath(os.path.abspath(target)))
   return target
+
+
+def _config(app, host: str, port: int, log_level: str) -> uvicorn.Config:
+  """uvicorn over h11 whose connections close by lingering when a request's body is answered before it was read
+  whole (408, 413: jaxspec/serving/linger.py), so that the client reads the answer, not a reset."""
+  return uvicorn.Config(app, host=host, port=port, log_level=log_level, http=LingeringH11Protocol)
 
 
 def _listening_port(server: uvicorn.Server, default: int) -> int:
@@ -90,7 +101,7 @@ def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000,
   XLA's compilation in the engine thread cannot be interrupted, and an interpreter torn down around it aborts in
   C++, so os._exit skips the teardown.
   """
-  server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+  server = uvicorn.Server(_config(app, host, port, log_level))
   status = 0
   if threading.current_thread() is threading.main_thread():  # (a parent that ignored SIGINT must not decide)
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -121,7 +132,7 @@ class Background:
   def __init__(self, scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int | None = None,
                log_level: str = "warning"):
     self.scheduler, self.host, self.port = scheduler, host, port or free_port(host)
-    self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=self.port, log_level=log_level))
+    self.server = uvicorn.Server(_config(app, host, self.port, log_level))
     self.thread = threading.Thread(target=self.server.run, name="jaxspec-http", daemon=True)
 
   @property
@@ -154,3 +165,43 @@ class Background:
 
   def __exit__(self, *exc) -> None:
     self.stop()
+
+
+def _loopback(host: str) -> bool:
+  if host == "localhost":
+    return True
+  try:
+    return ipaddress.ip_address(host).is_loopback
+  except ValueError:  # a host name: assume it reaches beyond this machine
+    return False
+
+
+def warn_if_exposed(host: str, api_key: str | None) -> None:
+  """One line on stderr when `host` reaches beyond this machine and no API key guards the server."""
+  if not api_key and not _loopback(host):
+    print(f"warning: --host={host} reaches beyond this machine and no --api_key is set: anyone who can connect can "
+          "use the server.", file=sys.stderr, flush=True)
+
+
+def serve(engine, *, model_name: str, drafting: str, host: str = "127.0.0.1", port: int = 8000,
+          log_level: str = "info", max_tokens: int | None = None, queue_size: int = 64,
+          api_key: str | None = None) -> int:
+  """launch/serve.py's server over `engine` (a SlotEngine): `build`, then `run` with the banner "serving MODEL
+  (DRAFTING, N slots) on http://HOST:PORT/v1 ..." (drafting: "plain", "draft NAME", ...); its exit status. Over
+  several processes (jax.process_count() > 1) process 0 serves through a `hosts.Leader` and stops every follower
+  when its server ends (SIGTERM included), and every other process follows it (`hosts.serve`)."""
+  import jax  # pylint: disable=import-outside-toplevel
+
+  def serve_http(engine) -> int:
+    scheduler, app = build(engine, model_name=model_name, max_tokens=max_tokens, queue_size=queue_size,
+                           api_key=api_key)
+
+    def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
+      return (f"serving {model_name} ({drafting}, {engine.slots} slots) on http://{host}:{port}/v1 (compiling "
+              "first: GET /health is 503 until ready)")
+    return run(scheduler, app, host=host, port=port, log_level=log_level, banner=banner)
+
+  if jax.process_count() > 1:
+    from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel
+    return hosts.serve(engine, serve_http)
+  return serve_http(engine)

@@ -147,13 +147,29 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(live):
   assert str(limit) in json.loads(body)["error"]["message"]
   # A chunked body: refused once its bytes pass the limit, not buffered whole. The client sends limit + 1 bytes and
   # stops (the old server waited for the rest, and the socket here timed out); the last frame's closing CRLF is not
-  # sent, so that the server has read all that came when it closes (unread bytes would reset the connection).
+  # sent (the client is still sending its body when it is answered).
   chunk = b"x" * 65536
   whole, rest = divmod(limit + 1, len(chunk))
   frames = [b"%x\r\n%s\r\n" % (len(chunk), chunk)] * whole + [b"%x\r\n%s" % (rest, b"x" * rest)]
   status, headers, body = _raw(server.port, _head(server.port, "Transfer-Encoding: chunked"), frames)
   assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
   assert httpx.get(server.url + "/health").status_code == 200
+
+
+def test_an_upload_over_the_limit_reads_its_413_and_is_never_reset(live):
+  """A client sending its whole body at once, past the limit: the server answers 413 before reading it, then
+  lingers (FIN after the answer, the client's bytes read and dropped: jaxspec/serving/linger.py) so that the client
+  finishes sending and reads the answer to the end of the stream. The server before closed at once over the
+  unread bytes: the kernel reset the connection and the client's send failed (ConnectionResetError), every time."""
+  server = live[0]
+  with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+    sock.sendall(_head(server.port, "Content-Length: 50000000").encode() + b"x" * (2 << 20))  # 2 MiB: past the
+    data = b""                                                      # socket buffers, drained by the lingering server
+    while chunk := sock.recv(65536):
+      data += chunk
+  head, _, body = data.partition(b"\r\n\r\n")
+  assert head.startswith(b"HTTP/1.1 413 ") and b"connection: close" in head.lower(), head
+  assert json.loads(body)["error"]["code"] == "request_too_large"
 
 
 def test_a_trickled_body_times_out_with_408(live):

@@ -1,21 +1,30 @@
 """launch/serve.py over two processes x 2 CPU devices on localhost (gloo; a data:2 x model:2 mesh over both): process
 0 serves HTTP and decides each step, process 1 makes the same engine calls (jaxspec/serving/hosts.py). The official
 openai client's greedy answers equal `generate`'s on one device; SIGTERM to process 0 ends both, process 1 with
-one line naming why; a follower killed mid-run ends process 0 (and so the job) in bounded time with one line."""
+one line naming why; a follower killed mid-run ends process 0 (and so the job) in bounded time with one line. And, in
+this process over a fake store: `Leader.stop` and `follow` return only once their threads are out of the store (a
+thread still in a store call when the interpreter finalizes aborts the process: SIGTERM ended process 0 with -6)."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
 import openai
 import pytest
 
+import jax
+from jax._src import distributed
+
 import jaxspec
+from jaxspec.serving import hosts
 from jaxspec.serving.server import free_port
 from script_helpers import ROOT, compile_env, script_env
 
@@ -87,3 +96,74 @@ def test_a_follower_that_dies_ends_the_job(tmp_path):
     procs[0].wait(120)  # process 0 ends within the follower timeout (15 s) and a few seconds
     assert procs[0].returncode == 1, tail(0)
     assert "error: process 1 stopped answering (no sign of life for 15 s): every process stops." in tail(0), tail(0)
+
+
+class SlowStore:
+  """A distributed client whose store calls from `thread` take `call_s` (a store call in flight when a stop comes);
+  call/0 is "stop". Records the store calls made after `closed` is set."""
+
+  def __init__(self, thread: str, call_s: float = 0.5):
+    self.thread, self.call_s = thread, call_s
+    self.entered, self.closed, self.late = threading.Event(), threading.Event(), []
+
+  def _call(self, name):
+    if self.closed.is_set():
+      self.late.append((name, threading.current_thread().name))
+    if threading.current_thread().name == self.thread:
+      self.entered.set()
+      time.sleep(self.call_s)
+
+  def key_value_try_get(self, key):
+    self._call("try_get")
+    return "1"
+
+  def key_value_set(self, key, value, allow_overwrite=False):  # pylint: disable=unused-argument
+    self._call("set")
+
+  def key_value_delete(self, key):
+    self._call("delete")
+
+  def blocking_key_value_get(self, key, timeout_ms):  # pylint: disable=unused-argument
+    self._call("blocking_get")
+    if key == f"{hosts._PREFIX}0":  # pylint: disable=protected-access
+      assert self.entered.wait(30)  # the beat is in a store call when the stop is read
+      return base64.b64encode(pickle.dumps(("stop", ("the test stopped",), {}))).decode()
+    return "1"
+
+
+@pytest.fixture
+def store(monkeypatch):
+  def install(thread: str) -> SlowStore:
+    client = SlowStore(thread)
+    monkeypatch.setattr(distributed.global_state, "client", client)
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(hosts, "_BEAT_S", 0.01)
+    return client
+  return install
+
+
+def _alive(name: str) -> bool:
+  return any(t.name == name and t.is_alive() for t in threading.enumerate())
+
+
+def test_leader_stop_returns_once_its_watch_is_out_of_the_store(store):
+  client = store("jaxspec-followers")
+  leader = hosts.Leader(object())
+  assert client.entered.wait(30)  # the watch is in a store call (0.5 s) ...
+  leader.stop("the test stopped")  # ... which stop waits for (it returned at once: the process exited under it)
+  client.closed.set()
+  assert not _alive("jaxspec-followers")
+  time.sleep(0.1)
+  assert client.late == []
+  leader.stop("again")  # once only
+  assert client.late == []
+
+
+def test_follow_returns_once_its_beat_is_out_of_the_store(store, monkeypatch):
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  client = store("jaxspec-alive")
+  assert hosts.follow(object()) == "the test stopped"
+  client.closed.set()
+  assert not _alive("jaxspec-alive")
+  time.sleep(0.1)
+  assert client.late == []
