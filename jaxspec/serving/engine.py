@@ -92,6 +92,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -102,6 +103,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.decoding import arguments, memory_guard, placement
 from jaxspec.decoding.device import loop, schedules
+from jaxspec.decoding.device.estimates import Estimates
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.drafters import registry
 from jaxspec.checks import check_seed, is_int
@@ -110,6 +112,8 @@ from jaxspec.decoding.device.stats import DecodeStats
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.models import contract
+from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT
+from jaxspec.serving.budget import Budget, CostCurves, choose
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard, tree_shardings
 
@@ -178,6 +182,9 @@ class StepOutput:
   entry: TableEntry | None = None  # the table entry the step ran (None: no step ran: nothing active).
   mode: str | None = None  # the sampling mode the step ran ("greedy", "sampled", "filtered").
   rows: int | None = None  # the rows the step decoded (its row bucket: the active slots and idle padding).
+  # The verification budget's choice (None without a budget): the tier's draft length is entry.gamma (0: plain);
+  # limits [S] int: each slot's most draft tokens per iteration in this step (0 for idle slots).
+  limits: np.ndarray | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -199,6 +206,10 @@ class SlotState:
   top_p: jax.Array  # [S] float32
   ignore_eos: jax.Array  # [S] bool: an EOS does not end the row (it decodes to its budget)
   min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
+  # Verification budget (budget.py): per slot and draft position, decayed sums of beta and counts of verifications
+  # (estimates.Estimates), reset to the prior at insert, updated by every iteration of a step.
+  est_sum: jax.Array  # [S, G] float32
+  est_count: jax.Array  # [S, G] float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,13 +226,14 @@ class _Program:
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
 
 
-def _state_of(program: _Program, state: SlotState) -> loop.LoopState:
+def _state_of(program: _Program, state: SlotState, limits: jax.Array | None = None) -> loop.LoopState:
   slots = state.lengths.shape[0]
   stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
   return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done,
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
-                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
+                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens, limit=limits,
+                        estimates=Estimates(beta_sum=state.est_sum, count=state.est_count))
 
 
 def _slot_axes(program: _Program, state: SlotState) -> SlotState:
@@ -272,25 +284,27 @@ def _put_rows(program: _Program, state: SlotState, rows: SlotState, index: jax.A
 
 
 def _step_program(program: _Program, target_params, draft_params, state: SlotState, stop: jax.Array,
-                  index: jax.Array):
-  """(new state, packed [R, W + 5] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot when
-  R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
+                  index: jax.Array, limits: jax.Array | None = None):
+  """(new state, packed [R, W + 5 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
+  when R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted,
+  then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)). limits: [R] int32 per-row
+  draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
-    new, packed = _decode_rows(program, target_params, draft_params, state)
+    new, packed = _decode_rows(program, target_params, draft_params, state, limits)
     return _placed(new, program.shardings), _everywhere(packed, program.shardings)
   # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
   rows = _placed(_take_rows(program, state, index), program.shardings)
-  rows, packed = _decode_rows(program, target_params, draft_params, rows)
+  rows, packed = _decode_rows(program, target_params, draft_params, rows, limits)
   return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
 
 
-def _decode_rows(program: _Program, target_params, draft_params, state: SlotState):
+def _decode_rows(program: _Program, target_params, draft_params, state: SlotState, limits: jax.Array | None = None):
   """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
   spec = schedules.SpeculationKnobs.create()
-  start = _state_of(program, state)
+  start = _state_of(program, state, limits)
 
   def body(s):
     return loop.iteration(settings, target_params, draft_params, knobs, spec, None,
@@ -302,11 +316,14 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   tokens = jnp.take_along_axis(end.sequences, positions, axis=1)
   tokens = jnp.where(jnp.arange(program.width)[None] < counts[:, None], tokens, settings.pad_id)
   finished = end.done & ~start.done
+  # The verification budget's estimates ride in the same copy (float32 bitcast to int32).
+  estimates = [jax.lax.bitcast_convert_type(x, jnp.int32) for x in (end.estimates.beta_sum, end.estimates.count)]
   packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
-                                               end.stats.drafted, end.stats.accepted], axis=1)], axis=1)
+                                               end.stats.drafted, end.stats.accepted], axis=1)] + estimates, axis=1)
   new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
                             target_cache=end.target_cache, draft_state=end.draft_state,
-                            iterations=end.stats.iterations)
+                            iterations=end.stats.iterations, est_sum=end.estimates.beta_sum,
+                            est_count=end.estimates.count)
   return new, packed
 
 
@@ -385,6 +402,7 @@ def _insert_program(first: _First, layout: _Layout, target_params, draft_params,
   end = loop.iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
+  prior = Estimates.prior(1, state.est_sum.shape[1])
 
   def put(array, value):
     return array.at[slot].set(value[0])
@@ -395,7 +413,9 @@ def _insert_program(first: _First, layout: _Layout, target_params, draft_params,
                   keys=put(state.keys, row.keys), iterations=put(state.iterations, end.stats.iterations),
                   budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
                   top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
-                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]))
+                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
+                  # the verification budget's estimates start at the prior
+                  est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
                    end.failed[0].astype(jnp.int32)])
   return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
@@ -415,6 +435,26 @@ def _wake_program(alloc: loop.LoopSettings, layout: _Layout, draft_params, state
 _STEP = jax.jit(_step_program, static_argnums=0, donate_argnums=3)
 _INSERT = jax.jit(_insert_program, static_argnums=(0, 1), donate_argnums=4)
 _WAKE = jax.jit(_wake_program, static_argnums=(0, 1), donate_argnums=3)
+
+
+def _budget(budget, speculation, table) -> Budget | None:
+  """The engine's verification budget from its `budget` argument (SlotEngine's docstring), or None: off."""
+  if budget is None:
+    return Budget() if speculation is not None and table is None and jax.process_count() == 1 else None
+  if budget is False:
+    return None
+  if budget is True:
+    budget = Budget()
+  if not isinstance(budget, Budget):
+    raise SettingsError(f"budget must be a jaxspec.serving.Budget, True, False or None, got {type(budget).__name__}.")
+  if speculation is None:
+    raise SettingsError("budget: the verification budget chooses draft lengths: it needs a speculation (--draft).")
+  if table is not None:
+    raise SettingsError("budget and table (--speculation_table) both choose the draft length: pass one of them.")
+  if jax.process_count() > 1:
+    raise SettingsError("the verification budget runs on one process (its cost curves are this process's "
+                        "timings): pass budget=False (--speculation=fixed) or a table over several processes.")
+  return budget
 
 
 def _row_buckets(row_buckets, slots: int, data: int = 1) -> tuple[int, ...]:
@@ -476,6 +516,10 @@ class SlotEngine:
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
+    budget: the verification budget (jaxspec/serving/budget.py): each step picks a compiled draft length (a
+      tier, 0 = plain) and per-row limits from the rows' acceptance estimates and warmup's step-cost curves. None:
+      on (`Budget()`) when `speculation` is given without `table` on one process, else off; False: off (the
+      speculation's fixed gamma / tree at every step); True or a `Budget`: on (needs `speculation`, no `table`).
 
   Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
   the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
@@ -485,7 +529,8 @@ class SlotEngine:
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
                max_new_tokens: int, iterations_per_step: int = 4, table: SpeculationTable | None = None,
-               mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
+               mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES,
+               budget: Budget | bool | None = None):
     if not isinstance(target, Model):
       raise SettingsError(f"target must be a jaxspec.Model (from jaxspec.load), got {type(target).__name__}.")
     if speculation is not None and not isinstance(speculation, Speculation):
@@ -526,6 +571,18 @@ class SlotEngine:
     cfg = target.config
     self.eos_ids = tuple(cfg.eos_token_ids)
     self.pad_id = cfg.pad_token_id
+    # -- verification budget hook: its tiers are the table's entries (every one reachable at every load) --
+    self.budget = _budget(budget, speculation, table)
+    self.costs = CostCurves()
+    if self.budget is not None:
+      if speculation.tree is not None:
+        tiers = (TableEntry(max_active=1, gamma=0), TableEntry(max_active=2, gamma=speculation.gamma,
+                                                                tree=speculation.tree))
+      else:
+        tiers = tuple(TableEntry(max_active=i + 1, gamma=k)
+                      for i, k in enumerate(self.budget.tiers_for(speculation.gamma)))
+      table = SpeculationTable(tiers)
+    # -- end of the budget hook --
     if table is None:
       if speculation is None:
         table = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
@@ -573,12 +630,15 @@ class SlotEngine:
                    for m in {self._insert_mode(m) for m in self.modes}}
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
     self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
+    self._positions = max(table.max_gamma, 1)  # G of the acceptance estimates
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     self._groups, per_group = data, self.slots // data
     for n in range(1, self.slots + 1):  # n active slots: max(ceil(n / D), ...) of them in the fullest group
       for fullest in range(-(-n // data), min(n, per_group) + 1):
         reachable.setdefault(table.index(n), set()).add(self._bucket(data * fullest))
+    if self.budget is not None:  # the budget may pick any tier at any load
+      reachable = {i: set().union(*reachable.values()) for i in range(len(table.entries))}
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = _Program(settings, kind, self.iterations_per_step, width, rows,
@@ -588,6 +648,9 @@ class SlotEngine:
     self._requests: list[RequestSettings | None] = [None] * self.slots
     self._prompts: list[np.ndarray | None] = [None] * self.slots  # padded ids [1, bucket], length [1]
     self._quiet = np.zeros((self.slots,), bool)  # inserted without the draft's prefill, not yet woken
+    # The host's copy of the acceptance estimates (est_sum, est_count), from each step's packed output.
+    self._estimates = np.zeros((2, self.slots, self._positions), np.float32)
+    self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
 
   # -- construction ------------------------------------------------------------------------------------------
 
@@ -631,8 +694,10 @@ class SlotEngine:
     out_shardings = None
     if where is not None:  # per-slot arrays and the target's cache by the target's rules, the drafter's by its own
       cache, draft = jax.tree_util.tree_unflatten(cache_tree, full)
+      g = self._positions
       rows = {f.name: ((n,), ("batch",)) for f in dataclasses.fields(SlotState)
               if f.name not in ("target_cache", "draft_state")} | {"sequences": ((n, seq_len), ("batch", "sequence"))}
+      rows |= {name: ((n, g), ("batch", "draft_position")) for name in ("est_sum", "est_count")}
       target_rows, _ = tree_shardings(({k: a for k, (_, a) in rows.items()}, declared[0]),
                                       ({k: s for k, (s, _) in rows.items()}, cache), where.mesh, where.target_rules)
       draft_shardings, _ = tree_shardings(declared[1], draft, where.mesh, where.draft_rules)
@@ -649,7 +714,9 @@ class SlotEngine:
                        iterations=zeros_i, budget=jnp.ones((n,), jnp.int32),
                        temperature=jnp.zeros((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
                        top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
-                       min_tokens=jnp.zeros((n,), jnp.int32))
+                       min_tokens=jnp.zeros((n,), jnp.int32),
+                       est_sum=jnp.full((n, self._positions), PRIOR_COUNT * PRIOR_ALPHA, jnp.float32),
+                       est_count=jnp.full((n, self._positions), PRIOR_COUNT, jnp.float32))
 
     return layout, zeros()
 
@@ -745,6 +812,7 @@ class SlotEngine:
     self._requests[slot] = None if done else settings
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
+    self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     return InsertOutput(tokens=tokens, reason=reason)
 
   def _insert_mode(self, needed: str) -> str:
@@ -768,11 +836,29 @@ class SlotEngine:
     """The least general compiled mode that decodes a request needing `needed` exactly (None: none does)."""
     return next((m for m in self.modes if MODES.index(m) >= MODES.index(needed)), None)
 
-  def _pick(self) -> tuple[int, str, int]:
+  def _pick(self) -> tuple[tuple[int, str, int], np.ndarray | None]:
+    """The step's program key and, under the verification budget, its per-slot draft limits [S] int32."""
     active = [r for r in self._requests if r is not None]
     needed = max((r.mode for r in active), key=MODES.index)
     fullest = int(self._active.reshape(self._groups, -1).sum(axis=1).max())
-    return self.table.index(len(active)), self._mode_for(needed), self._bucket(self._groups * fullest)
+    mode, rows = self._mode_for(needed), self._bucket(self._groups * fullest)
+    if self.budget is None:
+      return (self.table.index(len(active)), mode, rows), None
+    # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
+    slots = np.flatnonzero(self._active)
+    entries = self.table.entries
+    choice = choose(self.estimates()[slots], [e.gamma for e in entries], [self.costs.get(rows, e.gamma)
+                                                                          for e in entries],
+                    self.budget.theta, tree=[e.tree is not None for e in entries])
+    limits = np.zeros((self.slots,), np.int32)
+    limits[slots] = choice.limits
+    return (choice.tier, mode, rows), limits
+
+  def estimates(self) -> np.ndarray:
+    """[S, G] the host's copy of every slot's acceptance estimate per draft position (a(b, j); as the last step
+    that decoded the slot left it, the prior after its insert): what the verification budget chooses from."""
+    beta_sum, count = self._estimates
+    return np.clip(beta_sum / np.maximum(count, 1e-6), 0.0, 1.0)
 
   @property
   def programs(self) -> tuple[tuple[int, str, int], ...]:
@@ -805,15 +891,21 @@ class SlotEngine:
       zeros = np.zeros((n,), np.int64)
       return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
                         drafted=zeros, accepted=zeros.copy())
-    key = self._pick() if program is None else program
+    key, limits = self._pick() if program is None else (program, None)
+    if self.budget is not None and limits is None:  # a forced program: every row drafts its tier's length
+      limits = np.full((self.slots,), self.table.entries[key[0]].gamma, np.int32)
     if not self.table.entries[key[0]].plain:
       self._wake(np.flatnonzero(self._active & self._quiet))
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(stop, index))
+    arguments_ = (stop, index) if limits is None else (stop, index, limits[index])
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*arguments_))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
+    g = self._positions  # the rows' acceptance estimates, after the step's tokens and counts
+    estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
+    self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
     w = prog.width
@@ -830,7 +922,8 @@ class SlotEngine:
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])
     return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
-                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2])
+                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2],
+                      limits=limits)
 
   def _wake(self, slots) -> None:
     """Prefills the draft of each slot in `slots` (active, inserted without it): the load fell to where the table
@@ -856,6 +949,36 @@ class SlotEngine:
     for key in self._programs:
       self.step(program=key)
       self._stop[:] = False
+    if self.budget is not None:
+      self._measure_costs()
+
+  def _measure_costs(self) -> None:
+    """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R and tier k, R
+    requests inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode), one
+    untimed step of the tier's program (the draft's wake included), then Budget.repeats timed ones; the median.
+    Rows that run out of tokens end a measurement early (a few steps of max_new_tokens = 16 engines)."""
+    mode = self.modes[0]
+    settings = RequestSettings(self.max_new_tokens, temperature=0.0 if mode == "greedy" else 1.0, ignore_eos=True)
+    for rows in self.row_buckets:
+      for i, entry in enumerate(self.table.entries):
+        key = (i, mode, rows)
+        if key not in self._programs:
+          continue
+        slots = self.free_slots()[:rows]
+        for slot in slots:
+          self.insert(slot, [self.pad_id], settings)
+        times = []
+        for n in range(self.budget.repeats + 1):
+          if not self._active[slots].all():
+            break
+          started = time.perf_counter()
+          self.step(program=key)
+          if n:
+            times.append(time.perf_counter() - started)
+        for slot in slots:
+          self.free(slot)
+        if times:
+          self.costs.seconds[(rows, entry.gamma)] = float(np.median(times))
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by every engine (step, insert and wake jits): a test of "nothing recompiles" reads it."""
