@@ -41,7 +41,10 @@ host; `free(slot)` stops a slot from the host (its flag goes in with the next st
 
 Step programs. Per step the engine picks one compiled program from the host's view of the active slots, never per
 request: the `SpeculationTable` entry for their number (a chain of some gamma, a tree, or plain decoding; one
-entry when no table is given) and the sampling mode of the active rows: "greedy" (every active row at temperature
+entry when no table is given and the budget is off), or under the verification budget (budget.py, the default
+with a speculation and no table) the tier its choice picks from the rows' acceptance estimates (SlotState.est_sum /
+est_count, updated in every iteration and copied back with the step's tokens) and warmup's step-cost curves, with
+per-row draft limits passed to the device (`LoopState.limit`) and the sampling mode of the active rows: "greedy" (every active row at temperature
 0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
 the sort). In the sampled modes temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a
 temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
@@ -179,6 +182,7 @@ class StepOutput:
   reasons: list[str | None]  # per slot: "stop" (EOS), "length" (max_tokens), "error" (non-finite logits), None.
   drafted: np.ndarray  # [S] int: draft tokens proposed this step.
   accepted: np.ndarray  # [S] int: draft tokens accepted this step.
+  iterations: np.ndarray | None = None  # [S] int: the slot's loop iterations (verify calls) this step.
   entry: TableEntry | None = None  # the table entry the step ran (None: no step ran: nothing active).
   mode: str | None = None  # the sampling mode the step ran ("greedy", "sampled", "filtered").
   rows: int | None = None  # the rows the step decoded (its row bucket: the active slots and idle padding).
@@ -285,9 +289,9 @@ def _put_rows(program: _Program, state: SlotState, rows: SlotState, index: jax.A
 
 def _step_program(program: _Program, target_params, draft_params, state: SlotState, stop: jax.Array,
                   index: jax.Array, limits: jax.Array | None = None):
-  """(new state, packed [R, W + 5 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
+  """(new state, packed [R, W + 6 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
   when R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted,
-  then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)). limits: [R] int32 per-row
+  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)). limits: [R] int32 per-row
   draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
@@ -319,7 +323,9 @@ def _decode_rows(program: _Program, target_params, draft_params, state: SlotStat
   # The verification budget's estimates ride in the same copy (float32 bitcast to int32).
   estimates = [jax.lax.bitcast_convert_type(x, jnp.int32) for x in (end.estimates.beta_sum, end.estimates.count)]
   packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
-                                               end.stats.drafted, end.stats.accepted], axis=1)] + estimates, axis=1)
+                                               end.stats.drafted, end.stats.accepted,
+                                               end.stats.iterations - start.stats.iterations], axis=1)] + estimates,
+                           axis=1)
   new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
                             target_cache=end.target_cache, draft_state=end.draft_state,
                             iterations=end.stats.iterations, est_sum=end.estimates.beta_sum,
@@ -923,7 +929,7 @@ class SlotEngine:
     finished = np.asarray([r is not None for r in reasons])
     return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
                       accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2],
-                      limits=limits)
+                      limits=limits, iterations=packed[:, w + 5])
 
   def _wake(self, slots) -> None:
     """Prefills the draft of each slot in `slots` (active, inserted without it): the load fell to where the table
