@@ -18,9 +18,10 @@ requests (TTFT and TPOT also their means), output tokens per second (all complet
 time), acceptance (draft tokens accepted / proposed, the difference of the server's /metrics counters over the
 level; '-' for a plain server) and tau (tokens per verify call: (accepted + verifications) / verifications, from
 the counters too; '-' for a server that does not export verifications), and each server's "ratio": its output
-tokens/s over the last server's at the same level (the baseline: plain decoding). Failed requests are counted and reported, never
-dropped silently. Two servers are compared level by level, each level on one then the other, and with
-`rounds` > 1 again in the reverse order (A B, B A): on a machine whose speed drifts (a shared CPU: the same plain
+tokens/s over the last server's at the same level (the baseline: plain decoding). Failed requests are counted and
+reported, never dropped silently. Servers (two, or more: plain, a fixed gamma and the budget) are compared level
+by level, each level on one then the next, and with `rounds` > 1 again in the reverse order (A B, B A; A B C,
+C B A): on a machine whose speed drifts (a shared CPU: the same plain
 server measured 9.6 and 7.4 tok/s in two runs an hour apart, docs/serving.md), one order alone can make equal
 servers look 15 % apart.
 """

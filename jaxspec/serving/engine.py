@@ -44,7 +44,8 @@ request: the `SpeculationTable` entry for their number (a chain of some gamma, a
 entry when no table is given and the budget is off), or under the verification budget (budget.py, the default
 with a speculation and no table) the tier its choice picks from the rows' acceptance estimates (SlotState.est_sum /
 est_count, updated in every iteration and copied back with the step's tokens) and warmup's step-cost curves, with
-per-row draft limits passed to the device (`LoopState.limit`) and the sampling mode of the active rows: "greedy" (every active row at temperature
+per-row draft limits passed to the device (`LoopState.limit`); and the sampling mode of the active rows: "greedy"
+(every active row at temperature
 0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
 the sort). In the sampled modes temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a
 temperature-0 row gets the one-hot distribution of its argmax on both sides, which makes the min(1, p/q)
@@ -291,8 +292,8 @@ def _step_program(program: _Program, target_params, draft_params, state: SlotSta
                   index: jax.Array, limits: jax.Array | None = None):
   """(new state, packed [R, W + 6 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
   when R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted,
-  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)). limits: [R] int32 per-row
-  draft limits (the verification budget's), or None: the program's gamma for every row."""
+  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)).
+  limits: [R] int32 per-row draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
     new, packed = _decode_rows(program, target_params, draft_params, state, limits)
@@ -905,8 +906,8 @@ class SlotEngine:
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    arguments_ = (stop, index) if limits is None else (stop, index, limits[index])
-    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*arguments_))
+    args = (stop, index) if limits is None else (stop, index, limits[index])
+    self._state, packed = _STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
     g = self._positions  # the rows' acceptance estimates, after the step's tokens and counts
@@ -959,32 +960,38 @@ class SlotEngine:
       self._measure_costs()
 
   def _measure_costs(self) -> None:
-    """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R and tier k, R
-    requests inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode), one
-    untimed step of the tier's program (the draft's wake included), then Budget.repeats timed ones; the median.
-    Rows that run out of tokens end a measurement early (a few steps of max_new_tokens = 16 engines)."""
-    mode = self.modes[0]
+    """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
+    inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
+    when they have too few tokens left for the next tier), then per tier k one untimed step of its program (the
+    draft's wake on the first drafting one) and Budget.repeats timed ones; the median. Rows that run out of tokens
+    end a measurement early (an engine of a few max_new_tokens)."""
+    mode, repeats = self.modes[0], self.budget.repeats
     settings = RequestSettings(self.max_new_tokens, temperature=0.0 if mode == "greedy" else 1.0, ignore_eos=True)
     for rows in self.row_buckets:
+      slots, left = [], 0
       for i, entry in enumerate(self.table.entries):
         key = (i, mode, rows)
         if key not in self._programs:
           continue
-        slots = self.free_slots()[:rows]
-        for slot in slots:
-          self.insert(slot, [self.pad_id], settings)
+        if not slots or left < (repeats + 1) * self.iterations_per_step * (entry.gamma + 1):
+          for slot in slots:
+            self.free(slot)
+          slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
+          for slot in slots:
+            self.insert(slot, [self.pad_id], settings)
         times = []
-        for n in range(self.budget.repeats + 1):
+        for n in range(repeats + 1):
           if not self._active[slots].all():
             break
           started = time.perf_counter()
-          self.step(program=key)
+          out = self.step(program=key)
           if n:
             times.append(time.perf_counter() - started)
-        for slot in slots:
-          self.free(slot)
+          left -= max(len(out.tokens[s]) for s in slots)
         if times:
           self.costs.seconds[(rows, entry.gamma)] = float(np.median(times))
+      for slot in slots:
+        self.free(slot)
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by every engine (step, insert and wake jits): a test of "nothing recompiles" reads it."""

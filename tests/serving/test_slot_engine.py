@@ -42,9 +42,10 @@ def greedy_refs(pair, prompts):
 
 @pytest.fixture(scope="module")
 def engine(pair):
-  """A draft-model engine (gamma 3, the verification budget), 3 slots, 2 iterations per step, warmed up."""
+  """A draft-model engine (gamma 3, the verification budget: 4 tiers), 3 slots, 2 iterations per step, greedy
+  programs only (the sampled ones: the fixed engine of the seeded-sampling test), warmed up."""
   e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
-                 max_new_tokens=MAX_NEW, iterations_per_step=2)
+                 max_new_tokens=MAX_NEW, iterations_per_step=2, modes=("greedy",))
   e.warmup()
   return e
 
