@@ -333,9 +333,11 @@ def plot(rows: list[dict], path: str) -> None:
     c.plot(x, [np.nan if r.get("ratio") is None else r["ratio"] for r in mine], marker="o", label=server)
     b.plot(x, [1000 * (r["itl"]["p50"] or np.nan) for r in mine], marker="o", label=server)
   c.axhline(1.0, color="grey", linewidth=0.8)
+  levels = [r["level"] for r in rows if r["mode"] == "concurrency"] or [1]
   for ax, title in ((a, "output tokens/s"), (c, "output tokens/s over the last server's"),
                     (b, "time per output token P50 (ms)")):
     ax.set_xscale("log", base=2)
+    ax.set_xlim(min(levels) / 1.25, max(levels) * 1.25)  # also when a panel has no finite point (every request failed)
     ax.set_xlabel("concurrent requests")
     ax.set_title(title)
     ax.legend()
