@@ -57,8 +57,9 @@ _BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a req
                                    lower_bound=0.0, upper_bound=1.0)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots, and --slots. A seeded "
-                          "request's tokens are the same alone and under load within one bucket and sampling mode: "
-                          "--row_buckets=SLOTS with one sampled --modes makes that any load (docs/serving.md).")
+                          "request's tokens are the same alone and under load within one bucket and sampling mode "
+                          "with --speculation=fixed: --row_buckets=SLOTS with one sampled --modes makes that any "
+                          "load (docs/serving.md).")
 _MODES = flags.DEFINE_multi_enum("modes", ["greedy", "sampled", "filtered"], ["greedy", "sampled", "filtered"],
                                  "Sampling modes compiled (a request no compiled mode decodes is answered 400).")
 _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target, a local "

@@ -58,11 +58,12 @@ are frozen), its random draws come from its own key folded with its own iteratio
 budget is its own (LoopState.budget). So a request's tokens depend on its prompt, settings and seed and on the
 step programs that decode it, never on its slot or its neighbours' tokens: at temperature 0 they are
 `generate`'s greedy tokens for its prompt alone, and a seeded sampled request draws the same tokens alone or under
-load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry). Another
+load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry, or the
+verification budget's tier and limits, which follow every active row's estimates: budget=False fixes them). Another
 row bucket computes the batch in other shapes (another mode: other fused code), which can round differently; a
 sampled draw or acceptance test that falls within that rounding of its threshold then flips, and the rest of the
-answer differs (still an exact draw from the target's distribution). One row bucket (`row_buckets=(slots,)`)
-and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
+answer differs (still an exact draw from the target's distribution). With a fixed gamma, one row bucket
+(`row_buckets=(slots,)`) and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
 each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
 `generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
 Its first token is drawn at insert as plain decoding draws it (`generate(..., seed=[seed])` without
