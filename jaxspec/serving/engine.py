@@ -622,7 +622,11 @@ class SlotEngine:
             greedy=mode == "greedy", filtering=mode == "filtered", eos_ids=self.eos_ids, pad_id=self.pad_id,
             tree=None if entry.plain else tree)
         if not entry.plain:
-          kind = loop.IterationKind(rests=False, width=None if settings.variable else settings.gamma + 1)
+          # A budget's chain tier verifies gamma + 1 positions every iteration: its choice has some row drafting,
+          # and a row at limit 0 (or one that drafts nothing) is verified at that width exactly, without the
+          # per-iteration `lax.cond` on the width (which copies every cache leaf) of the variable path.
+          fixed_width = not settings.variable or (self.budget is not None and tree is None)
+          kind = loop.IterationKind(rests=False, width=settings.gamma + 1 if fixed_width else None)
         planned.append(((i, mode), settings, kind))
         if alloc is None or settings.slack > alloc.slack:
           alloc = settings
