@@ -131,9 +131,11 @@ def expected_tokens(surv: np.ndarray, limits: np.ndarray) -> float:
 def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], theta: float,
            tree: Sequence[bool] | None = None) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
-  to the shorter tier. costs: c(R, k) per tier. tree: per tier, whether it is a tree (no per-row limit: every row
-  drafts the whole tree, and E counts its depths' survivals)."""
+  to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
+  wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
+  whether it is a tree (no per-row limit: every row drafts the whole tree, and E counts its depths' survivals)."""
   surv = survival(alpha)
+  costs = np.maximum.accumulate(np.asarray(costs, np.float64))
   best = None
   for i, (k, cost) in enumerate(zip(tiers, costs)):
     if tree is not None and tree[i]:
@@ -144,5 +146,5 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
         continue
     e = expected_tokens(surv, limits)
     if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
-      best = Choice(tier=i, k=k, limits=limits, expected=e, cost=cost)
+      best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
   return best

@@ -60,6 +60,9 @@ def test_choose_follows_the_costs():
   assert bad_choice.k == 0 and bad_choice.limits.tolist() == [0, 0, 0, 0]  # nobody's survival reaches theta
   mixed = choose(np.concatenate([good[:2], bad[:2]]), tiers, flat, 0.2)
   assert mixed.k == 4 and mixed.limits.tolist() == [4, 4, 0, 0]  # per-row limits inside the tier
+  # A wider tier timed below a narrower one (noise) costs as much as the narrower: drafts that are never accepted
+  # then gain nothing, and the tie goes to plain.
+  assert choose(np.zeros((4, 4)), tiers, [1.0, 0.5, 0.5, 0.5], 0.0).k == 0
   tree = choose(good, (0, 3), [1.0, 1.5], 0.2, tree=[False, True])
   assert tree.k == 3 and tree.limits.tolist() == [3] * 4
 
