@@ -34,8 +34,9 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", 
 def server(tmp_path_factory):
   args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
           "--gamma=3", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
-  with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_greedy_reference) as live:
-    yield live
+  log = tmp_path_factory.mktemp("serve") / "log.txt"
+  with serve(args, log, while_compiling=_greedy_reference) as live:
+    yield (*live, log)  # (url, health codes, greedy references, the server's log)
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +132,8 @@ def test_metrics_count_acceptance(server):
   assert all(m[k] > 0 for k in costs)
   steps = {k: v for k, v in m.items() if k.startswith("jaxspec_steps_total")}
   assert steps and sum(steps.values()) > 0 and m["jaxspec_verifications_total"] > 0
+  log = server[3].read_text()  # the banner names the budget's tiers; the curves are printed once it is ready
+  assert "verification budget over draft lengths [0, 1, 2, 3]" in log and f"rows {SLOTS}: k=0 " in log, log
 
 
 def test_benchmark_drives_the_server(server, tmp_path):
