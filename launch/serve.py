@@ -8,9 +8,12 @@ r"""An OpenAI-compatible server: continuous batching over a slot engine, specula
 
 Then any OpenAI client: `openai.OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none")`. GET /health answers
 503 while the engine compiles (every prompt bucket and step program, before the first request) and 200 after;
-GET /metrics is Prometheus text. --draft as in generate.py ('' or 'none': plain decoding); --speculation_table a
-JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of active slots, measured by the
-tuner) in place of the fixed --gamma / --tree (which are then ignored, said on stderr). --api_key (or the
+GET /metrics is Prometheus text. --draft as in generate.py ('' or 'none': plain decoding). With a draft, each step
+chooses every request's draft length by default (--speculation=budget, the verification budget: up to --gamma, from
+per-request acceptance estimates and step costs timed during the warm-up, which are printed when it ends and
+exported as jaxspec_step_cost_seconds); --speculation=fixed drafts --gamma (or the --tree) at every step;
+--speculation_table a JSON file of `jaxspec.serving.SpeculationTable` (the draft length per number of active slots,
+measured by the tuner) overrides both (--gamma / --tree are then ignored, said on stderr). --api_key (or the
 JAXSPEC_API_KEY environment variable) makes every /v1 route want `Authorization: Bearer KEY`; binding beyond
 loopback without one is warned about. The start-up line names the real port (--port=0 picks a free one). A failed
 warm-up ends the server (status 1, the reason on one line); Ctrl-C ends it with status 130, at once during the
@@ -39,10 +42,22 @@ _QUEUE = flags.DEFINE_integer("queue", 64, "Requests that may wait for a slot; o
                               lower_bound=0)
 _TABLE = flags.DEFINE_string("speculation_table", "", "A SpeculationTable JSON file: the draft length (or tree, "
                              "or plain) per number of active slots; '' uses --gamma / --tree at every load.")
+_SPECULATION = flags.DEFINE_enum(
+    "speculation", "budget", ["budget", "fixed"], "With a draft and no --speculation_table: 'budget' chooses each "
+    "step's draft length (one of the compiled --budget_tiers, 0 = plain) and each request's limit within it from "
+    "its acceptance so far and the step costs timed in warm-up (docs/serving.md); 'fixed' drafts --gamma (or "
+    "--tree) at every step.")
+_BUDGET_TIERS = flags.DEFINE_list("budget_tiers", [], "The draft lengths the budget compiles (0 and --gamma always "
+                                  "among them; each one more step program per row bucket and mode); [] = 0,1,2,4 "
+                                  "and --gamma, those <= --gamma. A --tree budget has two: plain and the tree.")
+_BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a request's j-th token only while its "
+                                   "estimated probability of being accepted (the survival) is at least this.",
+                                   lower_bound=0.0, upper_bound=1.0)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots, and --slots. A seeded "
-                          "request's tokens are the same alone and under load within one bucket and sampling mode: "
-                          "--row_buckets=SLOTS with one sampled --modes makes that any load (docs/serving.md).")
+                          "request's tokens are the same alone and under load within one bucket and sampling mode "
+                          "with --speculation=fixed: --row_buckets=SLOTS with one sampled --modes makes that any "
+                          "load (docs/serving.md).")
 _MODES = flags.DEFINE_multi_enum("modes", ["greedy", "sampled", "filtered"], ["greedy", "sampled", "filtered"],
                                  "Sampling modes compiled (a request no compiled mode decodes is answered 400).")
 _NAME = flags.DEFINE_string("served_model_name", "", "The model id clients send ('' = --target, a local "
@@ -77,6 +92,25 @@ def _row_buckets() -> list[int] | None:
     raise SettingsError(f"--row_buckets takes integers, got {','.join(_ROWS.value)}.") from None
 
 
+def _budget(draft, table):
+  """The engine's `budget` argument: a Budget with --speculation=budget, a draft and no table on one process, else
+  False (said on stderr when several processes make it the fixed --gamma)."""
+  from jaxspec.errors import SettingsError  # pylint: disable=import-outside-toplevel
+  from jaxspec.serving import Budget  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  if draft is None or table is not None or _SPECULATION.value == "fixed":
+    return False
+  if jax.process_count() > 1:
+    print("note: the verification budget runs on one process: the fixed --gamma / --tree is served "
+          "(--speculation=fixed).", file=sys.stderr, flush=True)
+    return False
+  try:
+    tiers = tuple(int(v) for v in _BUDGET_TIERS.value) or None
+  except ValueError:
+    raise SettingsError(f"--budget_tiers takes integers, got {','.join(_BUDGET_TIERS.value)}.") from None
+  return Budget(tiers=tiers, theta=_BUDGET_THETA.value)
+
+
 def main(argv):
   try:
     sys.exit(_serve(argv))
@@ -109,10 +143,12 @@ def _serve(argv) -> int:
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, table=table, mesh=mesh,
-                      row_buckets=_row_buckets(), modes=_MODES.value)
+                      row_buckets=_row_buckets(), modes=_MODES.value, budget=_budget(draft, table))
   drafting = "plain" if draft is None else f"draft {spec}"
   if table is not None:
     drafting += f", table {_TABLE.value}"
+  elif engine.budget is not None:
+    drafting += f", verification budget over draft lengths {[e.gamma for e in engine.table.entries]}"
   return server.serve(engine, model_name=_NAME.value or server.model_id(FLAGS.target), drafting=drafting,
                       host=_HOST.value, port=_PORT.value, log_level=_LOG.value, max_tokens=_MAX_TOKENS.value or None,
                       queue_size=_QUEUE.value, api_key=api_key or None)

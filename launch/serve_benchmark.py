@@ -6,7 +6,14 @@ P99), output tokens per second and acceptance, at fixed concurrency levels and P
     python launch/serve_benchmark.py --url=http://127.0.0.1:8000 --baseline_url=http://127.0.0.1:8001 \
         --labels=speculative,plain --concurrency=1,4,16,64 --rate=2,8 --output=docs/bench/serving_ende
 
-Writes OUTPUT.md (the table), OUTPUT.json (every figure) and OUTPUT.png (tokens/s and ITL against concurrency);
+    # the peers' grid (issue 39): three arms in one run, their order alternating per round, each against plain:
+    python launch/serve_benchmark.py --servers=budget=http://127.0.0.1:8100,fixed=http://127.0.0.1:8101,\
+plain=http://127.0.0.1:8102 --concurrency=1,4,8,16,32,64 --rounds=2 --output=docs/bench/serving/grid_ende
+    # (docs/bench/serving/grid.sh starts the three servers and runs it)
+
+Writes OUTPUT.md (the table: output tokens/s, the speedup against the last server, tau, TTFT mean / P50 / P99,
+TPOT, chunk ITL P50 / P99, e2e, acceptance), OUTPUT.json (every figure) and OUTPUT.png (tokens/s, its ratio to the
+last server's and TPOT against concurrency);
 without --output prints the table. `jaxspec.bench.serving` has the definitions. --output's directory and --labels
 are checked before anything is sent.
 
@@ -31,6 +38,9 @@ from jaxspec.errors import OutputError, SettingsError
 _URL = flags.DEFINE_string("url", "http://127.0.0.1:8000", "The server to measure.")
 _BASELINE = flags.DEFINE_string("baseline_url", "", "A second server measured the same way (e.g. --draft=none); "
                                 "the table then gives the speedup of --url against it.")
+_SERVERS = flags.DEFINE_list("servers", [], "LABEL=URL,... : any number of servers measured side by side (in place "
+                              "of --url / --baseline_url / --labels); the last is the baseline of the speedups "
+                              "(list plain last).")
 _LABELS = flags.DEFINE_list("labels", ["speculative", "plain"], "Names of --url and --baseline_url in the table.")
 _WORKLOAD = flags.DEFINE_string("workload", "docs/bench/serving_ende.jsonl", "JSONL: {\"prompt\": ...} or "
                                 "{\"messages\": [...]} a line, optionally \"max_tokens\"; requests cycle through it.")
@@ -58,7 +68,19 @@ _PID = flags.DEFINE_integer("server_pid", 0, "The server's process for the soak'
 
 
 def _servers() -> dict[str, str]:
-  """{label: url}; SettingsError for a label given twice."""
+  """{label: url}; SettingsError for a label given twice or a --servers entry that is not LABEL=URL."""
+  if _SERVERS.value:
+    servers = {}
+    for entry in _SERVERS.value:
+      label, _, url = entry.partition("=")
+      if not label or not url:
+        raise SettingsError(f"--servers takes LABEL=URL entries, got {entry!r}.")
+      if label in servers:
+        raise SettingsError(f"--servers: {label!r} names two servers; give each its own label.")
+      servers[label] = url
+    if _BASELINE.value:
+      raise SettingsError("--servers names every server: leave out --baseline_url.")
+    return servers
   labels = _LABELS.value
   servers = {labels[0] if labels else "server": _URL.value}
   if _BASELINE.value:

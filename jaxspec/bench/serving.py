@@ -5,17 +5,23 @@ clients see.
     rows = run_levels("http://127.0.0.1:8000", items, concurrencies=(1, 4, 16, 64), rates=(2.0,))
     print(markdown(rows)); plot(rows, "serving.png")
     both = compare({"speculative": URL_A, "plain": URL_B}, items, concurrencies=(1, 16), rounds=2)  # A B, B A
+    grid = compare({"budget": URL_A, "fixed": URL_B, "plain": URL_C}, items, rounds=2)  # A B C, C B A; vs plain
 
 Each level sends `requests` streaming requests (stream=true, include_usage), either from `concurrency` workers that
 each send their next request as soon as the last one ends (a closed loop), or at a Poisson rate (exponential
 gaps, an open loop, `rate` requests a second). Every request and every level is bounded by a timeout. Per request:
 TTFT (send -> first non-empty text chunk), end-to-end latency (send -> [DONE]), completion tokens (the usage
 chunk) and inter-token latency = (e2e - TTFT) / (tokens - 1), the time per output token after the first (vLLM's
-TPOT). A level reports P50 / P90 / P99 of each over its requests, output tokens per second (all completion tokens
-over the level's wall time) and acceptance (draft tokens accepted / proposed, the difference of the server's
-/metrics counters over the level; '-' for a plain server). Failed requests are counted and reported, never
-dropped silently. Two servers are compared level by level, each level on one then the other, and with
-`rounds` > 1 again in the reverse order (A B, B A): on a machine whose speed drifts (a shared CPU: the same plain
+TPOT: the row's "itl" percentiles, and "tpot" with its mean), and the gaps between successive text chunks after the
+first ("chunk_itl": vLLM's ITL; a chunk holds a step's tokens). A level reports P50 / P90 / P99 of each over its
+requests (TTFT and TPOT also their means), output tokens per second (all completion tokens over the level's wall
+time), acceptance (draft tokens accepted / proposed, the difference of the server's /metrics counters over the
+level; '-' for a plain server) and tau (tokens per verify call: (accepted + verifications) / verifications, from
+the counters too; '-' for a server that does not export verifications), and each server's "ratio": its output
+tokens/s over the last server's at the same level (the baseline: plain decoding). Failed requests are counted and
+reported, never dropped silently. Servers (two, or more: plain, a fixed gamma and the budget) are compared level
+by level, each level on one then the next, and with `rounds` > 1 again in the reverse order (A B, B A; A B C,
+C B A): on a machine whose speed drifts (a shared CPU: the same plain
 server measured 9.6 and 7.4 tok/s in two runs an hour apart, docs/serving.md), one order alone can make equal
 servers look 15 % apart.
 """
@@ -76,6 +82,12 @@ class Result:
   e2e: float
   tokens: int
   error: str | None = None
+  chunks: tuple[float, ...] = ()  # seconds from the send to each non-empty text chunk
+
+  @property
+  def gaps(self) -> list[float]:
+    """The gaps between successive text chunks (vLLM's ITL), after the first."""
+    return [b - a for a, b in zip(self.chunks, self.chunks[1:])]
 
   @property
   def itl(self) -> float | None:
@@ -90,7 +102,7 @@ async def _one(client, url: str, model: str, item: Item, *, max_tokens: int, tem
   body = {"model": model, "stream": True, "stream_options": {"include_usage": True}, "temperature": temperature,
           "seed": seed, "max_tokens": item.max_tokens or max_tokens}
   body.update({"messages": list(item.messages)} if chat else {"prompt": item.prompt})
-  start, ttft, tokens = time.perf_counter(), None, 0
+  start, ttft, tokens, chunks = time.perf_counter(), None, 0, []
   try:
     async with asyncio.timeout(timeout):
       async with client.stream("POST", f"{url}/v1/{'chat/completions' if chat else 'completions'}",
@@ -109,15 +121,17 @@ async def _one(client, url: str, model: str, item: Item, *, max_tokens: int, tem
             return Result(False, ttft, time.perf_counter() - start, tokens, chunk["error"].get("message"))
           for choice in chunk.get("choices") or ():
             text = choice.get("delta", {}).get("content") if chat else choice.get("text")
+            if text:
+              chunks.append(time.perf_counter() - start)
             if text and ttft is None:
-              ttft = time.perf_counter() - start
+              ttft = chunks[-1]
           if chunk.get("usage"):
             tokens = chunk["usage"]["completion_tokens"]
   except TimeoutError:
     return Result(False, ttft, time.perf_counter() - start, tokens, f"timed out after {timeout:g} s")
   except Exception as e:  # pylint: disable=broad-except  (a connection error is one failed request, reported)
     return Result(False, ttft, time.perf_counter() - start, tokens, f"{type(e).__name__}: {e}")
-  return Result(True, ttft, time.perf_counter() - start, tokens)
+  return Result(True, ttft, time.perf_counter() - start, tokens, chunks=tuple(chunks))
 
 
 def scrape(url: str) -> dict[str, float]:
@@ -183,15 +197,22 @@ def _pct(values: list[float]) -> dict[str, float | None]:
   return {f"p{p}": (float(np.percentile(values, p)) if values else None) for p in PERCENTILES}
 
 
+def _mean(values: list[float]) -> float | None:
+  return float(np.mean(values)) if values else None
+
+
 def summarize(results: list[Result], wall: float) -> dict:
-  """The level's figures: requests, failed, output tokens/s, and TTFT / ITL / e2e percentiles in seconds."""
+  """The level's figures: requests, failed, output tokens/s, and TTFT / ITL (TPOT) / chunk ITL / e2e percentiles in
+  seconds (TTFT and TPOT with their means)."""
   ok = [r for r in results if r.ok]
+  ttfts, tpots = [r.ttft for r in ok if r.ttft is not None], [r.itl for r in ok if r.itl is not None]
   return {"requests": len(results), "failed": len(results) - len(ok),
           "errors": sorted({r.error for r in results if r.error})[:3],
           "output_tokens": int(sum(r.tokens for r in ok)), "wall_s": wall,
           "output_tokens_per_s": sum(r.tokens for r in ok) / wall if wall > 0 else 0.0,
-          "ttft": _pct([r.ttft for r in ok if r.ttft is not None]),
-          "itl": _pct([r.itl for r in ok if r.itl is not None]),
+          "ttft": {"mean": _mean(ttfts), **_pct(ttfts)},
+          "itl": _pct(tpots), "tpot": {"mean": _mean(tpots), **_pct(tpots)},
+          "chunk_itl": _pct([g for r in ok for g in r.gaps]),
           "e2e": _pct([r.e2e for r in ok])}
 
 
@@ -205,9 +226,10 @@ def _measure(url: str, model: str, items: Sequence[Item], kind: str, value: floa
       rate=value if kind == "rate" else None, requests=n, max_tokens=max_tokens, temperature=temperature,
       seed=seed, timeout=timeout, rng=rng))
   after = scrape(url)
-  counted = {k: after.get(f"jaxspec_{k}_tokens_total", 0) - before.get(f"jaxspec_{k}_tokens_total", 0)
-             for k in ("draft", "accepted")}
-  return {"results": results, "wall": wall, "drafted": counted["draft"], "accepted": counted["accepted"]}
+  counted = {k: after.get(f"jaxspec_{k}_total", 0) - before.get(f"jaxspec_{k}_total", 0)
+             for k in ("draft_tokens", "accepted_tokens", "verifications")}
+  return {"results": results, "wall": wall, "drafted": counted["draft_tokens"], "accepted": counted["accepted_tokens"],
+          "verifications": counted["verifications"]}
 
 
 def run_levels(url: str, items: Sequence[Item], *, label: str = "", **kwargs) -> list[dict]:
@@ -250,11 +272,18 @@ def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Se
     for index, (kind, value) in enumerate(levels):
       got = parts[(label, index)]
       drafted, accepted = sum(p["drafted"] for p in got), sum(p["accepted"] for p in got)
+      verifications = sum(p["verifications"] for p in got)
       rows.append({"server": label, "url": urls[label], "model": models[label], "mode": kind, "level": value,
                    "temperature": temperature, "rounds": rounds,
                    **summarize([x for p in got for x in p["results"]], sum(p["wall"] for p in got)),
                    "round_tokens_per_s": [sum(x.tokens for x in p["results"] if x.ok) / p["wall"] for p in got],
-                   "drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted if drafted else None})
+                   "drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted if drafted else None,
+                   "verifications": verifications,
+                   "tau": (accepted + verifications) / verifications if verifications else None})
+  base = {(r["mode"], r["level"]): r["output_tokens_per_s"] for r in rows if r["server"] == list(urls)[-1]}
+  for r in rows:
+    b = base.get((r["mode"], r["level"]))
+    r["ratio"] = r["output_tokens_per_s"] / b if b else None
   return rows
 
 
@@ -264,11 +293,13 @@ def _ms(d: dict, p: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
   """The table: a row per server and level; with several servers, 'speedup' is output tokens/s against the last
-  server's at the same level."""
+  server's at the same level. tau: tokens per verify call; TPOT: per request (e2e - TTFT) / (tokens - 1), its mean
+  and P50 / P90 / P99 (the ITL column of earlier tables); chunk ITL: the gaps between streamed chunks."""
   servers = list(dict.fromkeys(r["server"] for r in rows))
   base = {(r["mode"], r["level"]): r for r in rows if r["server"] == servers[-1]}
   head = ("| server | load | requests (failed) | output tok/s | " + ("speedup | " if len(servers) > 1 else "") +
-          "TTFT ms P50 / P90 / P99 | ITL ms P50 / P90 / P99 | e2e ms P50 / P90 / P99 | acceptance |")
+          "tau | TTFT ms mean / P50 / P99 | TPOT ms mean / P50 / P90 / P99 | chunk ITL ms P50 / P99 | "
+          "e2e ms P50 / P90 / P99 | acceptance |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   order = sorted(rows, key=lambda r: (r["mode"] != "concurrency", r["level"], servers.index(r["server"])))
   for r in order:
@@ -276,27 +307,37 @@ def markdown(rows: list[dict]) -> str:
     b = base.get((r["mode"], r["level"]))
     speed = (f"{r['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}x | " if b and b["output_tokens_per_s"]
              else "- | ") if len(servers) > 1 else ""
-    lat = [" / ".join(_ms(r[k], f"p{p}") for p in PERCENTILES) for k in ("ttft", "itl", "e2e")]
+    ttft = " / ".join(_ms(r["ttft"], k) for k in ("mean", "p50", "p99"))
+    tpot = " / ".join(_ms(r.get("tpot", r["itl"]), k) for k in ("mean", "p50", "p90", "p99"))
+    chunks = " / ".join(_ms(r.get("chunk_itl", {}), k) for k in ("p50", "p99"))
+    e2e = " / ".join(_ms(r["e2e"], f"p{p}") for p in PERCENTILES)
     acc = "-" if r["acceptance"] is None else f"{r['acceptance']:.2f}"
+    tau = "-" if r.get("tau") is None else f"{r['tau']:.2f}"
     lines.append(f"| {r['server']} | {load} | {r['requests']} ({r['failed']}) | {r['output_tokens_per_s']:.1f} | "
-                 f"{speed}{lat[0]} | {lat[1]} | {lat[2]} | {acc} |")
+                 f"{speed}{tau} | {ttft} | {tpot} | {chunks} | {e2e} | {acc} |")
   return "\n".join(lines)
 
 
 def plot(rows: list[dict], path: str) -> None:
-  """Output tokens/s and P50 inter-token latency against concurrency, a line per server (PNG)."""
+  """Output tokens/s, its ratio to the last server's (the baseline) and P50 time per output token against
+  concurrency, a line per server (PNG)."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  fig, (a, c, b) = plt.subplots(1, 3, figsize=(15, 4))
   for server in dict.fromkeys(r["server"] for r in rows):
     mine = sorted((r for r in rows if r["server"] == server and r["mode"] == "concurrency"),
                   key=lambda r: r["level"])
     x = [r["level"] for r in mine]
     a.plot(x, [r["output_tokens_per_s"] for r in mine], marker="o", label=server)
+    c.plot(x, [np.nan if r.get("ratio") is None else r["ratio"] for r in mine], marker="o", label=server)
     b.plot(x, [1000 * (r["itl"]["p50"] or np.nan) for r in mine], marker="o", label=server)
-  for ax, title in ((a, "output tokens/s"), (b, "inter-token latency P50 (ms)")):
+  c.axhline(1.0, color="grey", linewidth=0.8)
+  levels = [r["level"] for r in rows if r["mode"] == "concurrency"] or [1]
+  for ax, title in ((a, "output tokens/s"), (c, "output tokens/s over the last server's"),
+                    (b, "time per output token P50 (ms)")):
     ax.set_xscale("log", base=2)
+    ax.set_xlim(min(levels) / 1.25, max(levels) * 1.25)  # also when a panel has no finite point (every request failed)
     ax.set_xlabel("concurrent requests")
     ax.set_title(title)
     ax.legend()

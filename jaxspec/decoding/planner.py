@@ -48,12 +48,16 @@ def draft_source(target: Model, speculation: Speculation | None) -> DraftSource:
 
 
 def plan(target: Model, drafter: Drafter, mode: str, *, max_new_tokens: int, gamma: int, tree: Tree | None,
-         plain: bool = False, rests: bool = False, schedule: str = "constant", stream: bool = False) -> Plan:
+         plain: bool = False, rests: bool = False, schedule: str = "constant", stream: bool = False,
+         fixed_width: bool = False) -> Plan:
   """The loop's static settings and iteration kind for `target` with `drafter` in sampling `mode` (`Sampling.mode`).
 
   gamma, tree: the draft length and tree shape (a speculation's, or a load table entry's); plain: no drafting (a
   plain table entry; gamma and tree are then ignored), resting `drafter` when `rests`; schedule, stream:
-  `generate`'s (the slot engine runs "constant", unstreamed)."""
+  `generate`'s (the slot engine runs "constant", unstreamed); fixed_width: a chain verifies gamma + 1 positions every
+  iteration even with per-row limits (the slot engine's verification budget: some row drafts in the tier it chose,
+  and a row drafting fewer is verified at that width exactly, without the variable path's per-iteration
+  `lax.cond` on the width, which copies every cache leaf)."""
   if mode not in MODES:
     raise SettingsError(f"mode must be one of {MODES}, got {mode!r}.")
   if tree is not None and tree.top_k == 1:  # a tree of one child per node is the chain: the chain loop runs it
@@ -67,4 +71,5 @@ def plan(target: Model, drafter: Drafter, mode: str, *, max_new_tokens: int, gam
       pad_id=cfg.pad_token_id, schedule=schedule, streaming=stream, tree=tree)
   if plain:
     return Plan(settings, loop.IterationKind(rests=rests, width=1))
-  return Plan(settings, loop.IterationKind(rests=False, width=None if settings.variable else settings.gamma + 1))
+  fixed = not settings.variable or (fixed_width and tree is None)
+  return Plan(settings, loop.IterationKind(rests=False, width=settings.gamma + 1 if fixed else None))

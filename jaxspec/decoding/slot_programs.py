@@ -37,12 +37,13 @@ def compiled_count() -> int:
 
 
 def allocate(alloc: loop.LoopSettings, target_params, draft_params, slots: int, top: int,
-             where: placement.Placement | None) -> tuple[Layout, SlotState]:
+             where: placement.Placement | None, positions: int = 1) -> tuple[Layout, SlotState]:
   """The layout (per leaf: its declared batch axis, one row's padded shape, its sharding on the mesh) and the
   zero state of every slot (idle), allocated where it lives: rows over `data`, heads over `model` by each
   model's cache rules (the target's; a draft model's, else replicated over `model`), as `generate` places its
   batch. alloc: the settings of the largest slack (its drafter's init is every program's); top: the largest
-  prompt bucket; where: `placement.plan` for `slots` rows (None: one device)."""
+  prompt bucket; where: `placement.plan` for `slots` rows (None: one device); positions: G, the draft positions of
+  the verification budget's acceptance estimates ([slots, G] each)."""
   one = jax.eval_shape(functools.partial(loop.prefill, alloc), target_params, draft_params,
                        jax.ShapeDtypeStruct((1, top), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))[:2]
   declared = (alloc.target.cache_axes(), alloc.drafter.state_axes())
@@ -64,10 +65,11 @@ def allocate(alloc: loop.LoopSettings, target_params, draft_params, slots: int, 
     cache, draft = jax.tree_util.tree_unflatten(cache_tree, full)
     rows = {f.name: ((n,), ("batch",)) for f in dataclasses.fields(SlotState)
             if f.name not in ("target_cache", "draft_state")} | {"sequences": ((n, seq_len), ("batch", "sequence"))}
+    rows |= {name: ((n, positions), ("batch", "draft_position")) for name in ("est_sum", "est_count")}
     target_rows, _ = tree_shardings(({k: a for k, (_, a) in rows.items()}, declared[0]),
                                     ({k: s for k, (s, _) in rows.items()}, cache), where.mesh, where.target_rules)
     draft_shardings, _ = tree_shardings(declared[1], draft, where.mesh, where.draft_rules)
     out_shardings = SlotState(**target_rows[0], target_cache=target_rows[1], draft_state=draft_shardings)
     layout = dataclasses.replace(layout, shardings=tuple(jax.tree_util.tree_leaves(out_shardings)))
-  zeros = jax.jit(functools.partial(zero_state, n, seq_len, pad, cache_tree, full), out_shardings=out_shardings)
+  zeros = jax.jit(functools.partial(zero_state, n, seq_len, pad, positions, cache_tree, full), out_shardings=out_shardings)
   return layout, zeros()

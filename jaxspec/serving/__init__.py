@@ -8,8 +8,9 @@
     out = engine.step()   # out.tokens[slot]: this step's new tokens; out.finished / out.reasons
 """
 
+from jaxspec.serving.budget import Budget
 from jaxspec.serving.engine import InsertOutput, SlotEngine, StepOutput
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 
-__all__ = ["InsertOutput", "RequestSettings", "SlotEngine", "SpeculationTable", "StepOutput", "TableEntry"]
+__all__ = ["Budget", "InsertOutput", "RequestSettings", "SlotEngine", "SpeculationTable", "StepOutput", "TableEntry"]

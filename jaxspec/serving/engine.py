@@ -48,7 +48,11 @@ host; `free(slot)` stops a slot from the host (its flag goes in with the next st
 
 Step programs. Per step the engine picks one compiled program from the host's view of the active slots, never per
 request: the `SpeculationTable` entry for their number (a chain of some gamma, a tree, or plain decoding; one
-entry when no table is given) and the sampling mode of the active rows: "greedy" (every active row at temperature
+entry when no table is given and the budget is off), or under the verification budget (budget.py, the default
+with a speculation and no table) the tier its choice picks from the rows' acceptance estimates (SlotState.est_sum /
+est_count, updated in every iteration and copied back with the step's tokens) and warmup's step-cost curves, with
+per-row draft limits passed to the device (`LoopState.limit`); and the sampling mode of the active rows: "greedy"
+(every active row at temperature
 0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
 the sort): each request's `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes
 temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a temperature-0 row gets the one-hot
@@ -62,11 +66,12 @@ are frozen), its random draws come from its own key folded with its own iteratio
 budget is its own (LoopState.budget). So a request's tokens depend on its prompt, settings and seed and on the
 step programs that decode it, never on its slot or its neighbours' tokens: at temperature 0 they are
 `generate`'s greedy tokens for its prompt alone, and a seeded sampled request draws the same tokens alone or under
-load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry). Another
+load whenever its steps run the same programs: the same row bucket and sampling mode (and table entry, or the
+verification budget's tier and limits, which follow every active row's estimates: budget=False fixes them). Another
 row bucket computes the batch in other shapes (another mode: other fused code), which can round differently; a
 sampled draw or acceptance test that falls within that rounding of its threshold then flips, and the rest of the
-answer differs (still an exact draw from the target's distribution). One row bucket (`row_buckets=(slots,)`)
-and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
+answer differs (still an exact draw from the target's distribution). With a fixed gamma, one row bucket
+(`row_buckets=(slots,)`) and one sampled mode compiled make a seeded request the same under any load (at the cost of decoding every slot
 each step); a greedy token (an argmax) moves with rounding only at a near tie. The same holds against
 `generate(..., seed=[seed])` alone: the same tokens up to the rounding of its batch shapes.
 Its first token is drawn at insert as plain decoding draws it (`generate(..., seed=[seed])` without
@@ -99,6 +104,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import time
 from typing import Sequence
 
 import jax
@@ -109,11 +115,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_programs
 from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram
 from jaxspec.decoding.device import loop
+from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT
 from jaxspec.decoding.drafters import registry
 from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
+from jaxspec.serving.budget import Budget, CostCurves, choose
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -139,10 +147,34 @@ class StepOutput:
   reasons: list[str | None]  # per slot: "stop" (EOS), "length" (max_tokens), "error" (non-finite logits), None.
   drafted: np.ndarray  # [S] int: draft tokens proposed this step.
   accepted: np.ndarray  # [S] int: draft tokens accepted this step.
+  iterations: np.ndarray | None = None  # [S] int: the slot's loop iterations (verify calls) this step.
   entry: TableEntry | None = None  # the table entry the step ran (None: no step ran: nothing active).
   mode: str | None = None  # the sampling mode the step ran ("greedy", "sampled", "filtered").
   rows: int | None = None  # the rows the step decoded (its row bucket: the active slots and idle padding).
+  # The verification budget's choice (None without a budget): the tier's draft length is entry.gamma (0: plain);
+  # limits [S] int: each slot's most draft tokens per iteration in this step (0 for idle slots).
+  limits: np.ndarray | None = None
 
+
+
+def _budget(budget, speculation, table) -> Budget | None:
+  """The engine's verification budget from its `budget` argument (SlotEngine's docstring), or None: off."""
+  if budget is None:
+    return Budget() if speculation is not None and table is None and jax.process_count() == 1 else None
+  if budget is False:
+    return None
+  if budget is True:
+    budget = Budget()
+  if not isinstance(budget, Budget):
+    raise SettingsError(f"budget must be a jaxspec.serving.Budget, True, False or None, got {type(budget).__name__}.")
+  if speculation is None:
+    raise SettingsError("budget: the verification budget chooses draft lengths: it needs a speculation (--draft).")
+  if table is not None:
+    raise SettingsError("budget and table (--speculation_table) both choose the draft length: pass one of them.")
+  if jax.process_count() > 1:
+    raise SettingsError("the verification budget runs on one process (its cost curves are this process's "
+                        "timings): pass budget=False (--speculation=fixed) or a table over several processes.")
+  return budget
 
 
 def _row_buckets(row_buckets, slots: int, data: int = 1) -> tuple[int, ...]:
@@ -204,6 +236,10 @@ class SlotEngine:
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
+    budget: the verification budget (jaxspec/serving/budget.py): each step picks a compiled draft length (a
+      tier, 0 = plain) and per-row limits from the rows' acceptance estimates and warmup's step-cost curves. None:
+      on (`Budget()`) when `speculation` is given without `table` on one process, else off; False: off (the
+      speculation's fixed gamma / tree at every step); True or a `Budget`: on (needs `speculation`, no `table`).
 
   Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
   the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
@@ -213,7 +249,8 @@ class SlotEngine:
 
   def __init__(self, target: Model, speculation: Speculation | None = None, *, slots: int, max_input_length: int,
                max_new_tokens: int, iterations_per_step: int = 4, table: SpeculationTable | None = None,
-               mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES):
+               mesh=None, row_buckets: Sequence[int] | None = None, modes: Sequence[str] = MODES,
+               budget: Budget | bool | None = None):
     planner.check_models(target, speculation)
     if speculation is not None and speculation.schedule != "constant":
       raise SettingsError(f"the slot engine runs schedule 'constant' (speculation by load comes from "
@@ -251,6 +288,18 @@ class SlotEngine:
     cfg = target.config
     self.eos_ids = tuple(cfg.eos_token_ids)
     self.pad_id = cfg.pad_token_id
+    # -- verification budget hook: its tiers are the table's entries (every one reachable at every load) --
+    self.budget = _budget(budget, speculation, table)
+    self.costs = CostCurves()
+    if self.budget is not None:
+      if speculation.tree is not None:
+        tiers = (TableEntry(max_active=1, gamma=0), TableEntry(max_active=2, gamma=speculation.gamma,
+                                                                tree=speculation.tree))
+      else:
+        tiers = tuple(TableEntry(max_active=i + 1, gamma=k)
+                      for i, k in enumerate(self.budget.tiers_for(speculation.gamma)))
+      table = SpeculationTable(tiers)
+    # -- end of the budget hook --
     if table is None:
       if speculation is None:
         table = SpeculationTable((TableEntry(max_active=self.slots, gamma=0),))
@@ -269,8 +318,10 @@ class SlotEngine:
     alloc, planned = None, []
     for i, entry in enumerate(table.entries):
       for mode in self.modes:  # a plain entry rests the drafter (`Drafter.idle`), keeping its state in sync
+        # A budget's chain tier verifies gamma + 1 positions every iteration (planner.plan's fixed_width).
         step = planner.plan(target, drafter, mode, max_new_tokens=self.max_new_tokens, gamma=entry.gamma,
-                            tree=entry.tree, plain=entry.plain, rests=speculation is not None)
+                            tree=entry.tree, plain=entry.plain, rests=speculation is not None,
+                            fixed_width=self.budget is not None)
         planned.append(((i, mode), step.settings, step.kind))
         if alloc is None or step.settings.slack > alloc.slack:
           alloc = step.settings
@@ -287,12 +338,15 @@ class SlotEngine:
       self._first[m] = InsertProgram(first, step.settings, step.kind)
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
     self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
+    self._positions = max(table.max_gamma, 1)  # G of the acceptance estimates
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
     self._groups, per_group = data, self.slots // data
     for n in range(1, self.slots + 1):  # n active slots: max(ceil(n / D), ...) of them in the fullest group
       for fullest in range(-(-n // data), min(n, per_group) + 1):
         reachable.setdefault(table.index(n), set()).add(self._bucket(data * fullest))
+    if self.budget is not None:  # the budget may pick any tier at any load
+      reachable = {i: set().union(*reachable.values()) for i in range(len(table.entries))}
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
@@ -302,6 +356,9 @@ class SlotEngine:
     self._requests: list[RequestSettings | None] = [None] * self.slots
     self._prompts: list[np.ndarray | None] = [None] * self.slots  # padded ids [1, bucket], length [1]
     self._quiet = np.zeros((self.slots,), bool)  # inserted without the draft's prefill, not yet woken
+    # The host's copy of the acceptance estimates (est_sum, est_count), from each step's packed output.
+    self._estimates = np.zeros((2, self.slots, self._positions), np.float32)
+    self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
 
   # -- construction ------------------------------------------------------------------------------------------
 
@@ -322,7 +379,8 @@ class SlotEngine:
   def _allocate(self) -> tuple[slot_programs.Layout, slot_programs.SlotState]:
     """The layout and the zero state of every slot, allocated where the slots live (slot_programs.allocate)."""
     return slot_programs.allocate(self._alloc, self.target_params, self.draft_params, self.slots,
-                                  _buckets(self.max_input_length)[-1], self._placement(self.slots))
+                                  _buckets(self.max_input_length)[-1], self._placement(self.slots),
+                                  positions=self._positions)
 
   def _global(self, *args):
     """Host arguments of a device program as they are on one process; with several processes (a mesh over every
@@ -407,6 +465,7 @@ class SlotEngine:
     self._requests[slot] = None if done else settings
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
+    self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     return InsertOutput(tokens=tokens, reason=reason)
 
   def _insert_mode(self, needed: str) -> str:
@@ -430,11 +489,29 @@ class SlotEngine:
     """The least general compiled mode that decodes a request needing `needed` exactly (None: none does)."""
     return next((m for m in self.modes if MODES.index(m) >= MODES.index(needed)), None)
 
-  def _pick(self) -> tuple[int, str, int]:
+  def _pick(self) -> tuple[tuple[int, str, int], np.ndarray | None]:
+    """The step's program key and, under the verification budget, its per-slot draft limits [S] int32."""
     active = [r for r in self._requests if r is not None]
     needed = max((r.sampling.mode for r in active), key=MODES.index)
     fullest = int(self._active.reshape(self._groups, -1).sum(axis=1).max())
-    return self.table.index(len(active)), self._mode_for(needed), self._bucket(self._groups * fullest)
+    mode, rows = self._mode_for(needed), self._bucket(self._groups * fullest)
+    if self.budget is None:
+      return (self.table.index(len(active)), mode, rows), None
+    # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
+    slots = np.flatnonzero(self._active)
+    entries = self.table.entries
+    choice = choose(self.estimates()[slots], [e.gamma for e in entries], [self.costs.get(rows, e.gamma)
+                                                                          for e in entries],
+                    self.budget.theta, tree=[e.tree is not None for e in entries])
+    limits = np.zeros((self.slots,), np.int32)
+    limits[slots] = choice.limits
+    return (choice.tier, mode, rows), limits
+
+  def estimates(self) -> np.ndarray:
+    """[S, G] the host's copy of every slot's acceptance estimate per draft position (a(b, j); as the last step
+    that decoded the slot left it, the prior after its insert): what the verification budget chooses from."""
+    beta_sum, count = self._estimates
+    return np.clip(beta_sum / np.maximum(count, 1e-6), 0.0, 1.0)
 
   @property
   def programs(self) -> tuple[tuple[int, str, int], ...]:
@@ -467,15 +544,21 @@ class SlotEngine:
       zeros = np.zeros((n,), np.int64)
       return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
                         drafted=zeros, accepted=zeros.copy())
-    key = self._pick() if program is None else program
+    key, limits = self._pick() if program is None else (program, None)
+    if self.budget is not None and limits is None:  # a forced program: every row drafts its tier's length
+      limits = np.full((self.slots,), self.table.entries[key[0]].gamma, np.int32)
     if not self.table.entries[key[0]].plain:
       self._wake(np.flatnonzero(self._active & self._quiet))
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(stop, index))
+    args = (stop, index) if limits is None else (stop, index, limits[index])
+    self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
+    g = self._positions  # the rows' acceptance estimates, after the step's tokens and counts
+    estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
+    self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
     w = prog.width
@@ -492,7 +575,8 @@ class SlotEngine:
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])
     return StepOutput(tokens=out_tokens, finished=finished, reasons=reasons, drafted=packed[:, w + 3],
-                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2])
+                      accepted=packed[:, w + 4], entry=self.table.entries[key[0]], mode=key[1], rows=key[2],
+                      limits=limits, iterations=packed[:, w + 5])
 
   def _wake(self, slots) -> None:
     """Prefills the draft of each slot in `slots` (active, inserted without it): the load fell to where the table
@@ -518,6 +602,42 @@ class SlotEngine:
     for key in self._programs:
       self.step(program=key)
       self._stop[:] = False
+    if self.budget is not None:
+      self._measure_costs()
+
+  def _measure_costs(self) -> None:
+    """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
+    inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
+    when they have too few tokens left for the next tier), then per tier k one untimed step of its program (the
+    draft's wake on the first drafting one) and Budget.repeats timed ones; the median. Rows that run out of tokens
+    end a measurement early (an engine of a few max_new_tokens)."""
+    mode, repeats = self.modes[0], self.budget.repeats
+    settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
+    for rows in self.row_buckets:
+      slots, left = [], 0
+      for i, entry in enumerate(self.table.entries):
+        key = (i, mode, rows)
+        if key not in self._programs:
+          continue
+        if not slots or left < (repeats + 1) * self.iterations_per_step * (entry.gamma + 1):
+          for slot in slots:
+            self.free(slot)
+          slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
+          for slot in slots:
+            self.insert(slot, [self.pad_id], settings)
+        times = []
+        for n in range(repeats + 1):
+          if not self._active[slots].all():
+            break
+          started = time.perf_counter()
+          out = self.step(program=key)
+          if n:
+            times.append(time.perf_counter() - started)
+          left -= max(len(out.tokens[s]) for s in slots)
+        if times:
+          self.costs.seconds[(rows, entry.gamma)] = float(np.median(times))
+      for slot in slots:
+        self.free(slot)
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by every engine (step, insert and wake jits): a test of "nothing recompiles" reads it."""

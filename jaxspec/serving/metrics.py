@@ -7,7 +7,10 @@
 Names (all prefixed jaxspec_): requests_total{status}, prompt_tokens_total, completion_tokens_total,
 queue_length, active_slots, slots, time_to_first_token_seconds, inter_token_latency_seconds,
 e2e_request_latency_seconds, draft_tokens_total (proposed), accepted_tokens_total (accepted); acceptance is
-accepted_tokens_total / draft_tokens_total.
+accepted_tokens_total / draft_tokens_total; verifications_total (the rows' verify calls: tau, tokens per verify call,
+is (accepted_tokens_total + verifications_total) / verifications_total). Under the verification budget (budget.py): step_cost_seconds{rows,
+gamma} (the step-cost curves c(R, k) warmup measured) and steps_total{gamma} (the steps each tier ran; gamma 0:
+plain).
 """
 
 from __future__ import annotations
@@ -41,6 +44,13 @@ class Metrics:
                          registry=r)
     self.drafted = Counter("jaxspec_draft_tokens", "Draft tokens proposed.", registry=r)
     self.accepted = Counter("jaxspec_accepted_tokens", "Draft tokens accepted by the target.", registry=r)
+    self.step_cost = Gauge("jaxspec_step_cost_seconds", "The verification budget's step-cost curve: seconds of one "
+                           "step decoding `rows` rows at draft length `gamma` (0: plain), measured in warm-up.",
+                           ["rows", "gamma"], registry=r)
+    self.verifications = Counter("jaxspec_verifications", "Verify calls of the target over the requests' rows (loop "
+                                 "iterations; tau = (accepted tokens + verifications) / verifications).", registry=r)
+    self.steps = Counter("jaxspec_steps", "Engine steps by the draft length they ran (the verification budget's "
+                         "tier, a table's entry or the fixed gamma; 0: plain).", ["gamma"], registry=r)
 
   def render(self) -> tuple[bytes, str]:
     return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -174,6 +174,9 @@ class Scheduler:
       logging.exception("warmup failed")
       self.failure = f"warmup failed: {type(e).__name__}: {e}"
       return
+    costs = getattr(self.engine, "costs", None)  # the verification budget's step-cost curves, if it measured them
+    for (rows, gamma), seconds in sorted(getattr(costs, "seconds", {}).items()):
+      self.metrics.step_cost.labels(rows=str(rows), gamma=str(gamma)).set(seconds)
     self.ready.set()
     while True:
       with self._cond:
@@ -241,6 +244,12 @@ class Scheduler:
         self._finish(handle, error=f"decoding failed: {type(e).__name__}: {e}")
       return
     now = time.perf_counter()
+    entry = getattr(out, "entry", None)
+    if entry is not None:
+      self.metrics.steps.labels(gamma=str(entry.gamma)).inc()
+    iterations = getattr(out, "iterations", None)
+    if iterations is not None:
+      self.metrics.verifications.inc(int(sum(int(x) for x in iterations)))
     self.metrics.drafted.inc(int(sum(int(x) for x in out.drafted)))
     self.metrics.accepted.inc(int(sum(int(x) for x in out.accepted)))
     for slot, handle in list(self._active.items()):

@@ -75,9 +75,10 @@ def _listening_port(server: uvicorn.Server, default: int) -> int:
   return default
 
 
-def _watch(server: uvicorn.Server, scheduler: Scheduler, banner: Callable[[int], str] | None, port: int) -> None:
+def _watch(server: uvicorn.Server, scheduler: Scheduler, banner: Callable[[int], str] | None, port: int,
+           ready: Callable[[], str] | None = None) -> None:
   """Prints the banner once uvicorn listens (its signal handlers are in place by then: a Ctrl-C after the banner
-  is uvicorn's), then stops uvicorn if the warm-up fails."""
+  is uvicorn's), then stops uvicorn if the warm-up fails, or prints ready() once it is done."""
   while not server.started:
     if server.should_exit:
       return
@@ -88,14 +89,17 @@ def _watch(server: uvicorn.Server, scheduler: Scheduler, banner: Callable[[int],
     if scheduler.failure or server.should_exit:
       server.should_exit = True
       return
+  if ready is not None:
+    print(ready(), flush=True)
 
 
 def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-        banner: Callable[[int], str] | None = None) -> int:
+        banner: Callable[[int], str] | None = None, ready: Callable[[], str] | None = None) -> int:
   """Starts the engine thread (warm-up, then the loop) and serves until interrupted; returns 0, or INTERRUPTED
   after a Ctrl-C (in-flight requests finished first, as uvicorn's shutdown does).
 
-  banner(port) is printed once uvicorn listens, with the port it bound (port 0 picks a free one). A failed
+  banner(port) is printed once uvicorn listens, with the port it bound (port 0 picks a free one); ready() once the
+  warm-up is done (launch/serve.py: the verification budget's step-cost curves). A failed
   warm-up stops the server and raises WarmupFailed with its one-line reason (not a server answering 503 for
   ever). A Ctrl-C or a failure to listen during the warm-up ends the process at once (status INTERRUPTED, or 1):
   XLA's compilation in the engine thread cannot be interrupted, and an interpreter torn down around it aborts in
@@ -107,7 +111,7 @@ def run(scheduler: Scheduler, app, *, host: str = "127.0.0.1", port: int = 8000,
     signal.signal(signal.SIGINT, signal.default_int_handler)
   try:
     scheduler.start()
-    threading.Thread(target=_watch, args=(server, scheduler, banner, port), name="jaxspec-watch",
+    threading.Thread(target=_watch, args=(server, scheduler, banner, port, ready), name="jaxspec-watch",
                      daemon=True).start()
     server.run()  # uvicorn re-raises a SIGINT it handled (KeyboardInterrupt) once it has shut down
   except KeyboardInterrupt:
@@ -199,7 +203,12 @@ def serve(engine, *, model_name: str, drafting: str, host: str = "127.0.0.1", po
     def banner(port: int) -> str:  # printed once uvicorn listens: the real port, and a Ctrl-C from then is handled
       return (f"serving {model_name} ({drafting}, {engine.slots} slots) on http://{host}:{port}/v1 (compiling "
               "first: GET /health is 503 until ready)")
-    return run(scheduler, app, host=host, port=port, log_level=log_level, banner=banner)
+    def ready() -> str:  # printed once the warm-up is done: the verification budget's step-cost curves
+      costs = getattr(engine, "costs", None)
+      if getattr(engine, "budget", None) is None or costs is None or not costs.measured:
+        return "ready"
+      return "ready; step costs c(rows, draft length k) measured in warm-up:\n  " + "\n  ".join(costs.lines())
+    return run(scheduler, app, host=host, port=port, log_level=log_level, banner=banner, ready=ready)
 
   if jax.process_count() > 1:
     from jaxspec.serving import hosts  # pylint: disable=import-outside-toplevel

@@ -78,7 +78,9 @@ def test_benchmark_checks_before_sending():
            (["--labels=a,a", url, "--baseline_url=http://127.0.0.1:9"], "'a' names both servers"),
            (["--url=http://127.0.0.1:9/v1/"], "drop the trailing /v1 (http://127.0.0.1:9)"),
            (["--soak_s=5", url, "--baseline_url=http://127.0.0.1:9"], "--soak_s drives one server"),
-           (["--soak_s=5", url, "--output=/nonexistent-dir/soak"], "--output=/nonexistent-dir/soak: the directory")]
+           (["--soak_s=5", url, "--output=/nonexistent-dir/soak"], "--output=/nonexistent-dir/soak: the directory"),
+           (["--servers=a=http://127.0.0.1:9,b"], "--servers takes LABEL=URL entries, got 'b'"),
+           (["--servers=a=http://127.0.0.1:9,a=http://127.0.0.1:8"], "'a' names two servers")]
   for (_, needle), res in zip(cases, run_scripts([["launch/serve_benchmark.py", *a] for a, _ in cases], timeout=300)):
     assert_one_line_error(res, needle)
     if "/v1" not in needle:  # refused before any request: nothing is asked of the (absent) server

@@ -404,3 +404,23 @@ def test_serve_py_interrupted_while_compiling(tmp_path):
   assert proc.returncode == 130, err[-3000:]
   assert f"--gamma ignored: --speculation_table={table}" in err
   assert "Aborted" not in err and "terminate called" not in err
+
+
+def test_serve_py_speculation_flags():
+  """--speculation=fixed serves --gamma at every step (the banner names no budget); --budget_tiers beyond --gamma
+  is one line naming the flag, before anything compiles."""
+  common = ["launch/serve.py", "--port=0", "--log_level=warning", "--gamma=3", "--slots=2", "--max_input_length=16",
+            "--max_new_tokens=8"]
+  proc = _start([*common, "--speculation=fixed"])
+  try:
+    banner = _banner(proc, 300)
+    assert "draft ende-draft, 2 slots" in banner and "budget" not in banner, banner
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  refused = subprocess.run([sys.executable, *common, "--budget_tiers=1,4"], cwd=ROOT, env=script_env(),
+                           capture_output=True, text=True, timeout=300, check=False)
+  assert refused.returncode != 0
+  assert refused.stderr.strip().splitlines()[-1].endswith(
+      "Budget.tiers [1, 4] (--budget_tiers) go beyond the speculation's gamma=3."), refused.stderr[-2000:]

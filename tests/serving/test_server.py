@@ -1,7 +1,9 @@
-"""launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3) in a subprocess on 127.0.0.1, driven by
-the official `openai` client. Greedy text equals `jaxspec.generate`'s plain greedy text for each prompt whatever
-runs beside it, a seeded request gives the same text alone and under load (one row bucket: the promise's scope,
-docs/serving.md), streaming equals the whole answer, a client that disconnects mid-stream frees its slot
+"""launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3, under the verification budget: the
+server's default) in a subprocess on 127.0.0.1, driven by the official `openai` client. Greedy text equals
+`jaxspec.generate`'s plain greedy text for each prompt whatever runs beside it, a seeded request gives the same text
+when repeated alone (under load the budget's tiers follow the neighbours' estimates: the promise of the same text
+under load is a fixed gamma's, tests/serving/test_slot_engine.py and test_slot_engine_eos.py), /metrics has the
+budget's step-cost curves, its steps per draft length and the verifications (tau), streaming equals the whole answer, a client that disconnects mid-stream frees its slot
 (GET /metrics: every slot free again) and later requests are still right; the benchmark (jaxspec.bench.serving)
 runs against it. The HTTP layer's every bad request, the 429 and stop strings: test_api.py."""
 
@@ -32,8 +34,9 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", 
 def server(tmp_path_factory):
   args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
           "--gamma=3", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
-  with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_greedy_reference) as live:
-    yield live
+  log = tmp_path_factory.mktemp("serve") / "log.txt"
+  with serve(args, log, while_compiling=_greedy_reference) as live:
+    yield (*live, log)  # (url, health codes, greedy references, the server's log)
 
 
 @pytest.fixture(scope="module")
@@ -83,16 +86,16 @@ def test_greedy_equals_generate_while_requests_join_and_leave(client, greedy):
   assert chunks[-1].usage.completion_tokens == outs[0].usage.completion_tokens
 
 
-def test_seeded_sampling_same_alone_and_under_load(client):
+def test_seeded_sampling_same_when_repeated_alone(client):
   kw = dict(model=MODEL, prompt=PROMPTS[1], temperature=1.0, max_tokens=MAX_NEW)
   alone = [client.completions.create(seed=s, **kw).choices[0].text for s in (11, 11, 12)]
   assert alone[0] == alone[1]
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:  # under load: a sample of the same distribution
     load = [pool.submit(client.completions.create, model=MODEL, prompt=p, temperature=0.8, seed=i)
             for i, p in enumerate(PROMPTS[2:])]
     loaded = client.completions.create(seed=11, **kw).choices[0].text
     [f.result() for f in load]
-  assert loaded == alone[0]
+  assert loaded and client.completions.create(seed=11, **kw).choices[0].text == alone[0]
   texts = {client.completions.create(seed=s, **kw).choices[0].text for s in range(12, 18)}
   assert len(texts | {alone[2]}) > 1  # seeds change the sample (a greedy server would fail this)
 
@@ -122,6 +125,15 @@ def test_metrics_count_acceptance(server):
   assert m["jaxspec_slots"] == SLOTS and m["jaxspec_requests_total{200}"] >= 10
   assert 0 < m["jaxspec_accepted_tokens_total"] <= m["jaxspec_draft_tokens_total"]
   assert m["jaxspec_time_to_first_token_seconds_count"] >= 10
+  # The verification budget: its cost curve at the one row bucket (--row_buckets=SLOTS) for each tier, the steps
+  # each tier ran, and the verify calls (tau = (accepted + verifications) / verifications, >= 1).
+  costs = [f"jaxspec_step_cost_seconds{{{k},{SLOTS}}}" for k in (0, 1, 2, 3)]  # {gamma,rows}: labels by name
+  assert sorted(k for k in m if k.startswith("jaxspec_step_cost_seconds")) == costs
+  assert all(m[k] > 0 for k in costs)
+  steps = {k: v for k, v in m.items() if k.startswith("jaxspec_steps_total")}
+  assert steps and sum(steps.values()) > 0 and m["jaxspec_verifications_total"] > 0
+  log = server[3].read_text()  # the banner names the budget's tiers; the curves are printed once it is ready
+  assert "verification budget over draft lengths [0, 1, 2, 3]" in log and f"rows {SLOTS}: k=0 " in log, log
 
 
 def test_benchmark_drives_the_server(server, tmp_path):

@@ -1,8 +1,10 @@
 """The slot engine on the embedded T5 pair (jaxspec.load("ende-target") / "ende-draft"): at temperature 0 every
 request's tokens equal `generate`'s plain greedy tokens for its prompt alone, whatever else runs beside it
-(requests joining and leaving mid-decode, slots reused, a slot freed early); seeded sampled requests give the same
-tokens alone and under load (the first one plain generate's with seed=[s]): here across row buckets 1-3, which on
-this CPU round alike for these prompts; the engine promises it within one row bucket (test_slot_engine_eos.py);
+(requests joining and leaving mid-decode, slots reused, a slot freed early), under the verification budget (the
+default: each step's draft length chosen from the rows' estimates, tests/serving/test_budget.py); with a fixed
+gamma (budget=False: the budget's choice depends on the neighbours' estimates), seeded sampled requests give the
+same tokens alone and under load (the first one plain generate's with seed=[s]): here across row buckets 1-3, which
+on this CPU round alike for these prompts; the engine promises it within one row bucket (test_slot_engine_eos.py);
 nothing recompiles after warmup; bad settings and prompts are refused with one clear error."""
 
 from __future__ import annotations
@@ -40,9 +42,10 @@ def greedy_refs(pair, prompts):
 
 @pytest.fixture(scope="module")
 def engine(pair):
-  """A draft-model engine (gamma 3), 3 slots, 2 iterations per step, warmed up."""
+  """A draft-model engine (gamma 3, the verification budget: 4 tiers), 3 slots, 2 iterations per step, greedy
+  programs only (the sampled ones: the fixed engine of the seeded-sampling test), warmed up."""
   e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
-                 max_new_tokens=MAX_NEW, iterations_per_step=2)
+                 max_new_tokens=MAX_NEW, iterations_per_step=2, modes=("greedy",))
   e.warmup()
   return e
 
@@ -114,7 +117,10 @@ def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy
     assert [r.tokens for r in requests] == greedy_refs[:4]
 
 
-def test_seeded_sampling_is_the_same_alone_and_under_load(engine, pair, prompts, greedy_refs):
+def test_seeded_sampling_is_the_same_alone_and_under_load(pair, prompts, greedy_refs):
+  engine = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
+                      max_new_tokens=MAX_NEW, iterations_per_step=2, budget=False)  # a fixed gamma at every step
+  engine.warmup()
   before = engine.compiled_programs()
   sampled = RequestSettings(max_tokens=12, sampling=jaxspec.Sampling(1.0), seed=7)
   filtered = RequestSettings(max_tokens=12, sampling=jaxspec.Sampling(0.8, top_k=20, top_p=0.9), seed=3)

@@ -7,7 +7,9 @@
   logit masked for them, for a speculative chain and a speculative tree; sampled requests never end before
   min_tokens (and without it some do: the check can fail).
 - Seeded sampling: the same tokens alone and beside another request when the steps decode the same number of rows
-  (one row bucket), in either slot: what the engine promises (jaxspec/serving/engine.py, Exactness).
+  (one row bucket), in either slot, with a fixed gamma: what the engine promises (jaxspec/serving/engine.py,
+  Exactness). The module's engine runs a fixed gamma (budget=False), whose programs do not depend on the
+  neighbours' estimates as the verification budget's do.
 - `step(program=...)` with a key the engine did not compile: a SettingsError naming `engine.programs`.
 """
 
@@ -40,9 +42,10 @@ def prompts(pair):
 
 @pytest.fixture(scope="module")
 def engine(pair):
-  """A draft-model chain (gamma 3), 2 slots, one row bucket (every step decodes both), greedy and sampled."""
+  """A draft-model chain (a fixed gamma 3), 2 slots, one row bucket (every step decodes both), greedy and sampled."""
   e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=2, max_input_length=16,
-                 max_new_tokens=MAX_NEW, iterations_per_step=2, row_buckets=(2,), modes=("greedy", "sampled"))
+                 max_new_tokens=MAX_NEW, iterations_per_step=2, row_buckets=(2,), modes=("greedy", "sampled"),
+                 budget=False)
   e.warmup()
   return e
 

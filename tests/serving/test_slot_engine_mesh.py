@@ -3,7 +3,8 @@ before JAX starts). The slots are split over the mesh as `generate` splits its b
 KV heads over `model`, the draft model's cache rows over `data` (replicated over `model`). Checked: each device
 holds a quarter of the slot state with data:4 (the arrays' shardings and their addressable shards' sizes); inserts
 and steps (also a step gathering fewer rows than slots) leave every donated array where it was allocated, and their
-compiled programs move no rows between devices (no all-gather but the step's small packed output); greedy tokens
+compiled programs move no rows between devices (no all-gather but the step's small packed output; the data:4
+engine runs the verification budget, the default, whose per-slot estimates are split by rows too); greedy tokens
 equal `generate`'s on one device with a load-adaptive table (chain, tree, plain: the served draft model lags and
 catches up) on data:2 x model:2; a `data` size that does not divide the slots is one error naming --slots; the
 memory check counts per device (4x the slots fit on data:4 that fit one device)."""
@@ -23,7 +24,7 @@ import json, re
 import jax, jaxspec, numpy as np
 from jaxspec.decoding import memory_guard, slot_programs
 from jaxspec.errors import CacheTooLargeError, SettingsError
-from jaxspec.serving import RequestSettings, SlotEngine
+from jaxspec.serving import Budget, RequestSettings, SlotEngine
 from jaxspec.serving import engine as slot_engine
 from test_slot_engine_drafters import MAX_NEW, PROMPTS, TABLE, _llama
 from engine_helpers import Request, drive, generate_tokens
@@ -57,8 +58,9 @@ def run(engine, prompts):
 
 
 # data:4: a quarter per device; the state stays where it was allocated; no rows cross devices.
-one = SlotEngine(target, spec, slots=8, **kw)
-quarter = SlotEngine(target, spec, slots=8, mesh=jaxspec.make_mesh(data=4, model=1), **kw)
+budget = Budget(tiers=(0,))  # the verification budget (the default) over two tiers: plain and gamma 2
+one = SlotEngine(target, spec, slots=8, budget=budget, **kw)
+quarter = SlotEngine(target, spec, slots=8, mesh=jaxspec.make_mesh(data=4, model=1), budget=budget, **kw)
 out["bytes"] = [per_device(one), per_device(quarter)]
 out["specs"] = sorted({s for s, _ in placed(quarter)})
 before = placed(quarter)
@@ -77,11 +79,16 @@ def gathered(text):  # the result types of a compiled program's all-gathers, lay
 
 
 out["insert_gathers"] = gathered(insert)
-# A step's only all-gather: its packed tokens and counts [R, W + 5] int32, replicated for every process to read.
+# A step's only all-gather: its packed tokens, counts and acceptance estimates [R, W + 6 + 2G] int32, replicated for
+# every process to read. The engine runs the verification budget (its default): per-row limits go in too.
+G = quarter.estimates().shape[1]
 out["step_gathers"] = [[g for g in gathered(slot_programs.STEP.lower(p, quarter.target_params, quarter.draft_params,
-                                                                    quarter._state, np.zeros(8, bool),
-                                                                    quarter._rows(p.rows)).compile().as_text())
-                        if g != f"s32[{p.rows},{p.width + 5}]"] for p in quarter._programs.values()]
+                                                                   quarter._state, np.zeros(8, bool),
+                                                                   quarter._rows(p.rows),
+                                                                   np.full(p.rows, p.settings.gamma, np.int32)
+                                                                   ).compile().as_text())
+                        if g != f"s32[{p.rows},{p.width + 6 + 2 * G}]"] for p in quarter._programs.values()]
+out["step_programs"] = len(quarter._programs)
 out["programs_rows"] = sorted({p.rows for p in quarter._programs.values()})
 
 # data:2 x model:2 with a load-adaptive table: greedy tokens equal one device's.
@@ -137,7 +144,7 @@ def test_each_device_holds_a_quarter_of_the_slots_on_data_4(facts):
 def test_inserts_and_steps_keep_the_slots_split_and_move_no_rows(facts):
   assert facts["data4_kept"] and facts["both_kept"]
   assert facts["programs_rows"] == [4, 8] and 4 in facts["data4_rows"], facts  # a step gathered 4 of 8 slots
-  assert facts["insert_gathers"] == [] and facts["step_gathers"] == [[], []], facts  # no slot state gathered
+  assert facts["insert_gathers"] == [] and facts["step_gathers"] == [[]] * facts["step_programs"], facts  # no rows
 
 
 @pytest.mark.slow

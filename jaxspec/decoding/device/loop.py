@@ -54,6 +54,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from jaxspec.decoding.device import sampling, schedules, streaming, tree_verify, verify
+from jaxspec.decoding.device.estimates import Estimates
 from jaxspec.decoding.device.drafter import (DraftRequest, Drafter, History, Proposal, ProposalSettings,
                                              TreeProposal, Verdict)
 from jaxspec.decoding.device.stats import DecodeStats
@@ -141,6 +142,11 @@ class LoopState:
   # (`_mask_eos`) for the row's first min_tokens new tokens, so it never ends by EOS before them.
   ignore_eos: jax.Array | None = None
   min_tokens: jax.Array | None = None
+  # The slot engine's verification budget (None in `generate`: nothing of it is compiled). limit [B] int32 in
+  # [0, G]: the most tokens row b drafts this step (chains; chosen on the host from past verdicts only: exact).
+  # estimates: per-row, per-position acceptance estimates (estimates.Estimates), updated by every verification.
+  limit: jax.Array | None = None
+  estimates: Estimates | None = None
 
   @property
   def history(self) -> History:
@@ -182,6 +188,8 @@ def _propose(settings: LoopSettings, params: Any, knobs: sampling.SamplingKnobs,
   if kind.rests:
     return settings.drafter.idle(state.draft_state, history, settings.proposal), active
   limit, resting = None, None
+  if state.limit is not None:  # the slot engine's verification budget: per-row limits from the host
+    limit = jnp.where(state.done, 0, state.limit).astype(jnp.int32)
   if settings.scheduled:
     limit, resting = schedules.limits(settings.schedule, settings.gamma, spec, state.schedule, active)
   proposal = settings.drafter.propose(DraftRequest(params, state.draft_state, history, limit, settings.proposal,
@@ -342,6 +350,9 @@ def iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kno
   target_cache = target_cache.rollback(lengths - 1)
   draft_state = settings.drafter.settle(Verdict(proposal, state.history, lengths, n, block, emit,
                                                 params=draft_params, features=features))
+  estimates = state.estimates
+  if estimates is not None:
+    estimates = estimates.update(active, jnp.where(active, drafted, 0), n, acceptance.beta)
   schedule = state.schedule
   if schedule is not None:
     schedule = schedules.update(schedule, gamma, jnp.where(active, drafted, 0), n, acceptance.beta, resting, active)
@@ -351,7 +362,8 @@ def iteration(settings: LoopSettings, target_params: Any, draft_params: Any, kno
                    failed=failed, target_cache=target_cache, draft_state=draft_state, schedule=schedule,
                    keys=state.keys, step=state.step + 1,
                    stats=state.stats.add(active, drafted, n, acceptance.beta, resting), rest=state.rest,
-                   budget=state.budget, ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
+                   budget=state.budget, ignore_eos=state.ignore_eos, min_tokens=state.min_tokens,
+                   limit=state.limit, estimates=estimates)
 
 
 def run(settings: LoopSettings, target_params, draft_params, target_cache, draft_state, first_tokens: jax.Array,

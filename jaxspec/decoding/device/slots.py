@@ -10,11 +10,13 @@ every slot idle.
 
 step_program: a `lax.while_loop` of at most `StepProgram.iterations` iterations of `loop.iteration` over R rows
 (gathered from the slots when R < S, written back in place; on a mesh each `data` group's own rows), then the new
-tokens of every row, finished / failed flags and drafted / accepted counts packed in ONE [R, W + 5] int32 array.
+tokens of every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
+estimates (the verification budget's; per-row draft limits go in) packed in ONE [R, W + 6 + 2G] int32 array.
 insert_program: the batch-1 prefill and the row's first (resting, width-1) iteration, written into one slot.
 wake_program: a deferred draft model's prefill written into one slot (served_draft.py).
 
-Shapes: S slots, R rows decoded by a step (a row bucket), W tokens per slot and step at most.
+Shapes: S slots, R rows decoded by a step (a row bucket), W tokens per slot and step at most, G draft positions
+of the acceptance estimates.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxspec.decoding.device import loop, schedules
+from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT, Estimates
 from jaxspec.decoding.device.sampling import SamplingKnobs
 from jaxspec.decoding.device.stats import DecodeStats
 
@@ -50,6 +53,10 @@ class SlotState:
   top_p: jax.Array  # [S] float32
   ignore_eos: jax.Array  # [S] bool: an EOS does not end the row (it decodes to its budget)
   min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
+  # The verification budget (serving/budget.py): per slot and draft position, decayed sums of beta and counts of
+  # verifications (estimates.Estimates), reset to the prior at insert, updated by every iteration of a step.
+  est_sum: jax.Array  # [S, G] float32
+  est_count: jax.Array  # [S, G] float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +73,14 @@ class StepProgram:
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
 
 
-def _state_of(program: StepProgram, state: SlotState) -> loop.LoopState:
+def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None = None) -> loop.LoopState:
   slots = state.lengths.shape[0]
   stats = DecodeStats.create(slots, program.settings.gamma).replace(iterations=state.iterations)
   return loop.LoopState(sequences=state.sequences, lengths=state.lengths, done=state.done,
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
-                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens)
+                        ignore_eos=state.ignore_eos, min_tokens=state.min_tokens, limit=limits,
+                        estimates=Estimates(beta_sum=state.est_sum, count=state.est_count))
 
 
 def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
@@ -123,25 +131,28 @@ def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: ja
 
 
 def step_program(program: StepProgram, target_params, draft_params, state: SlotState, stop: jax.Array,
-                  index: jax.Array):
-  """(new state, packed [R, W + 5] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot when
-  R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted)."""
+                 index: jax.Array, limits: jax.Array | None = None):
+  """(new state, packed [R, W + 6 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
+  when R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted,
+  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)).
+  limits: [R] int32 per-row draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
-    new, packed = _decode_rows(program, target_params, draft_params, state)
+    new, packed = _decode_rows(program, target_params, draft_params, state, limits)
     return _placed(new, program.shardings), _everywhere(packed, program.shardings)
   # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
   rows = _placed(_take_rows(program, state, index), program.shardings)
-  rows, packed = _decode_rows(program, target_params, draft_params, rows)
+  rows, packed = _decode_rows(program, target_params, draft_params, rows, limits)
   return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
 
 
-def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState):
+def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState,
+                 limits: jax.Array | None = None):
   """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
   spec = schedules.SpeculationKnobs.create()
-  start = _state_of(program, state)
+  start = _state_of(program, state, limits)
 
   def body(s):
     return loop.iteration(settings, target_params, draft_params, knobs, spec, None,
@@ -153,11 +164,16 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
   tokens = jnp.take_along_axis(end.sequences, positions, axis=1)
   tokens = jnp.where(jnp.arange(program.width)[None] < counts[:, None], tokens, settings.pad_id)
   finished = end.done & ~start.done
+  # The verification budget's estimates ride in the same copy (float32 bitcast to int32).
+  estimates = [jax.lax.bitcast_convert_type(x, jnp.int32) for x in (end.estimates.beta_sum, end.estimates.count)]
   packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
-                                               end.stats.drafted, end.stats.accepted], axis=1)], axis=1)
+                                               end.stats.drafted, end.stats.accepted,
+                                               end.stats.iterations - start.stats.iterations], axis=1)] + estimates,
+                           axis=1)
   new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
                             target_cache=end.target_cache, draft_state=end.draft_state,
-                            iterations=end.stats.iterations)
+                            iterations=end.stats.iterations, est_sum=end.estimates.beta_sum,
+                            est_count=end.estimates.count)
   return new, packed
 
 
@@ -236,6 +252,7 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
   end = loop.iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
+  prior = Estimates.prior(1, state.est_sum.shape[1])
 
   def put(array, value):
     return array.at[slot].set(value[0])
@@ -246,7 +263,9 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                   keys=put(state.keys, row.keys), iterations=put(state.iterations, end.stats.iterations),
                   budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
                   top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
-                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]))
+                  ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
+                  # the verification budget's estimates start at the prior
+                  est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
                    end.failed[0].astype(jnp.int32)])
   return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
@@ -263,9 +282,10 @@ def wake_program(alloc: loop.LoopSettings, layout: Layout, draft_params, state: 
                                                                    layout.shapes[n:], slot)), layout.shardings)
 
 
-def zero_state(n: int, seq_len: int, pad: int, cache_tree, full) -> SlotState:
+def zero_state(n: int, seq_len: int, pad: int, positions: int, cache_tree, full) -> SlotState:
   """Every one of `n` slots idle: `full` (per leaf of (target cache, draft state), its ShapeDtypeStruct at n rows;
-  `cache_tree` their treedef) zeros, every other array its idle value. One program (slot_programs.allocate jits it
+  `cache_tree` their treedef) zeros, every other array its idle value (the acceptance estimates, [n, positions],
+  their prior). One program (slot_programs.allocate jits it
   with the allocation's shardings): every buffer its own (donation needs distinct buffers), allocated in place."""
   cache, draft = jax.tree_util.tree_unflatten(cache_tree, [jnp.zeros(s.shape, s.dtype) for s in full])
   zeros_i = jnp.zeros((n,), jnp.int32)
@@ -275,4 +295,6 @@ def zero_state(n: int, seq_len: int, pad: int, cache_tree, full) -> SlotState:
                    iterations=zeros_i, budget=jnp.ones((n,), jnp.int32),
                    temperature=jnp.zeros((n,), jnp.float32), top_k=jnp.zeros((n,), jnp.int32),
                    top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
-                   min_tokens=jnp.zeros((n,), jnp.int32))
+                   min_tokens=jnp.zeros((n,), jnp.int32),
+                   est_sum=jnp.full((n, positions), PRIOR_COUNT * PRIOR_ALPHA, jnp.float32),
+                   est_count=jnp.full((n, positions), PRIOR_COUNT, jnp.float32))

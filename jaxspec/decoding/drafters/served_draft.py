@@ -8,8 +8,10 @@ each such row ("wakes" it: the serving engine's _WAKE, the prompt only) right be
 drafts from then on, its catch-up feeding the tokens generated meanwhile (one token after the insert). So the
 draft's prefill is paid after the first token, and only by requests that draft.
 
-Under a `SpeculationTable` with plain entries (the full server decodes without drafting) the draft model is
-wrapped in `ServedDraftModel`, because two more things differ from `generate`:
+Under a `SpeculationTable` with plain entries (the full server decodes without drafting), and under the
+verification budget (jaxspec/serving/budget.py: plain is one of its tiers, and its per-row limits reach the
+draft through `DraftRequest.limit`), the draft model is wrapped in `ServedDraftModel`, because two more things
+differ from `generate`:
 - the draft lags while the engine runs plain steps, and catches up when drafting resumes: a chain is asked
   through the variable path (a limit per row), whose catch-up re-feeds any lag in one call;
 - a row not yet woken (inserted while the load runs plain, which on the Qwen2.5-Coder 1.5B / 0.5B pair would

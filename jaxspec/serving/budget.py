@@ -1,0 +1,150 @@
+"""The verification budget: the slot engine's default speculation with a drafter and no load table (issue 39).
+
+    budget = Budget()                                   # the settings (SlotEngine(..., budget=budget))
+    tiers = budget.tiers_for(gamma=4)                   # (0, 1, 2, 4): the compiled draft lengths (0: plain)
+    costs = CostCurves({(8, 0): 0.010, (8, 4): 0.018, ...})   # c(R, k): seconds of one step, measured in warmup
+    choice = choose(alpha, tiers, [costs.get(8, k) for k in tiers], budget.theta)
+    choice.tier, choice.limits                          # the tier to run and each row's draft limit
+
+Each step the engine runs one compiled program of a bounded set of tiers (draft lengths k: by default 0, 1, 2, 4
+and the speculation's gamma, those <= gamma; plain decoding is k = 0, the drafter resting), with a per-row limit
+on the draft length inside it (the variable-length path `generate`'s adaptive schedules use: `Drafter.propose`'s
+`limit`). The choice is the host's, from the previous step's per-row, per-position acceptance estimates
+(decoding/device/estimates.py, which the step's one packed copy brings back) and from the step-cost curves
+c(R, k) timed in warmup:
+
+  - per row b its survival s(b, j) = a(b, 1) ... a(b, j) (the probability that its j-th draft is accepted);
+  - per tier k each row's limit k_b = the largest j <= k with s(b, j) >= theta (0: it drafts nothing);
+  - the expected tokens of the step's iterations E(k) = sum_b (1 + s(b, 1) + ... + s(b, k_b));
+  - the tier maximising E(k) / c(R, k) (ties: the shorter), R the step's row bucket.
+
+This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
+restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
+limit; its E sums the survivals of its depths, as a chain of its depth). Exact in every case: the limits come
+from verdicts of earlier steps only, and a row at limit 0 is decoded by the target alone (schedules.py's
+argument; the engine's exactness tests run under the budget).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from jaxspec.checks import check_int
+from jaxspec.errors import SettingsError
+
+DEFAULT_TIERS = (0, 1, 2, 4)  # and the speculation's gamma
+THETA = 0.2  # a row drafts position j only while its survival s(b, j) is at least this
+REPEATS = 3  # timed runs of each step program in warmup (after one untimed)
+DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+  """The verification budget's settings (static: its tiers are compiled programs).
+
+  tiers: the draft lengths compiled (0 is plain decoding, always added; each <= the speculation's gamma, which is
+    always added); None: DEFAULT_TIERS. theta: in [0, 1], the survival a row's draft position needs to be
+    drafted. repeats: >= 1 timed runs per step program in warmup (the cost curves)."""
+
+  tiers: tuple[int, ...] | None = None
+  theta: float = THETA
+  repeats: int = REPEATS
+
+  def __post_init__(self):
+    if self.tiers is not None:
+      if isinstance(self.tiers, (str, bytes)) or not isinstance(self.tiers, Sequence) or not self.tiers:
+        raise SettingsError(f"Budget.tiers must be a non-empty sequence of draft lengths, got {self.tiers!r}.")
+      for k in self.tiers:
+        check_int(k, "Budget.tiers' draft length", 0)
+      object.__setattr__(self, "tiers", tuple(int(k) for k in self.tiers))
+    if isinstance(self.theta, bool) or not isinstance(self.theta, (int, float)) or not 0 <= self.theta <= 1:
+      raise SettingsError(f"Budget.theta must be a number in [0, 1], got {self.theta!r}.")
+    check_int(self.repeats, "Budget.repeats", 1)
+
+  def tiers_for(self, gamma: int) -> tuple[int, ...]:
+    """The sorted draft lengths compiled for a speculation of `gamma`: 0, gamma and the tiers in between;
+    SettingsError naming a tier above gamma."""
+    wanted = DEFAULT_TIERS if self.tiers is None else self.tiers
+    if self.tiers is not None and max(wanted) > gamma:
+      raise SettingsError(f"Budget.tiers {list(wanted)} (--budget_tiers) go beyond the speculation's gamma={gamma}.")
+    return tuple(sorted({0, gamma} | {k for k in wanted if k <= gamma}))
+
+
+@dataclasses.dataclass
+class CostCurves:
+  """c(R, k): seconds of one step at row bucket R and draft length k (0: plain), as warmup timed them (the median
+  of `Budget.repeats` runs). A pair not measured gets DEFAULT_COST_PER_TOKEN's relative model."""
+
+  seconds: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+
+  def get(self, rows: int, k: int) -> float:
+    if (rows, k) in self.seconds:
+      return self.seconds[(rows, k)]
+    return 1.0 + DEFAULT_COST_PER_TOKEN * k
+
+  @property
+  def measured(self) -> bool:
+    return bool(self.seconds)
+
+  def lines(self) -> list[str]:
+    """One line per row bucket: 'rows R: k=0 1.2 ms, k=1 1.5 ms, ...' (launch/serve.py prints them)."""
+    out = []
+    for rows in sorted({r for r, _ in self.seconds}):
+      cells = ", ".join(f"k={k} {self.seconds[(r, k)] * 1e3:.2f} ms" for r, k in sorted(self.seconds) if r == rows)
+      out.append(f"rows {rows}: {cells}")
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+  """One step's choice: the tier (its index in the tiers and its draft length), each row's limit, and the score."""
+
+  tier: int
+  k: int
+  limits: np.ndarray  # [A] int32 per active row, in [0, k]
+  expected: float  # E(k): expected tokens per iteration over the active rows
+  cost: float  # c(R, k)
+
+
+def survival(alpha: np.ndarray) -> np.ndarray:
+  """[A, G] s(b, j + 1) = a(b, 1) ... a(b, j + 1) from alpha [A, G] (the device's estimates)."""
+  return np.cumprod(np.clip(np.asarray(alpha, np.float64), 0.0, 1.0), axis=-1)
+
+
+def row_limits(surv: np.ndarray, k: int, theta: float) -> np.ndarray:
+  """[A] int32: per row the largest j <= k with s(b, j) >= theta (0: none). Survivals never grow with j, so that
+  is the count of leading positions at or above theta."""
+  if k == 0:
+    return np.zeros((surv.shape[0],), np.int32)
+  return np.sum(np.cumprod(surv[:, :k] >= theta, axis=1), axis=1).astype(np.int32)
+
+
+def expected_tokens(surv: np.ndarray, limits: np.ndarray) -> float:
+  """E = sum_b (1 + s(b, 1) + ... + s(b, limits[b]))."""
+  take = np.arange(surv.shape[1])[None] < limits[:, None]
+  return float(surv.shape[0] + np.sum(np.where(take, surv, 0.0)))
+
+
+def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], theta: float,
+           tree: Sequence[bool] | None = None) -> Choice:
+  """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
+  to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
+  wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
+  whether it is a tree (no per-row limit: every row drafts the whole tree, and E counts its depths' survivals)."""
+  surv = survival(alpha)
+  costs = np.maximum.accumulate(np.asarray(costs, np.float64))
+  best = None
+  for i, (k, cost) in enumerate(zip(tiers, costs)):
+    if tree is not None and tree[i]:
+      limits = np.full((surv.shape[0],), k, np.int32)
+    else:
+      limits = row_limits(surv, k, theta)
+      if k > 0 and not limits.any():  # nobody would draft: this tier is plain decoding at a higher cost
+        continue
+    e = expected_tokens(surv, limits)
+    if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
+      best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
+  return best

@@ -1,0 +1,226 @@
+"""The verification budget (jaxspec/serving/budget.py, decoding/device/estimates.py), the slot engine's default
+speculation with a drafter and no table: its choice alone (numbers whose answer is known), the device's estimates
+against a numpy recomputation, and engines on tiny in-process models: forced cost curves that make plain decoding
+cheapest run plain everywhere; a draft equal to the target (alpha 1) moves to the widest tier; greedy output under
+the budget equals plain `generate` for a draft model, a feature head, prompt lookup and a tree; the host's
+estimates after steps equal a numpy recomputation from the steps' drafted / accepted counts; warmup measures
+every (rows, tier) cost and compiles every program (tiers x modes x row buckets), and nothing recompiles after."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxspec
+from jaxspec.decoding.device import estimates as est
+from jaxspec.errors import SettingsError
+from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry
+from jaxspec.serving.budget import Budget, CostCurves, choose, expected_tokens, row_limits, survival
+
+from engine_helpers import Request, drive, generate_tokens
+from test_slot_engine_drafters import PROMPTS, _case, _llama
+
+MAX_NEW = 14
+
+
+def _np_update(beta_sum, count, active, drafted, accepted, beta):
+  """numpy's reading of estimates.Estimates.update (the module docstring's rule), for one iteration."""
+  j = np.arange(beta_sum.shape[1])[None]
+  beta = np.pad(beta, ((0, 0), (0, beta_sum.shape[1] - beta.shape[1])))
+  verified = active[:, None] & (j < np.minimum(accepted + 1, drafted)[:, None])
+  relaxed = active[:, None] & ~verified
+  prior_sum, prior_count = est.PRIOR_COUNT * est.PRIOR_ALPHA, est.PRIOR_COUNT
+  new_sum = np.where(verified, est.DECAY * beta_sum + beta,
+                     np.where(relaxed, est.RELAX * beta_sum + (1 - est.RELAX) * prior_sum, beta_sum))
+  new_count = np.where(verified, est.DECAY * count + 1,
+                       np.where(relaxed, est.RELAX * count + (1 - est.RELAX) * prior_count, count))
+  return new_sum, new_count
+
+
+# -- the choice alone ------------------------------------------------------------------------------------------
+
+def test_limits_and_expected_tokens():
+  alpha = np.array([[1.0, 0.5, 0.5, 1.0], [0.1, 1.0, 1.0, 1.0], [0.9, 0.9, 0.9, 0.9]])
+  surv = survival(alpha)
+  np.testing.assert_allclose(surv[0], [1.0, 0.5, 0.25, 0.25])
+  assert row_limits(surv, 4, 0.3).tolist() == [2, 0, 4]
+  assert row_limits(surv, 2, 0.3).tolist() == [2, 0, 2]
+  assert row_limits(surv, 0, 0.3).tolist() == [0, 0, 0]
+  assert expected_tokens(surv, np.array([2, 0, 1])) == pytest.approx(3 + 1.0 + 0.5 + 0.9)
+
+
+def test_choose_follows_the_costs():
+  good, bad = np.full((4, 4), 0.95), np.full((4, 4), 0.05)
+  tiers = (0, 1, 2, 4)
+  flat = [1.0, 1.01, 1.02, 1.04]
+  assert choose(good, tiers, flat, 0.2).k == 4  # drafting is nearly free and accepted: the widest tier
+  assert choose(good, tiers, [1.0, 3.0, 5.0, 9.0], 0.2).k == 0  # drafting costs more than it gains: plain
+  bad_choice = choose(bad, tiers, flat, 0.2)
+  assert bad_choice.k == 0 and bad_choice.limits.tolist() == [0, 0, 0, 0]  # nobody's survival reaches theta
+  mixed = choose(np.concatenate([good[:2], bad[:2]]), tiers, flat, 0.2)
+  assert mixed.k == 4 and mixed.limits.tolist() == [4, 4, 0, 0]  # per-row limits inside the tier
+  # A wider tier timed below a narrower one (noise) costs as much as the narrower: drafts that are never accepted
+  # then gain nothing, and the tie goes to plain.
+  assert choose(np.zeros((4, 4)), tiers, [1.0, 0.5, 0.5, 0.5], 0.0).k == 0
+  tree = choose(good, (0, 3), [1.0, 1.5], 0.2, tree=[False, True])
+  assert tree.k == 3 and tree.limits.tolist() == [3] * 4
+
+
+def test_budget_settings_are_checked():
+  assert Budget().tiers_for(4) == (0, 1, 2, 4) and Budget().tiers_for(6) == (0, 1, 2, 4, 6)
+  assert Budget().tiers_for(1) == (0, 1) and Budget(tiers=(2,)).tiers_for(5) == (0, 2, 5)
+  with pytest.raises(SettingsError, match="go beyond the speculation's gamma=3"):
+    Budget(tiers=(1, 4)).tiers_for(3)
+  for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}):
+    with pytest.raises(SettingsError):
+      Budget(**bad)
+  assert CostCurves().get(8, 2) == pytest.approx(1.2)  # the relative model before warmup measured
+
+
+def test_device_update_matches_numpy():
+  rng = np.random.default_rng(0)
+  state = est.Estimates.prior(5, 4)
+  s, c = np.asarray(state.beta_sum), np.asarray(state.count)
+  for _ in range(6):
+    active = rng.random(5) < 0.8
+    drafted = rng.integers(0, 4, 5).astype(np.int32)  # up to 3 of the 4 positions (a shorter tier)
+    accepted = np.minimum(rng.integers(0, 4, 5), drafted).astype(np.int32)
+    beta = (rng.random((5, 3)) * (np.arange(3)[None] < drafted[:, None])).astype(np.float32)
+    state = state.update(jnp.asarray(active), jnp.asarray(drafted), jnp.asarray(accepted), jnp.asarray(beta))
+    s, c = _np_update(s, c, active, drafted, accepted, beta)
+  np.testing.assert_allclose(np.asarray(state.beta_sum), s, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(state.count), c, rtol=1e-5)
+
+
+# -- engines ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def refs():
+  target = _llama(0)
+  return [generate_tokens(target, p, MAX_NEW) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def engine():
+  """A draft model (partly accepted) under the default budget, 3 slots, warmed up (programs and cost curves)."""
+  target, speculation = _case("draft")
+  e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=1,
+                 modes=("greedy",), row_buckets=(1, 3))
+  e.warmup()
+  return e
+
+
+def _costs(engine, per_token: float) -> CostCurves:
+  return CostCurves({(r, e.gamma): 1.0 + per_token * e.gamma for r in engine.row_buckets
+                     for e in engine.table.entries})
+
+
+def test_warmup_measures_every_cost_and_compiles_a_bounded_set(engine, refs):
+  tiers = [e.gamma for e in engine.table.entries]
+  assert tiers == [0, 1, 2, 3] and engine.budget is not None
+  assert len(engine.programs) == len(tiers) * len(engine.modes) * len(engine.row_buckets)  # 4 x 1 x 2
+  assert sorted(engine.costs.seconds) == sorted((r, k) for r in engine.row_buckets for k in tiers)
+  assert all(c > 0 for c in engine.costs.seconds.values())
+  assert engine.costs.lines()[0].startswith("rows 1: k=0 ")
+  before = engine.compiled_programs()
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(engine, requests)
+  assert [r.tokens for r in requests] == refs
+  assert engine.compiled_programs() == before
+
+
+def test_forced_costs_make_it_plain_everywhere(engine, refs, monkeypatch):
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=5.0))
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(engine, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs
+  ran = [o for o in outputs if o.entry is not None]
+  assert ran and all(o.entry.gamma == 0 and not o.limits.any() and not o.drafted.any() for o in ran)
+
+
+def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, refs, monkeypatch):
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(engine, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs
+  tiers = {o.entry.gamma for o in outputs if o.entry is not None}
+  assert len(tiers) >= 2, tiers  # the estimates moved the choice
+  for o in outputs:  # a slot's limit never exceeds its step's tier, and idle slots draft nothing
+    if o.entry is not None:
+      assert o.limits.max() <= o.entry.gamma and (o.drafted <= o.limits).all()
+
+
+def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
+  """One iteration per step, greedy: beta is 1 for accepted positions and 0 at the first rejection, so each step's
+  drafted / accepted counts give the estimates' update exactly."""
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  prompts = PROMPTS[:3]
+  g = engine.estimates().shape[1]
+  s = np.full((3, g), est.PRIOR_COUNT * est.PRIOR_ALPHA)
+  c = np.full((3, g), est.PRIOR_COUNT)
+  slots = []
+  for p in prompts:
+    slot = engine.free_slots()[0]
+    assert not engine.insert(slot, p, RequestSettings(MAX_NEW)).finished
+    slots.append(slot)
+  np.testing.assert_allclose(engine.estimates()[slots], s / c)
+  for _ in range(6):
+    active = np.isin(slots, engine.active_slots())
+    out = engine.step()
+    drafted, accepted = out.drafted[slots], out.accepted[slots]
+    beta = (np.arange(g)[None] < accepted[:, None]).astype(np.float64)
+    s, c = _np_update(s, c, active, drafted, accepted, beta)
+    np.testing.assert_allclose(engine.estimates()[slots], s / c, rtol=1e-5)
+  assert not np.allclose(s / c, est.PRIOR_ALPHA)  # they moved
+  for slot in engine.active_slots():
+    engine.free(slot)
+
+
+def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
+  target = _llama(0)
+  e = SlotEngine(target, jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
+                 max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",))
+  e.costs = _costs(e, per_token=0.5)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
+  outputs = []
+  requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
+  drive(e, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == [refs[0], refs[2]]
+  ran = [o.entry.gamma for o in outputs if o.entry is not None]
+  assert ran[0] == 2 and ran[-1] == 3, ran
+  assert all(o.accepted.sum() == o.drafted.sum() for o in outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ngram", "head", "tree"])
+def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
+  if name == "tree":
+    target, speculation = _llama(0), jaxspec.Speculation(_llama(0, mix=0.07), gamma=2,
+                                                         tree=jaxspec.Tree(top_k=2, nodes=4))
+  else:
+    target, speculation = _case(name)
+  e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=2,
+                 modes=("greedy",))
+  assert [t.gamma for t in e.table.entries] == ([0, 2] if name == "tree" else [0, 1, 2, 3])
+  e.costs = _costs(e, per_token=0.3)
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(e, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs
+  assert any(o.entry is not None and o.entry.gamma > 0 for o in outputs)
+
+
+def test_refusals_and_the_off_switch():
+  target, speculation = _case("draft")
+  kwargs = dict(slots=2, max_input_length=16, max_new_tokens=4)
+  with pytest.raises(SettingsError, match="budget and table"):
+    SlotEngine(target, speculation, table=SpeculationTable((TableEntry(2, gamma=1),)), budget=True, **kwargs)
+  with pytest.raises(SettingsError, match="needs a speculation"):
+    SlotEngine(target, None, budget=True, **kwargs)
+  with pytest.raises(SettingsError, match="budget must be"):
+    SlotEngine(target, speculation, budget="on", **kwargs)
+  fixed = SlotEngine(target, speculation, budget=False, **kwargs)
+  assert fixed.budget is None and [e.gamma for e in fixed.table.entries] == [3]
+  assert SlotEngine(target, None, **kwargs).budget is None  # plain decoding: nothing to choose
