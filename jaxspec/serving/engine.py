@@ -350,7 +350,8 @@ class SlotEngine:
     for (i, mode), settings, kind in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
-                                                      self._layout.axes, self._layout.shardings, data)
+                                                      self._layout.axes, self._layout.shardings, data,
+                                                      estimates=self.budget is not None)
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots
@@ -556,9 +557,10 @@ class SlotEngine:
     self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
-    g = self._positions  # the rows' acceptance estimates, after the step's tokens and counts
-    estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
-    self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
+    if prog.estimates:  # the rows' acceptance estimates, after the step's tokens and counts (the budget's)
+      g = self._positions
+      estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
+      self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
     w = prog.width

@@ -223,4 +223,7 @@ def test_refusals_and_the_off_switch():
     SlotEngine(target, speculation, budget="on", **kwargs)
   fixed = SlotEngine(target, speculation, budget=False, **kwargs)
   assert fixed.budget is None and [e.gamma for e in fixed.table.entries] == [3]
+  # Off, no step program keeps the estimates (nothing of them updated or copied back); on, every one does.
+  assert not any(p.estimates for p in fixed._programs.values())  # pylint: disable=protected-access
+  assert all(p.estimates for p in SlotEngine(target, speculation, **kwargs)._programs.values())  # pylint: disable=protected-access
   assert SlotEngine(target, None, **kwargs).budget is None  # plain decoding: nothing to choose

@@ -71,6 +71,7 @@ class StepProgram:
   axes: tuple  # per leaf of (target cache, draft state): its batch axis, or None
   shardings: tuple | None = None  # per leaf of SlotState: where it lives on the mesh (None: one device)
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
+  estimates: bool = False  # keep the acceptance estimates (the verification budget's): updated, packed, stored
 
 
 def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None = None) -> loop.LoopState:
@@ -80,7 +81,8 @@ def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None =
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
                         ignore_eos=state.ignore_eos, min_tokens=state.min_tokens, limit=limits,
-                        estimates=Estimates(beta_sum=state.est_sum, count=state.est_count))
+                        estimates=(Estimates(beta_sum=state.est_sum, count=state.est_count)
+                                   if program.estimates else None))
 
 
 def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
@@ -134,7 +136,8 @@ def step_program(program: StepProgram, target_params, draft_params, state: SlotS
                  index: jax.Array, limits: jax.Array | None = None):
   """(new state, packed [R, W + 6 + 2G] int32 for the rows `index` ([R] int32: distinct slots, sorted; every slot
   when R == S): tokens [R, W] (this step's new tokens, pad after), counts, finished, failed, drafted, accepted,
-  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast)).
+  iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast;
+  only with `program.estimates`: [R, W + 6] without)).
   limits: [R] int32 per-row draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
   if program.rows == state.lengths.shape[0]:
@@ -164,16 +167,18 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
   tokens = jnp.take_along_axis(end.sequences, positions, axis=1)
   tokens = jnp.where(jnp.arange(program.width)[None] < counts[:, None], tokens, settings.pad_id)
   finished = end.done & ~start.done
-  # The verification budget's estimates ride in the same copy (float32 bitcast to int32).
-  estimates = [jax.lax.bitcast_convert_type(x, jnp.int32) for x in (end.estimates.beta_sum, end.estimates.count)]
+  # The verification budget's estimates ride in the same copy (float32 bitcast to int32); without it none.
+  estimates = [] if end.estimates is None else [jax.lax.bitcast_convert_type(x, jnp.int32)
+                                                for x in (end.estimates.beta_sum, end.estimates.count)]
   packed = jnp.concatenate([tokens, jnp.stack([counts, finished.astype(jnp.int32), end.failed.astype(jnp.int32),
                                                end.stats.drafted, end.stats.accepted,
                                                end.stats.iterations - start.stats.iterations], axis=1)] + estimates,
                            axis=1)
   new = dataclasses.replace(state, sequences=end.sequences, lengths=end.lengths, done=end.done, failed=end.failed,
                             target_cache=end.target_cache, draft_state=end.draft_state,
-                            iterations=end.stats.iterations, est_sum=end.estimates.beta_sum,
-                            est_count=end.estimates.count)
+                            iterations=end.stats.iterations)
+  if end.estimates is not None:
+    new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count)
   return new, packed
 
 
