@@ -360,6 +360,8 @@ class SlotEngine:
     # The host's copy of the acceptance estimates (est_sum, est_count), from each step's packed output.
     self._estimates = np.zeros((2, self.slots, self._positions), np.float32)
     self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
+    self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
+                                                    # those given): the budget's cap on a row's expected tokens
 
   # -- construction ------------------------------------------------------------------------------------------
 
@@ -467,6 +469,7 @@ class SlotEngine:
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
     self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
+    self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
     return InsertOutput(tokens=tokens, reason=reason)
 
   def _insert_mode(self, needed: str) -> str:
@@ -503,7 +506,8 @@ class SlotEngine:
     entries = self.table.entries
     choice = choose(self.estimates()[slots], [e.gamma for e in entries], [self.costs.get(rows, e.gamma)
                                                                           for e in entries],
-                    self.budget.theta, tree=[e.tree is not None for e in entries])
+                    self.budget.theta, tree=[e.tree is not None for e in entries], left=self._left[slots],
+                    iterations=self.iterations_per_step, margin=self.budget.margin)
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = choice.limits
     return (choice.tier, mode, rows), limits
@@ -569,6 +573,7 @@ class SlotEngine:
     for s in range(n):
       row = tokens[s, :counts[s]].tolist() if self._active[s] else []
       out_tokens.append(row)
+      self._left[s] -= len(row)
       reason = None
       if finished[s] and self._active[s]:
         ended_by_eos = row and row[-1] in self.eos_ids and not self._requests[s].ignore_eos

@@ -21,6 +21,8 @@ from jaxspec.serving.budget import Budget, CostCurves, choose, expected_tokens, 
 from engine_helpers import Request, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
 
+NO_MARGIN = Budget(margin=0.0)  # the choice's arithmetic in these tests is E / c alone (the margin has its own)
+
 MAX_NEW = 14
 
 
@@ -67,12 +69,36 @@ def test_choose_follows_the_costs():
   assert tree.k == 3 and tree.limits.tolist() == [3] * 4
 
 
+def test_a_row_near_its_end_is_charged_for_the_iterations_it_cannot_use():
+  # alpha 0.9: a chain tier of 4 expects 1 + .9 + .81 + .73 + .66 = 4.1 tokens an iteration, plain 1; the tier
+  # costs 2.5 plain steps. Rows far from their end draft; rows with 3 tokens left give them in one plain step of 4
+  # iterations as in a drafting one, so the cheaper plain step wins (without the cap they drafted).
+  alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5]
+  assert choose(alpha, tiers, costs, 0.2).k == 4
+  assert choose(alpha, tiers, costs, 0.2, left=np.full((4,), 64), iterations=4).k == 4
+  near = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 3), iterations=4)
+  assert near.k == 0 and near.expected == pytest.approx(12.0)
+  assert expected_tokens(survival(alpha), np.full((4,), 4), np.array([3, 64, 64, 64]), 4) == pytest.approx(
+      3 + 3 * 4 * (1 + .9 + .81 + .729 + .6561))
+
+
+def test_the_margin_counts_against_drafting():
+  # alpha 0.9, a tier of 4 at 3.5 plain steps: E / c = 4.1 / 3.5 = 1.17 against plain's 1; with the default margin
+  # (0.2) its cost counts as 4.2 and plain wins; a tier far ahead (cost 2) drafts either way.
+  alpha, tiers = np.full((4, 4), 0.9), (0, 4)
+  assert choose(alpha, tiers, [1.0, 3.5], 0.2).k == 4
+  held = choose(alpha, tiers, [1.0, 3.5], 0.2, margin=Budget().margin)
+  assert Budget().margin == pytest.approx(0.2) and held.k == 0
+  assert choose(alpha, tiers, [1.0, 2.0], 0.2, margin=0.2).k == 4
+
+
 def test_budget_settings_are_checked():
   assert Budget().tiers_for(4) == (0, 1, 2, 4) and Budget().tiers_for(6) == (0, 1, 2, 4, 6)
   assert Budget().tiers_for(1) == (0, 1) and Budget(tiers=(2,)).tiers_for(5) == (0, 2, 5)
   with pytest.raises(SettingsError, match="go beyond the speculation's gamma=3"):
     Budget(tiers=(1, 4)).tiers_for(3)
-  for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}):
+  for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}, {"margin": -0.1},
+              {"margin": float("nan")}, {"margin": True}):
     with pytest.raises(SettingsError):
       Budget(**bad)
   assert CostCurves().get(8, 2) == pytest.approx(1.2)  # the relative model before warmup measured
@@ -106,7 +132,7 @@ def engine():
   """A draft model (partly accepted) under the default budget, 3 slots, warmed up (programs and cost curves)."""
   target, speculation = _case("draft")
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=1,
-                 modes=("greedy",), row_buckets=(1, 3))
+                 modes=("greedy",), row_buckets=(1, 3), budget=NO_MARGIN)
   e.warmup()
   return e
 
@@ -114,6 +140,16 @@ def engine():
 def _costs(engine, per_token: float) -> CostCurves:
   return CostCurves({(r, e.gamma): 1.0 + per_token * e.gamma for r in engine.row_buckets
                      for e in engine.table.entries})
+
+
+def _serve_prompts(engine, refs) -> list:
+  """Every prompt through `engine` (arriving one a step), its greedy tokens checked against plain decoding; the
+  engine's step outputs."""
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(engine, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs
+  return outputs
 
 
 def test_warmup_measures_every_cost_and_compiles_a_bounded_set(engine, refs):
@@ -132,20 +168,14 @@ def test_warmup_measures_every_cost_and_compiles_a_bounded_set(engine, refs):
 
 def test_forced_costs_make_it_plain_everywhere(engine, refs, monkeypatch):
   monkeypatch.setattr(engine, "costs", _costs(engine, per_token=5.0))
-  outputs = []
-  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
-  drive(engine, requests, outputs=outputs)
-  assert [r.tokens for r in requests] == refs
+  outputs = _serve_prompts(engine, refs)
   ran = [o for o in outputs if o.entry is not None]
   assert ran and all(o.entry.gamma == 0 and not o.limits.any() and not o.drafted.any() for o in ran)
 
 
 def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, refs, monkeypatch):
   monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
-  outputs = []
-  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
-  drive(engine, requests, outputs=outputs)
-  assert [r.tokens for r in requests] == refs
+  outputs = _serve_prompts(engine, refs)
   tiers = {o.entry.gamma for o in outputs if o.entry is not None}
   assert len(tiers) >= 2, tiers  # the estimates moved the choice
   for o in outputs:  # a slot's limit never exceeds its step's tier, and idle slots draft nothing
@@ -182,15 +212,22 @@ def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
 def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
   target = _llama(0)
   e = SlotEngine(target, jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
-                 max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",))
-  e.costs = _costs(e, per_token=0.5)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
+                 max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",), budget=NO_MARGIN)
+  e.costs = _costs(e, per_token=0.4)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
   outputs = []
   requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
   drive(e, requests, outputs=outputs)
   assert [r.tokens for r in requests] == [refs[0], refs[2]]
   ran = [o.entry.gamma for o in outputs if o.entry is not None]
-  assert ran[0] == 2 and ran[-1] == 3, ran
+  assert ran[0] == 2 and 3 in ran, ran  # (the last steps may be plain: the rows have a token or two left)
   assert all(o.accepted.sum() == o.drafted.sum() for o in outputs)
+  # Requests of 2 tokens have 1 left after the insert: any tier gives it in one iteration, so the cheaper plain
+  # step is chosen however well the draft does (the cap on each row's expected tokens; without it: 3).
+  outputs = []
+  requests = [Request(PROMPTS[i], RequestSettings(2)) for i in (0, 2)]
+  drive(e, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == [refs[0][:2], refs[2][:2]]
+  assert [o.entry.gamma for o in outputs if o.entry is not None] == [0]
 
 
 @pytest.mark.slow
@@ -202,13 +239,10 @@ def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
   else:
     target, speculation = _case(name)
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=2,
-                 modes=("greedy",))
+                 modes=("greedy",), budget=NO_MARGIN)
   assert [t.gamma for t in e.table.entries] == ([0, 2] if name == "tree" else [0, 1, 2, 3])
   e.costs = _costs(e, per_token=0.3)
-  outputs = []
-  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
-  drive(e, requests, outputs=outputs)
-  assert [r.tokens for r in requests] == refs
+  outputs = _serve_prompts(e, refs)
   assert any(o.entry is not None and o.entry.gamma > 0 for o in outputs)
 
 

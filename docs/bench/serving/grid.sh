@@ -5,7 +5,9 @@
 # target's and the draft's directories, as qwen_rounds.sh). CONCURRENCY, ROUNDS, REQUESTS (0: 2 x concurrency),
 # SLOTS (64) and ARMS (budget,fixed,plain: the servers started, plain always last; three Qwen servers need ~31 GB,
 # so on a 24 GB machine the Qwen pair runs ARMS=budget,plain and ARMS=fixed,plain) override the grid. Writes
-# docs/bench/serving/grid_$PAIR[_$TAG].{md,json,png} and the budget server's cost curves.
+# docs/bench/serving/grid_$PAIR[_$TAG].{md,json,png} and the budget server's cost curves. The budget server starts
+# first and alone (its warm-up times the step costs it chooses by; beside other servers' compilation they were
+# up to 12 % off).
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
 PY=${PY:-.venv/bin/python}
@@ -31,9 +33,12 @@ for arm in ${ARMS//,/ }; do
     *) echo "unknown arm $arm (budget, fixed, plain)" >&2; exit 2 ;;
   esac
   pids+=($!) servers+=("$arm=http://127.0.0.1:$port")
+  trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
+  if [ "$arm" = budget ]; then  # its warm-up times the step-cost curves: alone, not beside other compilations
+    for _ in $(seq 1 900); do curl -sf http://127.0.0.1:$port/health >/dev/null && break; sleep 2; done
+  fi
   port=$((port + 1))
 done
-trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
 for s in "${servers[@]}"; do
   for _ in $(seq 1 900); do curl -sf ${s#*=}/health >/dev/null && break; sleep 2; done
 done
