@@ -19,9 +19,15 @@ c(R, k) timed in warmup:
     iterations, left_b the tokens row b may still give (its max_tokens less those it gave). A row that ends
     within the step gives nothing for the rest of it, so a wide tier, whose rows end sooner, is charged for the
     iterations it would spend on a finished row (without the cap the embedded pair drafted at 32 rows, where its
-    steps gave no more tokens per second than plain ones: 1.71 against 1.78 tokens/ms);
+    steps gave no more tokens per second than plain ones: 1.71 against 1.78 tokens/ms); and when every row ends
+    within the step the loop stops early, so its cost is taken for the iterations expected to run,
+    max_b ceil(left_b / e_b) of the I (e_b: row b's expected tokens an iteration);
   - the tier maximising E(k) / c'(R, k) (ties: the shorter), R the step's row bucket, c'(R, 0) = c(R, 0) and
-    c'(R, k) = (1 + margin) c(R, k) for a drafting tier.
+    c'(R, k) = (1 + margin) c(R, k) for a drafting tier, plus, when one of its drafting rows rested longer than
+    gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed of the drafts from
+    position 0: up to half a drafting step at 32 and 64 rows on the embedded pair) spread over the drafting steps
+    expected to follow. Without it the budget went back and forth between plain and drafting at 16 and 32 rows,
+    paying a re-feed at each return.
 
 The margin (Budget.margin, 0.2 by default) stands for what a step's own ratio leaves out and always counts against
 drafting: a draft that rested must be woken and caught up before it drafts, and a longer step keeps the slots of
@@ -96,6 +102,9 @@ class CostCurves:
   of `Budget.repeats` runs). A pair not measured gets DEFAULT_COST_PER_TOKEN's relative model."""
 
   seconds: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
+  # catchup[R]: seconds a drafting step at row bucket R costs beyond c(R, k) right after plain steps (its drafts
+  # caught up from a lag longer than gamma: a re-feed from position 0), as warmup timed it.
+  catchup: dict[int, float] = dataclasses.field(default_factory=dict)
 
   def get(self, rows: int, k: int) -> float:
     if (rows, k) in self.seconds:
@@ -107,10 +116,13 @@ class CostCurves:
     return bool(self.seconds)
 
   def lines(self) -> list[str]:
-    """One line per row bucket: 'rows R: k=0 1.2 ms, k=1 1.5 ms, ...' (launch/serve.py prints them)."""
+    """One line per row bucket: 'rows R: k=0 1.2 ms, k=1 1.5 ms, ..., catch-up 0.4 ms' (launch/serve.py prints
+    them)."""
     out = []
     for rows in sorted({r for r, _ in self.seconds}):
       cells = ", ".join(f"k={k} {self.seconds[(r, k)] * 1e3:.2f} ms" for r, k in sorted(self.seconds) if r == rows)
+      if rows in self.catchup:
+        cells += f", catch-up {self.catchup[rows] * 1e3:.2f} ms"
       out.append(f"rows {rows}: {cells}")
     return out
 
@@ -143,22 +155,41 @@ def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | Non
                     iterations: int = 1) -> float:
   """E = sum_b min(left[b], iterations (1 + s(b, 1) + ... + s(b, limits[b]))); without `left` (no cap)
   iterations times sum_b (1 + s(b, 1) + ... + s(b, limits[b]))."""
+  return float(np.sum(_per_row(surv, limits, left, iterations)[0]))
+
+
+def per_row_rate(surv: np.ndarray, limits: np.ndarray) -> np.ndarray:
+  """[A] each row's expected tokens an iteration: 1 + s(b, 1) + ... + s(b, limits[b])."""
   take = np.arange(surv.shape[1])[None] < limits[:, None]
-  per_row = iterations * (1.0 + np.sum(np.where(take, surv, 0.0), axis=1))
-  if left is not None:
-    per_row = np.minimum(per_row, np.asarray(left, np.float64))
-  return float(np.sum(per_row))
+  return 1.0 + np.sum(np.where(take, surv, 0.0), axis=1)
+
+
+def _per_row(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None, iterations: int
+             ) -> tuple[np.ndarray, float]:
+  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run): the loop
+  stops once every row has ended, so a step whose rows all end within it runs max_b ceil(left_b / e_b) of its
+  iterations (e_b: row b's expected tokens an iteration); 1 without `left`."""
+  per_iteration = per_row_rate(surv, limits)
+  per_row = iterations * per_iteration
+  if left is None or not len(per_row):
+    return per_row, 1.0
+  left = np.asarray(left, np.float64)
+  runs = np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration))
+  return np.minimum(per_row, left), float(np.max(runs)) / iterations
 
 
 def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], theta: float,
            tree: Sequence[bool] | None = None, left: np.ndarray | None = None, iterations: int = 1,
-           margin: float = 0.0) -> Choice:
+           margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
   to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
   wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
   whether it is a tree (no per-row limit: every row drafts the whole tree, and E counts its depths' survivals).
   left: [A] the tokens each row may still give (None: no cap); iterations: the step's loop iterations; margin:
-  a drafting tier's cost is taken (1 + margin) times."""
+  a drafting tier's cost is taken (1 + margin) times; behind: [A] bool rows whose draft rested longer than gamma
+  (plain steps since they last drafted): a drafting tier where one of them drafts also pays `catchup` seconds,
+  spread over the drafting steps expected to follow (the median over its drafting rows of left_b / (I e_b), at
+  least 1: the catch-up is paid once, the drafting it buys lasts)."""
   surv = survival(alpha)
   costs = np.maximum.accumulate(np.asarray(costs, np.float64))
   best = None
@@ -169,8 +200,14 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       limits = row_limits(surv, k, theta)
       if k > 0 and not limits.any():  # nobody would draft: this tier is plain decoding at a higher cost
         continue
-    e = expected_tokens(surv, limits, left, iterations)
-    cost = cost * (1.0 + margin) if k > 0 else cost
+    per_row, share = _per_row(surv, limits, left, iterations)
+    e = float(np.sum(per_row))
+    cost = cost * share * ((1.0 + margin) if k > 0 else 1.0)
+    drafting = limits > 0
+    if catchup > 0 and behind is not None and np.any(np.asarray(behind) & drafting):
+      steps = 1.0 if left is None else float(np.median(np.asarray(left, np.float64)[drafting]
+                                                       / (iterations * per_row_rate(surv, limits)[drafting])))
+      cost += catchup / max(1.0, steps)
     if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
       best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
   return best

@@ -362,6 +362,8 @@ class SlotEngine:
     self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
+    self._behind = np.zeros((self.slots,), bool)  # its draft rested (plain steps since it last drafted): the
+                                                  # budget's next drafting step re-feeds it (CostCurves.catchup)
 
   # -- construction ------------------------------------------------------------------------------------------
 
@@ -470,6 +472,7 @@ class SlotEngine:
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
     self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
+    self._behind[slot] = False
     return InsertOutput(tokens=tokens, reason=reason)
 
   def _insert_mode(self, needed: str) -> str:
@@ -507,7 +510,8 @@ class SlotEngine:
     choice = choose(self.estimates()[slots], [e.gamma for e in entries], [self.costs.get(rows, e.gamma)
                                                                           for e in entries],
                     self.budget.theta, tree=[e.tree is not None for e in entries], left=self._left[slots],
-                    iterations=self.iterations_per_step, margin=self.budget.margin)
+                    iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
+                    catchup=self.costs.catchup.get(rows, 0.0))
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = choice.limits
     return (choice.tier, mode, rows), limits
@@ -567,6 +571,8 @@ class SlotEngine:
       self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
+    if limits is not None:  # the budget: rows that drafted caught up; active rows that did not fell behind
+      self._behind = np.where(limits > 0, False, self._behind | self._active)
     w = prog.width
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
     out_tokens, reasons = [], []
@@ -616,20 +622,22 @@ class SlotEngine:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
     when they have too few tokens left for the next tier), then per tier k one untimed step of its program (the
-    draft's wake on the first drafting one) and Budget.repeats timed ones; the median. Rows that run out of tokens
-    end a measurement early (an engine of a few max_new_tokens)."""
+    draft's wake on the first drafting one) and Budget.repeats timed ones; the median. The first drafting tier's
+    untimed step, run on the rows the plain steps decoded (their drafts rested), less its median is
+    `costs.catchup[R]`. Rows that run out of tokens end a measurement early (an engine of a few max_new_tokens)."""
     mode, repeats = self.modes[0], self.budget.repeats
     settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
     for rows in self.row_buckets:
-      slots, left = [], 0
+      slots, left, previous = [], 0, None
       for i, entry in enumerate(self.table.entries):
         key = (i, mode, rows)
         if key not in self._programs:
           continue
+        after_plain = bool(entry.gamma) and previous == 0  # the plain steps' rows, their drafts rested
         if not slots or left < (repeats + 1) * self.iterations_per_step * (entry.gamma + 1):
           for slot in slots:
             self.free(slot)
-          slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
+          slots, left, after_plain = self.free_slots()[:rows], self.max_new_tokens - 1, False
           for slot in slots:
             self.insert(slot, [self.pad_id], settings)
         times = []
@@ -638,11 +646,14 @@ class SlotEngine:
             break
           started = time.perf_counter()
           out = self.step(program=key)
-          if n:
-            times.append(time.perf_counter() - started)
+          times.append(time.perf_counter() - started)
           left -= max(len(out.tokens[s]) for s in slots)
+        first, times = times[:1], times[1:]
         if times:
           self.costs.seconds[(rows, entry.gamma)] = float(np.median(times))
+          if after_plain:
+            self.costs.catchup[rows] = max(0.0, first[0] - float(np.median(times)))
+        previous = entry.gamma
       for slot in slots:
         self.free(slot)
 

@@ -71,15 +71,20 @@ def test_choose_follows_the_costs():
 
 def test_a_row_near_its_end_is_charged_for_the_iterations_it_cannot_use():
   # alpha 0.9: a chain tier of 4 expects 1 + .9 + .81 + .73 + .66 = 4.1 tokens an iteration, plain 1; the tier
-  # costs 2.5 plain steps. Rows far from their end draft; rows with 3 tokens left give them in one plain step of 4
-  # iterations as in a drafting one, so the cheaper plain step wins (without the cap they drafted).
+  # costs 2.5 plain steps. Rows far from their end draft. Three rows with 3 tokens left beside one far from its
+  # end: the step runs its 4 iterations either way, the three give their 3 tokens in a plain step as in a drafting
+  # one, and the cheaper plain step wins (13 tokens at 1 against 25.4 at 2.5; without the cap: 4 + 3 x 16.4).
   alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5]
   assert choose(alpha, tiers, costs, 0.2).k == 4
   assert choose(alpha, tiers, costs, 0.2, left=np.full((4,), 64), iterations=4).k == 4
-  near = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 3), iterations=4)
-  assert near.k == 0 and near.expected == pytest.approx(12.0)
+  near = choose(alpha, tiers, costs, 0.2, left=np.array([3, 3, 3, 64]), iterations=4)
+  assert near.k == 0 and near.expected == pytest.approx(13.0)
   assert expected_tokens(survival(alpha), np.full((4,), 4), np.array([3, 64, 64, 64]), 4) == pytest.approx(
       3 + 3 * 4 * (1 + .9 + .81 + .729 + .6561))
+  # When every row ends within the step the loop stops early: a drafting step that ends them all in one iteration
+  # costs a quarter of its 4 (2.5 / 4 against plain's 3 iterations of 4: 12 tokens at 0.625 against 12 at 0.75).
+  ending = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 3), iterations=4)
+  assert ending.k == 4 and ending.cost == pytest.approx(0.625)
 
 
 def test_the_margin_counts_against_drafting():
@@ -90,6 +95,33 @@ def test_the_margin_counts_against_drafting():
   held = choose(alpha, tiers, [1.0, 3.5], 0.2, margin=Budget().margin)
   assert Budget().margin == pytest.approx(0.2) and held.k == 0
   assert choose(alpha, tiers, [1.0, 2.0], 0.2, margin=0.2).k == 4
+
+
+def test_a_rested_draft_pays_its_catch_up_spread_over_the_drafting_it_buys():
+  alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5]
+  behind = np.ones((4,), bool)
+  assert choose(alpha, tiers, costs, 0.2, behind=~behind, catchup=5.0).k == 4  # caught up: 4.1 / 2.5 > 1
+  # Rested rows: the re-feed (5) makes one drafting step cost 7.5, more than its 4.1 tokens are worth...
+  assert choose(alpha, tiers, costs, 0.2, behind=behind, catchup=5.0).k == 0
+  # ... but rows with 64 tokens left draft about 3.9 steps on it: 2.5 + 5 / 3.9 = 3.78 for 65.6 tokens against 16.
+  far = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 64), iterations=4, behind=behind, catchup=5.0)
+  assert far.k == 4 and far.cost == pytest.approx(2.5 + 5.0 / (64 / (4 * 4.0951)))
+
+
+def test_the_engine_tracks_rested_drafts_and_times_their_catch_up(engine):
+  assert all(v >= 0 for v in engine.costs.catchup.values())
+  plain, drafting = (0, "greedy", 3), (len(engine.table.entries) - 1, "greedy", 3)
+  slots = []
+  for p in PROMPTS[:2]:
+    slots.append(engine.free_slots()[0])
+    engine.insert(slots[-1], p, RequestSettings(MAX_NEW))
+  assert not engine._behind[slots].any()  # pylint: disable=protected-access  (a new row's draft is current)
+  engine.step(program=plain)
+  assert engine._behind[engine.active_slots()].all()  # pylint: disable=protected-access
+  engine.step(program=drafting)
+  assert not engine._behind.any()  # pylint: disable=protected-access  (they drafted: caught up)
+  for slot in engine.active_slots():
+    engine.free(slot)
 
 
 def test_budget_settings_are_checked():
