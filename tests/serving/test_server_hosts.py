@@ -35,17 +35,17 @@ MAX_NEW = 12
 
 
 @contextlib.contextmanager
-def _job(tmp_path):
-  """Two serve.py processes, yielded once process 0 answers /health with 200: (processes, url, tail(i, chars)),
-  tail: the last `chars` of process i's output (None: all of it)."""
+def _job(tmp_path, *flags: str):
+  """Two serve.py processes (and `flags`), yielded once process 0 answers /health with 200: (processes, url,
+  tail(i, chars)), tail: the last `chars` of process i's output (None: all of it)."""
   port, coordinator = free_port(), free_port()
   env = script_env(XLA_FLAGS=compile_env()["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2")
   common = ["--slots=4", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--gamma=3", "--modes=greedy",
             "--mesh=data:2,model:2", f"--coordinator_address=127.0.0.1:{coordinator}", "--num_processes=2",
             f"--port={port}", "--log_level=warning"]
   logs = [open(tmp_path / f"process{i}.txt", "w+b") for i in range(2)]  # pylint: disable=consider-using-with
-  procs = [subprocess.Popen([sys.executable, "launch/serve.py", *common, f"--process_id={i}"], cwd=ROOT, env=env,
-                            stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, "launch/serve.py", *common, *flags, f"--process_id={i}"], cwd=ROOT,
+                            env=env, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
 
   def tail(i, chars=3000):
     logs[i].flush()
@@ -96,7 +96,7 @@ def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
 
 @pytest.mark.slow
 def test_a_follower_that_dies_ends_the_job(tmp_path):
-  with _job(tmp_path) as (procs, url, tail):
+  with _job(tmp_path, "--speculation=fixed") as (procs, url, tail):  # no budget to compile and time: not its point
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
     client.completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0, max_tokens=MAX_NEW)
     procs[1].kill()
