@@ -93,16 +93,11 @@ def _row_buckets() -> list[int] | None:
 
 
 def _budget(draft, table):
-  """The engine's `budget` argument: a Budget with --speculation=budget, a draft and no table on one process, else
-  False (said on stderr when several processes make it the fixed --gamma)."""
+  """The engine's `budget` argument: a Budget with --speculation=budget, a draft and no table, else False (over
+  several processes process 0 chooses each step and every process runs its choice: jaxspec/serving/hosts.py)."""
   from jaxspec.errors import SettingsError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import Budget  # pylint: disable=import-outside-toplevel
-  import jax  # pylint: disable=import-outside-toplevel
   if draft is None or table is not None or _SPECULATION.value == "fixed":
-    return False
-  if jax.process_count() > 1:
-    print("note: the verification budget runs on one process: the fixed --gamma / --tree is served "
-          "(--speculation=fixed).", file=sys.stderr, flush=True)
     return False
   try:
     tiers = tuple(int(v) for v in _BUDGET_TIERS.value) or None

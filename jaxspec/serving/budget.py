@@ -9,9 +9,9 @@
 Each step the engine runs one compiled program of a bounded set of tiers (draft lengths k: by default 0, 1, 2, 4
 and the speculation's gamma, those <= gamma; plain decoding is k = 0, the drafter resting), with a per-row limit
 on the draft length inside it (the variable-length path `generate`'s adaptive schedules use: `Drafter.propose`'s
-`limit`). The choice is the host's, from the previous step's per-row, per-position acceptance estimates
-(decoding/device/estimates.py, which the step's one packed copy brings back) and from the step-cost curves
-c(R, k) timed in warmup:
+`limit`). The choice is the host's (over several processes process 0's, which every process runs: hosts.py),
+from the previous step's per-row, per-position acceptance estimates (decoding/device/estimates.py, which the
+step's one packed copy brings back) and from the step-cost curves c(R, k) timed in warmup:
 
   - per row b its survival s(b, j) = a(b, 1) ... a(b, j) (the probability that its j-th draft is accepted);
   - per tier k each row's limit k_b = the largest j <= k with s(b, j) >= theta (0: it drafts nothing);

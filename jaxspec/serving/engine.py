@@ -46,14 +46,14 @@ engine computes a few rows, not every slot; R == slots decodes the state as it i
 their max_tokens, non-finite logits) are frozen on the device inside the step (the loop's `done`) and freed on the
 host; `free(slot)` stops a slot from the host (its flag goes in with the next step).
 
-Step programs. Per step the engine picks one compiled program from the host's view of the active slots, never per
-request: the `SpeculationTable` entry for their number (a chain of some gamma, a tree, or plain decoding; one
-entry when no table is given and the budget is off), or under the verification budget (budget.py, the default
-with a speculation and no table) the tier its choice picks from the rows' acceptance estimates (SlotState.est_sum /
-est_count, updated in every iteration and copied back with the step's tokens) and warmup's step-cost curves, with
-per-row draft limits passed to the device (`LoopState.limit`); and the sampling mode of the active rows: "greedy"
-(every active row at temperature
-0: argmax on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
+Step programs. Per step the engine picks (`plan_step()`: the program's key and the budget's per-slot limits) one
+compiled program from the host's view of the active slots, never per request: the `SpeculationTable` entry for
+their number (a chain of some gamma, a tree, or plain decoding; one entry when no table is given and the budget
+is off), or under the verification budget (budget.py, the default with a speculation and no table) the tier its
+choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
+copied back with the step's tokens) and warmup's step-cost curves, with per-row draft limits passed to the device
+(`LoopState.limit`); and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax
+on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
 the sort): each request's `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes
 temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a temperature-0 row gets the one-hot
 distribution of its argmax on both sides, which makes the min(1, p/q) acceptance exactly greedy acceptance: its
@@ -94,7 +94,9 @@ gathered and written back on that device). Before allocating, the slots' memory 
 (`memory_guard.check_slots`): CacheTooLargeError naming --slots and the most slots that fit.
 
 Threads: an engine is driven by one thread at a time (insert, step and free replace the donated state); a server
-runs them from one loop and hands results to its request handlers.
+runs them from one loop and hands results to its request handlers. Processes: over several (hosts.py) process 0's
+engine plans each step and every process runs that plan (`step(program=key, limits=limits)`), so all run the same
+program with the same limits whatever cost curves each timed in its warmup.
 
 Shapes: S slots, R rows decoded by a step (a row bucket), W = iterations_per_step * (max gamma + 1) tokens per
 slot and step at most.
@@ -160,7 +162,7 @@ class StepOutput:
 def _budget(budget, speculation, table) -> Budget | None:
   """The engine's verification budget from its `budget` argument (SlotEngine's docstring), or None: off."""
   if budget is None:
-    return Budget() if speculation is not None and table is None and jax.process_count() == 1 else None
+    return Budget() if speculation is not None and table is None else None
   if budget is False:
     return None
   if budget is True:
@@ -171,9 +173,6 @@ def _budget(budget, speculation, table) -> Budget | None:
     raise SettingsError("budget: the verification budget chooses draft lengths: it needs a speculation (--draft).")
   if table is not None:
     raise SettingsError("budget and table (--speculation_table) both choose the draft length: pass one of them.")
-  if jax.process_count() > 1:
-    raise SettingsError("the verification budget runs on one process (its cost curves are this process's "
-                        "timings): pass budget=False (--speculation=fixed) or a table over several processes.")
   return budget
 
 
@@ -238,8 +237,10 @@ class SlotEngine:
       greedy); one that no compiled mode decodes is refused at insert.
     budget: the verification budget (jaxspec/serving/budget.py): each step picks a compiled draft length (a
       tier, 0 = plain) and per-row limits from the rows' acceptance estimates and warmup's step-cost curves. None:
-      on (`Budget()`) when `speculation` is given without `table` on one process, else off; False: off (the
-      speculation's fixed gamma / tree at every step); True or a `Budget`: on (needs `speculation`, no `table`).
+      on (`Budget()`) when `speculation` is given without `table`, else off; False: off (the speculation's fixed
+      gamma / tree at every step); True or a `Budget`: on (needs `speculation`, no `table`). Over several
+      processes process 0 chooses (`plan_step`) and every process runs its choice (`step(program=, limits=)`:
+      jaxspec/serving/hosts.py).
 
   Before allocating, the slots' memory is checked against a device's free memory (`memory_guard.check_slots`:
   the caches at slots x (prompt bucket + max_new_tokens + the widest step's slack) for the target and the
@@ -496,8 +497,15 @@ class SlotEngine:
     """The least general compiled mode that decodes a request needing `needed` exactly (None: none does)."""
     return next((m for m in self.modes if MODES.index(m) >= MODES.index(needed)), None)
 
-  def _pick(self) -> tuple[tuple[int, str, int], np.ndarray | None]:
-    """The step's program key and, under the verification budget, its per-slot draft limits [S] int32."""
+  def plan_step(self) -> tuple[tuple[int, str, int], np.ndarray | None]:
+    """The next step's choice from the host's view of the active slots: its program key (table entry, sampling
+    mode, rows decoded: one of `programs`) and, under the verification budget, the per-slot draft limits [S] int32
+    (each in [0, the tier's gamma], 0 for idle slots; None without a budget): the table entry for the number of
+    active slots, or the budget's tier and limits from the slots' estimates and `costs`. `step()` runs exactly
+    this; `step(program=key, limits=limits)` runs it on another process (hosts.Leader: process 0 decides).
+    SettingsError when no slot is active (nothing to decode)."""
+    if not self._active.any():
+      raise SettingsError("plan_step: no slot is active (insert a request first): there is no step to plan.")
     active = [r for r in self._requests if r is not None]
     needed = max((r.sampling.mode for r in active), key=MODES.index)
     fullest = int(self._active.reshape(self._groups, -1).sum(axis=1).max())
@@ -542,18 +550,45 @@ class SlotEngine:
       index.append(g * per_group + np.sort(np.concatenate([active, idle])))
     return np.concatenate(index).astype(np.int32)
 
-  def step(self, *, program: tuple[int, str, int] | None = None) -> StepOutput:
+  def _check_limits(self, program, limits) -> np.ndarray:
+    """`step`'s forced limits as [S] int32; SettingsError naming what is wrong with them."""
+    if self.budget is None:
+      raise SettingsError("limits: per-slot draft limits are the verification budget's, and this engine has none "
+                          "(budget=False, a table or plain decoding).")
+    if program is None:
+      raise SettingsError("limits need the program they were chosen for: pass program= too (engine.plan_step() "
+                          "gives both).")
+    gamma = self.table.entries[program[0]].gamma
+    try:
+      array = np.asarray(limits)
+    except (TypeError, ValueError):
+      array = None
+    if (array is None or array.shape != (self.slots,) or not np.issubdtype(array.dtype, np.integer)
+        or array.min(initial=0) < 0 or array.max(initial=0) > gamma):
+      shown = limits if array is None else array.tolist()  # a list's repr is one line, an array's may not be
+      raise SettingsError(f"limits must be {self.slots} integers (one per slot) in [0, {gamma}] (the draft length of "
+                          f"program {program!r}), got {shown!r}.")
+    return array.astype(np.int32)
+
+  def step(self, *, program: tuple[int, str, int] | None = None, limits: Sequence[int] | None = None
+           ) -> StepOutput:
     """Runs <= iterations_per_step loop iterations over every active slot (one compiled program, one copy to the
-    host) and frees the slots that finished. program: a key of `programs` to force one (warmup, tests)."""
+    host) and frees the slots that finished. Without arguments it runs `plan_step()`'s choice.
+    program: a key of `programs` to force one (warmup, tests, a follower replaying process 0's choice); under the
+    verification budget every slot then drafts up to the tier's length unless limits says otherwise.
+    limits: [S] ints, each in [0, the program's gamma]: the per-slot draft limits to run it with (only with a
+    budget and a program: `plan_step()` gives both). Bad values: one SettingsError naming them."""
     n = self.slots
     if program is not None and not self._known(program):
       raise SettingsError(f"program must be one of engine.programs ((table entry, mode, rows) keys, e.g. "
                           f"{next(iter(self._programs))!r}), got {program!r}.")
+    if limits is not None:
+      limits = self._check_limits(program, limits)
     if not self._active.any() and program is None:
       zeros = np.zeros((n,), np.int64)
       return StepOutput(tokens=[[] for _ in range(n)], finished=np.zeros((n,), bool), reasons=[None] * n,
                         drafted=zeros, accepted=zeros.copy())
-    key, limits = self._pick() if program is None else (program, None)
+    key, limits = self.plan_step() if program is None else (program, limits)
     if self.budget is not None and limits is None:  # a forced program: every row drafts its tier's length
       limits = np.full((self.slots,), self.table.entries[key[0]].gamma, np.int32)
     if not self.table.entries[key[0]].plain:
@@ -624,7 +659,10 @@ class SlotEngine:
     when they have too few tokens left for the next tier), then per tier k one untimed step of its program (the
     draft's wake on the first drafting one) and Budget.repeats timed ones; the median. The first drafting tier's
     untimed step, run on the rows the plain steps decoded (their drafts rested), less its median is
-    `costs.catchup[R]`. Rows that run out of tokens end a measurement early (an engine of a few max_new_tokens)."""
+    `costs.catchup[R]`. Rows that run out of tokens end a measurement early (an engine of a few max_new_tokens).
+    What runs depends on the engine's settings and the steps' token counts only, never on a timing: over several
+    processes every process runs the same programs in the same order (each times its own; only process 0's curves
+    choose: `plan_step` runs there alone)."""
     mode, repeats = self.modes[0], self.budget.repeats
     settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
     for rows in self.row_buckets:

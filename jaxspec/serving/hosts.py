@@ -14,6 +14,10 @@ calls in the same order: insert, free, step, warmup. `Leader` publishes each cal
 key-value store (JAX's coordination service, which `jax.distributed.initialize` already runs: no new service) under
 a sequence number before making it; `follow` reads call n and makes it on its own engine, which keeps the same host
 bookkeeping (active slots, row buckets, wakes) and so runs the same compiled programs on its own shards. Process 0
+decides each step: `Leader.step` publishes its engine's `plan_step()` (the program key and, under the verification
+budget, the per-slot draft limits from process 0's estimates and warmup's cost curves) and every process runs
+exactly that (`step(program=, limits=)`): each process's warmup times its own curves (the same programs in the same
+order), and a choice of their own would run other programs (a collective that never completes). Process 0
 alone detokenizes and answers. A call its engine refuses on process 0 (a bad prompt, a busy slot) is refused the
 same way on every process before any device work, and skipped.
 
@@ -110,11 +114,18 @@ class Leader:
     self._publish("warmup")
     self._engine.warmup()
 
-  def step(self, *, program=None):
+  def step(self, *, program=None, limits=None):
+    """The engine's step, its choice made here: without `program`, process 0's `plan_step()` (the program key and
+    the verification budget's per-slot limits, from this process's estimates and cost curves) is published and
+    every process runs exactly it, never a choice of its own."""
     if program is None and not self._engine.active_slots():
       return self._engine.step()  # nothing active: no device call anywhere
-    self._publish("step", program=program)
-    out = self._engine.step(program=program)
+    if program is None:
+      program, limits = self._engine.plan_step()
+    if hasattr(limits, "tolist"):  # an array: plain Python numbers, a small pickle (checked by every engine alike)
+      limits = limits.tolist()
+    self._publish("step", program=program, limits=limits)
+    out = self._engine.step(program=program, limits=limits)
     for n in range(self._deleted, self._sent):  # every process has read these calls (the step needed them all)
       self._client.key_value_delete(f"{_PREFIX}{n}")
     self._deleted = self._sent

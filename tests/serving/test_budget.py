@@ -8,14 +8,19 @@ every (rows, tier) cost and compiles every program (tiers x modes x row buckets)
 
 from __future__ import annotations
 
+import base64
+import pickle
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax._src import distributed
 
 import jaxspec
 from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
-from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry
+from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving.budget import Budget, CostCurves, choose, expected_tokens, row_limits, survival
 
 from engine_helpers import Request, drive, generate_tokens
@@ -293,3 +298,145 @@ def test_refusals_and_the_off_switch():
   assert not any(p.estimates for p in fixed._programs.values())  # pylint: disable=protected-access
   assert all(p.estimates for p in SlotEngine(target, speculation, **kwargs)._programs.values())  # pylint: disable=protected-access
   assert SlotEngine(target, None, **kwargs).budget is None  # plain decoding: nothing to choose
+
+
+# -- the choice made once, run anywhere (process 0 decides over several processes: hosts.py) ---------------------
+
+class _Planned:
+  """`engine` whose step is `step(program=, limits=)` of a plan: plan(engine) -> (key, limits)."""
+
+  def __init__(self, engine, plan):
+    self._engine, self._plan = engine, plan
+
+  def __getattr__(self, name):
+    return getattr(self._engine, name)
+
+  def step(self):
+    if not self._engine.active_slots():
+      return self._engine.step()
+    key, limits = self._plan(self._engine)
+    return self._engine.step(program=key, limits=limits)
+
+
+def _same_steps(a, b) -> None:
+  """Two runs' StepOutputs (those that ran a program) are the same steps: program, limits, counts and tokens."""
+  a, b = [o for o in a if o.entry is not None], [o for o in b if o.entry is not None]
+  assert len(a) == len(b) and a
+  for x, y in zip(a, b):
+    assert (x.entry, x.mode, x.rows, x.tokens) == (y.entry, y.mode, y.rows, y.tokens)
+    for field in ("limits", "drafted", "accepted", "iterations"):
+      np.testing.assert_array_equal(getattr(x, field), getattr(y, field), err_msg=field)
+
+
+def test_a_forced_plan_decodes_as_the_engines_own_choice(engine, refs, monkeypatch):
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  runs = []
+  for driven in (engine, _Planned(engine, lambda e: e.plan_step())):
+    outputs = []
+    requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+    drive(driven, requests, outputs=outputs)
+    assert [r.tokens for r in requests] == refs
+    runs.append(outputs)
+  _same_steps(*runs)
+  assert len({o.entry.gamma for o in runs[0] if o.entry is not None}) >= 2  # the plans moved between tiers
+
+
+def test_forced_limits_bound_each_slots_drafts_and_stay_exact(engine, refs):
+  """The widest tier at every step with limits 0, 1 and 3 for slots 0, 1 and 2 (one iteration per step: a slot
+  drafts at most its limit per step), whatever the engine would choose."""
+  widest = len(engine.table.entries) - 1
+  limits = np.array([0, 1, 3], np.int32)
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(_Planned(engine, lambda e: ((widest, "greedy", 3), limits)), requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs
+  ran = [o for o in outputs if o.entry is not None]
+  assert all(o.entry.gamma == 3 and (o.limits == limits).all() and (o.drafted <= limits).all() for o in ran)
+  assert max(o.drafted[2] for o in ran) == 3 and max(o.drafted[1] for o in ran) == 1
+
+
+def test_bad_limits_are_one_settings_error(engine):
+  with pytest.raises(SettingsError, match="no slot is active"):
+    engine.plan_step()
+  widest = (len(engine.table.entries) - 1, "greedy", 3)
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW))
+  try:
+    key, limits = engine.plan_step()
+    assert key in engine.programs and limits.shape == (3,) and limits[slot] <= engine.table.entries[key[0]].gamma
+    with pytest.raises(SettingsError, match="pass program= too"):
+      engine.step(limits=limits)
+    for bad in ([0, 0], [0, 0, 4], [0, -1, 0], [0.5, 0, 0], [True, False, True], "003", [[0, 0, 0]]):
+      with pytest.raises(SettingsError, match=r"limits must be 3 integers \(one per slot\) in \[0, 3\]"):
+        engine.step(program=widest, limits=bad)
+    with pytest.raises(SettingsError, match=r"in \[0, 0\]"):
+      engine.step(program=(0, "greedy", 3), limits=[0, 1, 0])  # plain drafts nothing
+    assert engine.active_slots() == [slot]  # nothing ran
+  finally:
+    engine.free(slot)
+  target, speculation = _case("draft")
+  fixed = SlotEngine(target, speculation, budget=False, slots=2, max_input_length=16, max_new_tokens=4)
+  with pytest.raises(SettingsError, match="this engine has none"):
+    fixed.step(program=fixed.programs[0], limits=[0, 0])
+
+
+class _Store:
+  """The distributed key-value store in a dict. A deleted call stays readable (recorded in `deleted`): the test's
+  follower replays the calls after the leader made them all, where a real one reads each before the next step."""
+
+  def __init__(self):
+    self.values, self.deleted = {}, set()
+
+  def key_value_set(self, key, value, allow_overwrite=False):  # pylint: disable=unused-argument
+    self.values[key] = value
+
+  def key_value_try_get(self, key):
+    return self.values[key]
+
+  def key_value_delete(self, key):
+    self.deleted.add(key)
+
+  def blocking_key_value_get(self, key, timeout_ms):  # pylint: disable=unused-argument
+    if key not in self.values:
+      raise RuntimeError(f"no {key}")  # not a timeout: a follower ends (SystemExit), a leader's stop goes on
+    return self.values[key]
+
+  def calls(self, name):
+    """The keyword arguments of every published call `name`, in order."""
+    prefix = hosts._PREFIX  # pylint: disable=protected-access
+    numbers = sorted(int(k[len(prefix):]) for k in self.values if k[len(prefix):].isdigit())
+    calls = [pickle.loads(base64.b64decode(self.values[f"{prefix}{n}"])) for n in numbers]
+    return [kwargs for n, _, kwargs in calls if n == name]
+
+
+def test_the_leader_publishes_its_choice_and_a_follower_runs_it(engine, refs, monkeypatch):
+  """Process 0's engine (cost curves that make it draft) leads; the follower's own curves would run plain
+  decoding everywhere (test_forced_costs_make_it_plain_everywhere), yet it runs the leader's tiers and limits."""
+  store = _Store()
+  monkeypatch.setattr(distributed.global_state, "client", store)
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  target, speculation = _case("draft")
+  follower = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
+                        iterations_per_step=1, modes=("greedy",), row_buckets=(1, 3))
+  follower.costs = _costs(follower, per_token=5.0)
+  led, followed = [], []
+  with monkeypatch.context() as m:  # a leader of two processes (its watch asks the store for process 1's beat)
+    m.setattr(jax, "process_count", lambda: 2)
+    leader = hosts.Leader(engine)
+  try:
+    requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+    drive(leader, requests, outputs=led)
+    assert [r.tokens for r in requests] == refs
+  finally:
+    leader.stop("the test stopped")
+  steps = store.calls("step")
+  ran = [o for o in led if o.entry is not None]
+  assert [(s["program"], s["limits"]) for s in steps] == [((engine.table.entries.index(o.entry), o.mode, o.rows),
+                                                            o.limits.tolist()) for o in ran]
+  assert any(o.entry.gamma > 0 for o in ran)
+  real_step = follower.step
+  monkeypatch.setattr(follower, "step", lambda **kwargs: followed.append(real_step(**kwargs)) or followed[-1])
+  monkeypatch.setattr(jax, "process_index", lambda: 1)
+  assert hosts.follow(follower, poll_ms=10) == "the test stopped"
+  _same_steps(led, followed)
+  assert not follower.active_slots()

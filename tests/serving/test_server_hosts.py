@@ -1,6 +1,7 @@
 """launch/serve.py over two processes x 2 CPU devices on localhost (gloo; a data:2 x model:2 mesh over both): process
-0 serves HTTP and decides each step, process 1 makes the same engine calls (jaxspec/serving/hosts.py). The official
-openai client's greedy answers equal `generate`'s on one device; SIGTERM to process 0 ends both, process 1 with
+0 serves HTTP and decides each step, process 1 makes the same engine calls (jaxspec/serving/hosts.py). Under the
+verification budget (the default: process 0 chooses each step's tier and limits, process 1 runs its choice) the
+official openai client's greedy answers equal `generate`'s on one device; SIGTERM to process 0 ends both, process 1 with
 one line naming why; a follower killed mid-run ends process 0 (and so the job) in bounded time with one line. And, in
 this process over a fake store: `Leader.stop` and `follow` return only once their threads are out of the store (a
 thread still in a store call when the interpreter finalizes aborts the process: SIGTERM ended process 0 with -6)."""
@@ -34,21 +35,23 @@ MAX_NEW = 12
 
 
 @contextlib.contextmanager
-def _job(tmp_path):
-  """Two serve.py processes, yielded once process 0 answers /health with 200: (processes, url, tail(i))."""
+def _job(tmp_path, *flags: str):
+  """Two serve.py processes (and `flags`), yielded once process 0 answers /health with 200: (processes, url,
+  tail(i, chars)), tail: the last `chars` of process i's output (None: all of it)."""
   port, coordinator = free_port(), free_port()
   env = script_env(XLA_FLAGS=compile_env()["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2")
   common = ["--slots=4", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--gamma=3", "--modes=greedy",
             "--mesh=data:2,model:2", f"--coordinator_address=127.0.0.1:{coordinator}", "--num_processes=2",
             f"--port={port}", "--log_level=warning"]
   logs = [open(tmp_path / f"process{i}.txt", "w+b") for i in range(2)]  # pylint: disable=consider-using-with
-  procs = [subprocess.Popen([sys.executable, "launch/serve.py", *common, f"--process_id={i}"], cwd=ROOT, env=env,
-                            stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
+  procs = [subprocess.Popen([sys.executable, "launch/serve.py", *common, *flags, f"--process_id={i}"], cwd=ROOT,
+                            env=env, stdout=logs[i], stderr=subprocess.STDOUT) for i in range(2)]
 
-  def tail(i):
+  def tail(i, chars=3000):
     logs[i].flush()
     logs[i].seek(0)
-    return logs[i].read().decode(errors="replace")[-3000:]
+    text = logs[i].read().decode(errors="replace")
+    return text[-chars:] if chars else text
 
   try:
     deadline = time.monotonic() + 900
@@ -80,6 +83,10 @@ def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
     answers = [client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=MAX_NEW).choices[0].text
                for p in PROMPTS]
     assert answers == reference, (answers, reference)
+    logs = tail(0, None) + tail(1, None)
+    assert "verification budget over draft lengths [0, 1, 2, 3]" in logs, logs  # the default, as on one process
+    assert "ready; step costs" in logs, logs  # warm-up timed the curves on both processes (process 0's choose)
+    assert "runs on one process" not in logs, logs
     procs[0].send_signal(signal.SIGTERM)
     for p in procs:
       p.wait(120)  # both end, in bounded time
@@ -89,7 +96,7 @@ def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
 
 @pytest.mark.slow
 def test_a_follower_that_dies_ends_the_job(tmp_path):
-  with _job(tmp_path) as (procs, url, tail):
+  with _job(tmp_path, "--speculation=fixed") as (procs, url, tail):  # no budget to compile and time: not its point
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
     client.completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0, max_tokens=MAX_NEW)
     procs[1].kill()

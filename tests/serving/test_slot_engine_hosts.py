@@ -2,7 +2,7 @@
 (gloo), a data:2 x model:2 mesh over both, each process making the same inserts, frees and steps
 (tests/serving/hosts_worker.py): every process runs the same compiled programs over its own shards of the slots,
 and every request's greedy tokens equal `generate`'s on one device, in both processes. (Who decides the steps in a
-multi-process server, process 0, is not built yet: docs/serving.md, Scale.)"""
+multi-process server, process 0 through `hosts.Leader`: tests/serving/test_server_hosts.py, test_budget.py.)"""
 
 from __future__ import annotations
 
