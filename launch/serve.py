@@ -53,6 +53,9 @@ _BUDGET_TIERS = flags.DEFINE_list("budget_tiers", [], "The draft lengths the bud
 _BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a request's j-th token only while its "
                                    "estimated probability of being accepted (the survival) is at least this.",
                                    lower_bound=0.0, upper_bound=1.0)
+_BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.2, "The share a drafting step's cost is raised by when the "
+                                    "budget chooses (what one step's ratio omits: docs/serving.md).",
+                                    lower_bound=0.0, upper_bound=9.0)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots, and --slots. A seeded "
                           "request's tokens are the same alone and under load within one bucket and sampling mode "
@@ -92,20 +95,6 @@ def _row_buckets() -> list[int] | None:
     raise SettingsError(f"--row_buckets takes integers, got {','.join(_ROWS.value)}.") from None
 
 
-def _budget(draft, table):
-  """The engine's `budget` argument: a Budget with --speculation=budget, a draft and no table, else False (over
-  several processes process 0 chooses each step and every process runs its choice: jaxspec/serving/hosts.py)."""
-  from jaxspec.errors import SettingsError  # pylint: disable=import-outside-toplevel
-  from jaxspec.serving import Budget  # pylint: disable=import-outside-toplevel
-  if draft is None or table is not None or _SPECULATION.value == "fixed":
-    return False
-  try:
-    tiers = tuple(int(v) for v in _BUDGET_TIERS.value) or None
-  except ValueError:
-    raise SettingsError(f"--budget_tiers takes integers, got {','.join(_BUDGET_TIERS.value)}.") from None
-  return Budget(tiers=tiers, theta=_BUDGET_THETA.value)
-
-
 def main(argv):
   try:
     sys.exit(_serve(argv))
@@ -118,7 +107,7 @@ def _serve(argv) -> int:
   del argv
   from jaxspec.errors import InputError  # pylint: disable=import-outside-toplevel
   from jaxspec.serving import SlotEngine, SpeculationTable  # pylint: disable=import-outside-toplevel
-  from jaxspec.serving import server  # pylint: disable=import-outside-toplevel
+  from jaxspec.serving import budget, server  # pylint: disable=import-outside-toplevel
   FLAGS = flags.FLAGS  # pylint: disable=invalid-name
   api_key = _API_KEY.value or os.environ.get("JAXSPEC_API_KEY", "")
   server.warn_if_exposed(_HOST.value, api_key)
@@ -138,7 +127,10 @@ def _serve(argv) -> int:
   engine = SlotEngine(target, cli_flags.speculation(draft), slots=_SLOTS.value,
                       max_input_length=FLAGS.max_input_length, max_new_tokens=FLAGS.max_new_tokens,
                       iterations_per_step=_ITERATIONS.value, table=table, mesh=mesh,
-                      row_buckets=_row_buckets(), modes=_MODES.value, budget=_budget(draft, table))
+                      row_buckets=_row_buckets(), modes=_MODES.value,
+                      budget=budget.from_flags(speculation=_SPECULATION.value, drafts=draft is not None,
+                                               table=table is not None, tiers=_BUDGET_TIERS.value,
+                                               theta=_BUDGET_THETA.value, margin=_BUDGET_MARGIN.value))
   drafting = "plain" if draft is None else f"draft {spec}"
   if table is not None:
     drafting += f", table {_TABLE.value}"

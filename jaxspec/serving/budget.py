@@ -211,3 +211,17 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
       best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
   return best
+
+
+def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,
+               margin: float = MARGIN) -> Budget | bool:
+  """SlotEngine's `budget` argument from launch/serve.py's flags: a Budget with --speculation=budget, a draft
+  (`drafts`) and no --speculation_table (`table`), else False (off). tiers: --budget_tiers' texts ([] = the
+  defaults); SettingsError naming the flag when one is not an integer."""
+  if not drafts or table or speculation == "fixed":
+    return False
+  try:
+    chosen = tuple(int(v) for v in tiers) or None
+  except ValueError:
+    raise SettingsError(f"--budget_tiers takes integers, got {','.join(tiers)}.") from None
+  return Budget(tiers=chosen, theta=theta, margin=margin)

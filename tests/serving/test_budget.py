@@ -22,6 +22,7 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving.budget import Budget, CostCurves, choose, expected_tokens, row_limits, survival
+from jaxspec.serving.budget import from_flags as budget_flags
 
 from engine_helpers import Request, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
@@ -127,6 +128,16 @@ def test_the_engine_tracks_rested_drafts_and_times_their_catch_up(engine):
   assert not engine._behind.any()  # pylint: disable=protected-access  (they drafted: caught up)
   for slot in engine.active_slots():
     engine.free(slot)
+
+
+def test_the_servers_flags_make_the_budget():
+  kw = dict(speculation="budget", drafts=True, table=False, tiers=[], theta=0.3, margin=0.1)
+  assert budget_flags(**kw) == Budget(theta=0.3, margin=0.1)
+  assert budget_flags(**{**kw, "tiers": ["1", "3"]}).tiers == (1, 3)
+  for off in ({"speculation": "fixed"}, {"drafts": False}, {"table": True}):
+    assert budget_flags(**{**kw, **off}) is False
+  with pytest.raises(SettingsError, match="--budget_tiers takes integers, got 1,x"):
+    budget_flags(**{**kw, "tiers": ["1", "x"]})
 
 
 def test_budget_settings_are_checked():
