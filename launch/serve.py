@@ -57,7 +57,7 @@ _BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.2, "The share a drafting 
                                     "budget chooses (what one step's ratio omits: docs/serving.md).",
                                     lower_bound=0.0, upper_bound=9.0)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
-                          "smallest that holds them); [] = powers of two below --slots, and --slots. A seeded "
+                          "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), and --slots. A seeded "
                           "request's tokens are the same alone and under load within one bucket and sampling mode "
                           "with --speculation=fixed: --row_buckets=SLOTS with one sampled --modes makes that any "
                           "load (docs/serving.md).")

@@ -176,11 +176,13 @@ def _budget(budget, speculation, table) -> Budget | None:
   return budget
 
 
-def _row_buckets(row_buckets, slots: int, data: int = 1) -> tuple[int, ...]:
-  """The sorted row buckets (`slots` always among them); None: `data` times the powers of two below `slots`, and
-  `slots`. On a mesh every bucket is a multiple of its `data` axis (the rows a step decodes are split over it)."""
+def _row_buckets(row_buckets, slots: int, data: int = 1, smallest: int = 1) -> tuple[int, ...]:
+  """The sorted row buckets (`slots` always among them); None: `data` times the powers of two from `smallest`
+  below `slots`, and `slots`. On a mesh every bucket is a multiple of its `data` axis (the rows a step decodes are
+  split over it)."""
   if row_buckets is None:
-    return tuple(b for b in (data * 2 ** i for i in range(slots.bit_length())) if b < slots) + (slots,)
+    return tuple(b for b in (data * 2 ** i for i in range(slots.bit_length())) if smallest * data <= b < slots) + (
+        slots,)
   if isinstance(row_buckets, (str, bytes)) or not isinstance(row_buckets, Sequence) or not all(
       is_int(b) and 1 <= b <= slots for b in row_buckets):
     raise SettingsError(f"row_buckets must be a sequence of integers in [1, slots={slots}], got {row_buckets!r}.")
@@ -188,6 +190,11 @@ def _row_buckets(row_buckets, slots: int, data: int = 1) -> tuple[int, ...]:
     raise SettingsError(f"row_buckets {list(row_buckets)} (--row_buckets) must be multiples of the mesh's data axis "
                         f"({data}): a step's rows are split over it.")
   return tuple(sorted({int(b) for b in row_buckets} | {slots}))
+
+
+def _platform(mesh) -> str:
+  """The platform the slots live on ("cpu", "gpu", "tpu"): the mesh's devices', else the default device's."""
+  return (mesh.devices.flat[0] if mesh is not None else jax.devices()[0]).platform
 
 
 def _largest_below(buckets, n: int) -> int:
@@ -229,7 +236,9 @@ class SlotEngine:
       gathered from each device's own slots (`free_slots` fills the `data` groups evenly).
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
-      computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added).
+      computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added);
+      on one CPU device from 2 (a one-row step is ~3x slower there than a two-row one: XLA:CPU's matrix-vector
+      path).
       (slots,): every step decodes every slot (with one sampled mode, a seeded request is then the same under any
       load: Exactness, above). Each bucket a table entry can meet is one more step program per mode.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
@@ -281,7 +290,11 @@ class SlotEngine:
       raise SettingsError(f"--slots={slots} is not a multiple of the mesh's data axis ({data}): the slots are split "
                           f"over `data`, slots / {data} per device; pass a multiple of {data} (e.g. "
                           f"{slots + data - slots % data}) or a smaller data axis.")
-    self.row_buckets = _row_buckets(row_buckets, int(slots), data)
+    # On XLA:CPU a one-row step is ~3x slower than a two-row one (its matrix-vector products take a slower path:
+    # 22 against 7.6 ms for 4 plain iterations of the embedded target), so CPU buckets start at two rows.
+    # (One device: a CPU mesh is for tests, and its buckets stay multiples of `data`.)
+    self._smallest = 2 if data == 1 and _platform(self.mesh) == "cpu" else 1
+    self.row_buckets = _row_buckets(row_buckets, int(slots), data, self._smallest)
     self.target, self.speculation = target, speculation
     self.slots, self.max_input_length, self.max_new_tokens = int(slots), int(max_input_length), int(max_new_tokens)
     self.iterations_per_step = int(iterations_per_step)
@@ -380,7 +393,7 @@ class SlotEngine:
     buckets, data = self.row_buckets, (1 if self.mesh is None else dict(self.mesh.shape).get("data", 1))
     memory_guard.check_slots(programs, self._placement(self.slots), self.target, self._source, self.slots, width,
                              gathered=lambda n: _largest_below(buckets if n == self.slots else
-                                                               _row_buckets(None, n, data), n))
+                                                               _row_buckets(None, n, data, self._smallest), n))
 
   def _allocate(self) -> tuple[slot_programs.Layout, slot_programs.SlotState]:
     """The layout and the zero state of every slot, allocated where the slots live (slot_programs.allocate)."""
@@ -657,25 +670,23 @@ class SlotEngine:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
     when they have too few tokens left for the next tier), then per tier k one untimed step of its program (the
-    draft's wake on the first drafting one) and Budget.repeats timed ones; the median. The first drafting tier's
-    untimed step, run on the rows the plain steps decoded (their drafts rested), less its median is
-    `costs.catchup[R]`. Rows that run out of tokens end a measurement early (an engine of a few max_new_tokens).
+    draft's wake on the first drafting one) and Budget.repeats timed ones; the median; then the catch-up at R
+    (`_measure_catchup`). Rows that run out of tokens end a measurement early (an engine of a few max_new_tokens).
     What runs depends on the engine's settings and the steps' token counts only, never on a timing: over several
     processes every process runs the same programs in the same order (each times its own; only process 0's curves
     choose: `plan_step` runs there alone)."""
     mode, repeats = self.modes[0], self.budget.repeats
     settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
     for rows in self.row_buckets:
-      slots, left, previous = [], 0, None
+      slots, left = [], 0
       for i, entry in enumerate(self.table.entries):
         key = (i, mode, rows)
         if key not in self._programs:
           continue
-        after_plain = bool(entry.gamma) and previous == 0  # the plain steps' rows, their drafts rested
         if not slots or left < (repeats + 1) * self.iterations_per_step * (entry.gamma + 1):
           for slot in slots:
             self.free(slot)
-          slots, left, after_plain = self.free_slots()[:rows], self.max_new_tokens - 1, False
+          slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
           for slot in slots:
             self.insert(slot, [self.pad_id], settings)
         times = []
@@ -684,16 +695,38 @@ class SlotEngine:
             break
           started = time.perf_counter()
           out = self.step(program=key)
-          times.append(time.perf_counter() - started)
+          if n:
+            times.append(time.perf_counter() - started)
           left -= max(len(out.tokens[s]) for s in slots)
-        first, times = times[:1], times[1:]
         if times:
           self.costs.seconds[(rows, entry.gamma)] = float(np.median(times))
-          if after_plain:
-            self.costs.catchup[rows] = max(0.0, first[0] - float(np.median(times)))
-        previous = entry.gamma
       for slot in slots:
         self.free(slot)
+      self._measure_catchup(rows, mode, settings)
+
+  def _measure_catchup(self, rows: int, mode: str, settings: RequestSettings) -> None:
+    """`costs.catchup[rows]`: R fresh rows decode two plain steps (their drafts rest longer than gamma), one step
+    of the narrowest drafting tier (untimed: its first catch-up), two plain steps again, then that tier's step
+    timed: less its c(R, k), the catch-up. Skipped (0) when max_new_tokens is too short for it."""
+    entries = self.table.entries
+    k = next((i for i, e in enumerate(entries) if not e.plain and (i, mode, rows) in self._programs), None)
+    plain = (0, mode, rows)
+    if k is None or not entries[0].plain or plain not in self._programs or (rows, entries[k].gamma) not in \
+        self.costs.seconds:
+      return
+    if 2 * (4 + entries[k].gamma + 1) * self.iterations_per_step > self.max_new_tokens - 1:
+      return
+    slots = self.free_slots()[:rows]
+    for slot in slots:
+      self.insert(slot, [self.pad_id], settings)
+    for key in (plain, plain, (k, mode, rows), plain, plain):
+      self.step(program=key)
+    started = time.perf_counter()
+    self.step(program=(k, mode, rows))
+    seconds = time.perf_counter() - started
+    self.costs.catchup[rows] = max(0.0, seconds - self.costs.seconds[(rows, entries[k].gamma)])
+    for slot in slots:
+      self.free(slot)
 
   def compiled_programs(self) -> int:
     """Programs compiled so far by every engine (step, insert and wake jits): a test of "nothing recompiles" reads it."""

@@ -74,9 +74,9 @@ def test_greedy_equals_plain_generate_under_load(engine, prompts, greedy_refs):
   assert len({s for r in requests for s in r.slots_used}) == 3  # every slot used, some twice
   assert engine.compiled_programs() == before  # nothing recompiled after warmup
   assert engine.free_slots() == [0, 1, 2]
-  # Steps decoded only the active slots (gathered into the smallest row bucket, written back): 1, 2 and 3 rows.
-  assert engine.row_buckets == (1, 2, 3)
-  assert {o.rows for o in outputs if o.entry is not None} == {1, 2, 3}
+  # Steps decoded only the active slots (gathered into the smallest row bucket, written back): 2 and 3 rows.
+  assert engine.row_buckets == (2, 3)  # on CPU from two rows (a one-row step is slower there)
+  assert {o.rows for o in outputs if o.entry is not None} == {2, 3}
   for o in outputs:
     active = sum(1 for t in o.tokens if t) if o.entry is not None else 0
     assert o.entry is None or o.rows >= active
@@ -172,7 +172,7 @@ def test_refusals(engine, prompts):
   with pytest.raises(SettingsError, match="modes"):
     SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, modes=("beam",))
   greedy_only = SlotEngine(engine.target, None, slots=2, max_input_length=16, max_new_tokens=4, modes=("greedy",))
-  assert greedy_only.row_buckets == (1, 2) and {k[1] for k in greedy_only.programs} == {"greedy"}
+  assert greedy_only.row_buckets == (2,) and {k[1] for k in greedy_only.programs} == {"greedy"}
   with pytest.raises(SettingsError, match="needs 'sampled'"):
     greedy_only.insert(0, prompts[0][:16], RequestSettings(4, jaxspec.Sampling(1.0)))
   sampled_only = SlotEngine(engine.target, None, slots=4, max_input_length=16, max_new_tokens=4,
