@@ -53,11 +53,12 @@ _BUDGET_TIERS = flags.DEFINE_list("budget_tiers", [], "The draft lengths the bud
 _BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a request's j-th token only while its "
                                    "estimated probability of being accepted (the survival) is at least this.",
                                    lower_bound=0.0, upper_bound=1.0)
-_BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.2, "The share a drafting step's cost is raised by when the "
+_BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.0, "The share a drafting step's cost is raised by when the "
                                     "budget chooses (what one step's ratio omits: docs/serving.md).",
                                     lower_bound=0.0, upper_bound=9.0)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
-                          "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), and --slots. A seeded "
+                          "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), "
+                          "and --slots. A seeded "
                           "request's tokens are the same alone and under load within one bucket and sampling mode "
                           "with --speculation=fixed: --row_buckets=SLOTS with one sampled --modes makes that any "
                           "load (docs/serving.md).")

@@ -23,17 +23,17 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     within the step the loop stops early, so its cost is taken for the iterations expected to run,
     max_b ceil(left_b / e_b) of the I (e_b: row b's expected tokens an iteration);
   - the tier maximising E(k) / c'(R, k) (ties: the shorter), R the step's row bucket, c'(R, 0) = c(R, 0) and
-    c'(R, k) = (1 + margin) c(R, k) for a drafting tier, plus, when one of its drafting rows rested longer than
-    gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed of the drafts from
-    position 0: up to half a drafting step at 32 and 64 rows on the embedded pair) spread over the drafting steps
-    expected to follow. Without it the budget went back and forth between plain and drafting at 16 and 32 rows,
+    c'(R, k) = (1 + margin) c(R, k) for a drafting tier (margin 0 by default), plus, when one of its drafting
+    rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed
+    of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
+    over the drafting steps expected to follow. Without it the budget went back and forth between plain and drafting at 16 and 32 rows,
     paying a re-feed at each return.
 
-The margin (Budget.margin, 0.2 by default) stands for what a step's own ratio leaves out and always counts against
-drafting: a draft that rested must be woken and caught up before it drafts, and a longer step keeps the slots of
-the requests that end in it empty until it ends (their successors wait for the next step). Measured on this
-project's CPU with the embedded pair (docs/serving.md), drafting steps at 16 and 32 rows were predicted 1.1-1.2x
-plain's tokens per second and served 0.75-0.9x of a plain server's.
+The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
+what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it
+ends). Measured on this project's CPU with the embedded pair in one run (docs/bench/serving/margins.md), 0.2 gave
+more tokens per second than 0 at one concurrency of six (32: 1279 against 1236) and fewer or as many at the
+others, so the default is 0.
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
@@ -55,7 +55,7 @@ from jaxspec.errors import SettingsError
 DEFAULT_TIERS = (0, 1, 2, 4)  # and the speculation's gamma
 THETA = 0.2  # a row drafts position j only while its survival s(b, j) is at least this
 REPEATS = 3  # timed runs of each step program in warmup (after one untimed)
-MARGIN = 0.2  # a drafting tier's cost is raised by this share in the choice (module docstring)
+MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (module docstring)
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
