@@ -3,7 +3,8 @@ each) through a draft-model engine, requests joining slots as others leave, agai
 two-token outputs computed from the target's own logits (temperature, top-k, top-p applied in numpy), by a
 chi-square test at p ~ 3e-6 (temperature 2 flattens the tiny target's peaked distribution: ~20 outcomes
 above the pooling threshold). The first token is drawn at insert (plain decoding), the second through the draft's
-acceptance rule. The negative control breaks the acceptance rule (the correction token drawn from p
+acceptance rule: with a fixed gamma (budget=False), as the verification budget rightly drafts nothing for a request
+with one token left (each run checks that tokens were drafted). The negative control breaks the acceptance rule (the correction token drawn from p
 instead of the residual) and the same statistic rejects it."""
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def _exact(target: jaxspec.Model, temperature: float, top_k: int, top_p: float) 
 
 def _samples(engine: SlotEngine, settings: list[RequestSettings]) -> list[tuple]:
   """Every request's tokens, inserted into free slots as others finish."""
-  todo, running, out = list(enumerate(settings)), {}, [None] * len(settings)
+  todo, running, out, drafted = list(enumerate(settings)), {}, [None] * len(settings), 0
   for _ in range(10 * len(settings)):
     while todo and engine.free_slots():
       i, s = todo.pop()
@@ -61,8 +62,10 @@ def _samples(engine: SlotEngine, settings: list[RequestSettings]) -> list[tuple]
       else:
         running[slot] = (i, list(first.tokens))
     if not running and not todo:
+      assert drafted > 0, "no token was drafted: the acceptance rule under test never ran"
       return out
     step = engine.step()
+    drafted += int(step.drafted.sum())
     for slot in list(running):
       running[slot][1].extend(step.tokens[slot])
       if step.finished[slot]:
@@ -81,7 +84,7 @@ def pair():
 def test_sampled_output_keeps_the_targets_distribution(pair, temperature, top_k, top_p):
   target, draft = pair
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=32, max_input_length=16,
-                      max_new_tokens=2, iterations_per_step=2, row_buckets=(32,))
+                      max_new_tokens=2, iterations_per_step=2, row_buckets=(32,), budget=False)
   sampling = jaxspec.Sampling(temperature, top_k=top_k, top_p=top_p)
   settings = [RequestSettings(2, sampling, seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, temperature, top_k, top_p))
@@ -93,7 +96,7 @@ def test_a_broken_rule_is_caught(pair, monkeypatch):
   target, draft = pair
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=3), slots=31, max_input_length=16,  # a new trace
-                      max_new_tokens=2, iterations_per_step=2, row_buckets=(31,))
+                      max_new_tokens=2, iterations_per_step=2, row_buckets=(31,), budget=False)
   settings = [RequestSettings(2, jaxspec.Sampling(2.0), seed=s) for s in range(REQUESTS)]
   stat, dof = chi_square(_samples(engine, settings), _exact(target, 2.0, 0, 1.0))
   assert stat > chi_square_limit(dof), (stat, dof)
