@@ -237,8 +237,8 @@ class SlotEngine:
     row_buckets: the batch sizes a step may decode: a step decodes the active slots (padded with idle ones to the
       smallest bucket that holds them), gathered from the slots and written back, so a lightly loaded engine
       computes few rows. None: powers of two below `slots` (times `data` on a mesh), and `slots` (always added);
-      on one CPU device from 2 (a one-row step is ~3x slower there than a two-row one: XLA:CPU's matrix-vector
-      path).
+      on one CPU device from 2 (a one-row slot step is ~3x slower there than a two-row one; `generate` at batch
+      1 is not).
       (slots,): every step decodes every slot (with one sampled mode, a seeded request is then the same under any
       load: Exactness, above). Each bucket a table entry can meet is one more step program per mode.
     modes: the sampling modes compiled ("greedy", "sampled", "filtered"; default all three). A request runs in
@@ -290,8 +290,9 @@ class SlotEngine:
       raise SettingsError(f"--slots={slots} is not a multiple of the mesh's data axis ({data}): the slots are split "
                           f"over `data`, slots / {data} per device; pass a multiple of {data} (e.g. "
                           f"{slots + data - slots % data}) or a smaller data axis.")
-    # On XLA:CPU a one-row step is ~3x slower than a two-row one (its matrix-vector products take a slower path:
-    # 22 against 7.6 ms for 4 plain iterations of the embedded target), so CPU buckets start at two rows.
+    # On XLA:CPU a one-row slot step is ~3x slower than a two-row one (22 against 7.6 ms for 4 plain iterations
+    # of the embedded target; why was not isolated: `generate` at batch 1 is faster per sequence than at 2), so
+    # CPU buckets start at two rows.
     # (One device: a CPU mesh is for tests, and its buckets stay multiples of `data`.)
     self._smallest = 2 if data == 1 and _platform(self.mesh) == "cpu" else 1
     self.row_buckets = _row_buckets(row_buckets, int(slots), data, self._smallest)
