@@ -26,8 +26,8 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     c'(R, k) = (1 + margin) c(R, k) for a drafting tier (margin 0 by default), plus, when one of its drafting
     rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed
     of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
-    over the drafting steps expected to follow. Without it the budget went back and forth between plain and
-    drafting at 16 and 32 rows, paying a re-feed at each return.
+    over the drafting steps expected to follow. Without it the budget went back and forth between plain and drafting at 16 and 32 rows,
+    paying a re-feed at each return.
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it
@@ -155,7 +155,7 @@ def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | Non
                     iterations: int = 1) -> float:
   """E = sum_b min(left[b], iterations (1 + s(b, 1) + ... + s(b, limits[b]))); without `left` (no cap)
   iterations times sum_b (1 + s(b, 1) + ... + s(b, limits[b]))."""
-  return float(np.sum(_per_row(per_row_rate(surv, limits), left, iterations)[0]))
+  return float(np.sum(_per_row(surv, limits, left, iterations)[0]))
 
 
 def per_row_rate(surv: np.ndarray, limits: np.ndarray) -> np.ndarray:
@@ -164,10 +164,12 @@ def per_row_rate(surv: np.ndarray, limits: np.ndarray) -> np.ndarray:
   return 1.0 + np.sum(np.where(take, surv, 0.0), axis=1)
 
 
-def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int) -> tuple[np.ndarray, float]:
-  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run) from
-  per_iteration [A] (`per_row_rate`, e_b): the loop stops once every row has ended, so a step whose rows all end
-  within it runs max_b ceil(left_b / e_b) of its iterations; 1 without `left`."""
+def _per_row(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None, iterations: int
+             ) -> tuple[np.ndarray, float]:
+  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run): the loop
+  stops once every row has ended, so a step whose rows all end within it runs max_b ceil(left_b / e_b) of its
+  iterations (e_b: row b's expected tokens an iteration); 1 without `left`."""
+  per_iteration = per_row_rate(surv, limits)
   per_row = iterations * per_iteration
   if left is None or not len(per_row):
     return per_row, 1.0
@@ -198,14 +200,13 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       limits = row_limits(surv, k, theta)
       if k > 0 and not limits.any():  # nobody would draft: this tier is plain decoding at a higher cost
         continue
-    rate = per_row_rate(surv, limits)
-    per_row, share = _per_row(rate, left, iterations)
+    per_row, share = _per_row(surv, limits, left, iterations)
     e = float(np.sum(per_row))
     cost = cost * share * ((1.0 + margin) if k > 0 else 1.0)
     drafting = limits > 0
     if catchup > 0 and behind is not None and np.any(np.asarray(behind) & drafting):
       steps = 1.0 if left is None else float(np.median(np.asarray(left, np.float64)[drafting]
-                                                       / (iterations * rate[drafting])))
+                                                       / (iterations * per_row_rate(surv, limits)[drafting])))
       cost += catchup / max(1.0, steps)
     if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
       best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))

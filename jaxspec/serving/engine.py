@@ -624,11 +624,11 @@ class SlotEngine:
       self._behind = np.where(limits > 0, False, self._behind | self._active)
     w = prog.width
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
-    self._left -= np.where(self._active, counts, 0)
     out_tokens, reasons = [], []
     for s in range(n):
       row = tokens[s, :counts[s]].tolist() if self._active[s] else []
       out_tokens.append(row)
+      self._left[s] -= len(row)
       reason = None
       if finished[s] and self._active[s]:
         ended_by_eos = row and row[-1] in self.eos_ids and not self._requests[s].ignore_eos
@@ -715,8 +715,8 @@ class SlotEngine:
     if k is None or not entries[0].plain or plain not in self._programs or (rows, entries[k].gamma) not in \
         self.costs.seconds:
       return
-    if self.iterations_per_step * (4 + 2 * (entries[k].gamma + 1)) > self.max_new_tokens - 1:
-      return  # four plain steps and two of the tier: too few tokens for them
+    if 2 * (4 + entries[k].gamma + 1) * self.iterations_per_step > self.max_new_tokens - 1:
+      return
     slots = self.free_slots()[:rows]
     for slot in slots:
       self.insert(slot, [self.pad_id], settings)
