@@ -22,12 +22,30 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     steps gave no more tokens per second than plain ones: 1.71 against 1.78 tokens/ms); and when every row ends
     within the step the loop stops early, so its cost is taken for the iterations expected to run,
     max_b ceil(left_b / e_b) of the I (e_b: row b's expected tokens an iteration);
+  - a row may end before its max_tokens (EOS, a stop string): E counts within(T, h) = (1 - (1 - h)^T) / h of the
+    T = I (1 + s(b, 1) + ...) tokens it would give, h the served requests' chance of ending after a token
+    (`EndRate`: decayed counts over the finished requests; 0 for a request that ignores EOS). Translations of
+    about 27 tokens (the embedded pair's workload) lose a quarter of a gamma-4 step's 13.8 tokens this way against
+    6 % of a plain step's 4: the cap on max_tokens alone left the budget drafting at 16 rows, where plain steps
+    gave 1.92 tokens/ms against its 1.59;
   - the tier maximising E(k) / c'(R, k) (ties: the shorter), R the step's row bucket, c'(R, 0) = c(R, 0) and
     c'(R, k) = (1 + margin) c(R, k) for a drafting tier (margin 0 by default), plus, when one of its drafting
     rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed
     of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
-    over the drafting steps expected to follow. Without it the budget went back and forth between plain and drafting at 16 and 32 rows,
-    paying a re-feed at each return.
+    over the drafting steps expected to follow. Without it the budget went back and forth between plain and
+    drafting at 16 and 32 rows, paying a re-feed at each return.
+
+The curves are warmup's, then refined by the steps served (Budget.learn, 0.1: each step the plan chose that ran
+all its iterations, re-fed no rested draft and followed a step of the same program moves its c(R, k) a tenth of
+the way to its time): in a server a step shares the machine with the HTTP work, and on this project's 2-core CPU
+the embedded pair's plain steps at 16 rows cost 28 ms served against 34 in warmup while a gamma-4 step cost what
+warmup said, so warmup's ratio alone made drafting look 20 % cheaper than it was. A step right after a switch is
+not learnt from: it pays for the streaming of the previous step's tokens, which after a wide step made plain
+look 40 % dearer and kept the budget drafting. The previous step's tier is kept unless another scores more than
+Budget.stick (0.1) above it: a switch costs what no score counts (wakes, that streaming), and estimates that move
+a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as empty for
+that share of the next step when no request waits (the next one arrives during it and is inserted after it): 0.5
+and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it
@@ -56,6 +74,9 @@ DEFAULT_TIERS = (0, 1, 2, 4)  # and the speculation's gamma
 THETA = 0.2  # a row drafts position j only while its survival s(b, j) is at least this
 REPEATS = 3  # timed runs of each step program in warmup (after one untimed)
 MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (module docstring)
+IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
+STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
+LEARN = 0.1  # each served step's weight in its program's cost c(R, k) (CostCurves.observe; 0: warmup's curves stay)
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
@@ -66,12 +87,19 @@ class Budget:
   tiers: the draft lengths compiled (0 is plain decoding, always added; each <= the speculation's gamma, which is
     always added); None: DEFAULT_TIERS. theta: in [0, 1], the survival a row's draft position needs to be
     drafted. repeats: >= 1 timed runs per step program in warmup (the cost curves). margin: >= 0, the share a
-    drafting tier's cost is raised by in the choice (the module docstring)."""
+    drafting tier's cost is raised by in the choice (the module docstring). learn: in [0, 1], each served step's
+    weight in its program's cost (CostCurves.observe; 0: warmup's curves stay as measured). idle: in [0, 1], the
+    share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
+    (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the previous step's
+    tier to replace it (`choose`'s `current`; 0: the best score always runs)."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
   repeats: int = REPEATS
   margin: float = MARGIN
+  learn: float = LEARN
+  idle: float = IDLE
+  stick: float = STICK
 
   def __post_init__(self):
     if self.tiers is not None:
@@ -86,6 +114,12 @@ class Budget:
     if (isinstance(self.margin, bool) or not isinstance(self.margin, (int, float)) or not 0 <= self.margin < 10
         or self.margin != self.margin):
       raise SettingsError(f"Budget.margin must be a number in [0, 10), got {self.margin!r}.")
+    if isinstance(self.learn, bool) or not isinstance(self.learn, (int, float)) or not 0 <= self.learn <= 1:
+      raise SettingsError(f"Budget.learn must be a number in [0, 1], got {self.learn!r}.")
+    if isinstance(self.idle, bool) or not isinstance(self.idle, (int, float)) or not 0 <= self.idle <= 1:
+      raise SettingsError(f"Budget.idle must be a number in [0, 1], got {self.idle!r}.")
+    if isinstance(self.stick, bool) or not isinstance(self.stick, (int, float)) or not 0 <= self.stick < 10:
+      raise SettingsError(f"Budget.stick must be a number in [0, 10), got {self.stick!r}.")
 
   def tiers_for(self, gamma: int) -> tuple[int, ...]:
     """The sorted draft lengths compiled for a speculation of `gamma`: 0, gamma and the tiers in between;
@@ -127,6 +161,39 @@ class CostCurves:
     return out
 
 
+  def observe(self, rows: int, k: int, seconds: float, weight: float) -> None:
+    """Moves c(rows, k) toward a step's measured `seconds` by `weight` (an exponential average of the steps
+    served; a timing beyond half or twice the curve counts as that bound: one slow step, a pause, moves it
+    little). A pair warmup did not measure is left alone."""
+    if (rows, k) in self.seconds and seconds > 0:
+      now = self.seconds[(rows, k)]
+      self.seconds[(rows, k)] = now + weight * (min(max(seconds, 0.5 * now), 2.0 * now) - now)
+
+
+@dataclasses.dataclass
+class EndRate:
+  """The served requests' chance of ending (EOS, a stop string, a client gone: anything but their max_tokens)
+  after any token: decayed counts over the requests that finished (each weighs `DECAY` times the one after it,
+  about the last 50), rate = ends / tokens, from a prior of PRIOR_TOKENS tokens without an end (decayed like the
+  rest: one short request does not set it). Requests that ignore EOS are not counted (the engine gives them 0)."""
+
+  PRIOR_TOKENS = 64.0
+
+  ends: float = 0.0
+  tokens: float = PRIOR_TOKENS
+
+  DECAY = 0.98
+
+  def observe(self, tokens: int, ended: bool) -> None:
+    """One request finished after giving `tokens` tokens; ended: it stopped before its max_tokens."""
+    self.ends = self.DECAY * self.ends + float(ended)
+    self.tokens = self.DECAY * self.tokens + float(max(tokens, 1))
+
+  @property
+  def rate(self) -> float:
+    return self.ends / self.tokens
+
+
 @dataclasses.dataclass(frozen=True)
 class Choice:
   """One step's choice: the tier (its index in the tiers and its draft length), each row's limit, and the score."""
@@ -155,7 +222,7 @@ def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | Non
                     iterations: int = 1) -> float:
   """E = sum_b min(left[b], iterations (1 + s(b, 1) + ... + s(b, limits[b]))); without `left` (no cap)
   iterations times sum_b (1 + s(b, 1) + ... + s(b, limits[b]))."""
-  return float(np.sum(_per_row(surv, limits, left, iterations)[0]))
+  return float(np.sum(_per_row(per_row_rate(surv, limits), left, iterations)[0]))
 
 
 def per_row_rate(surv: np.ndarray, limits: np.ndarray) -> np.ndarray:
@@ -164,23 +231,45 @@ def per_row_rate(surv: np.ndarray, limits: np.ndarray) -> np.ndarray:
   return 1.0 + np.sum(np.where(take, surv, 0.0), axis=1)
 
 
-def _per_row(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None, iterations: int
-             ) -> tuple[np.ndarray, float]:
-  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run): the loop
-  stops once every row has ended, so a step whose rows all end within it runs max_b ceil(left_b / e_b) of its
-  iterations (e_b: row b's expected tokens an iteration); 1 without `left`."""
-  per_iteration = per_row_rate(surv, limits)
-  per_row = iterations * per_iteration
-  if left is None or not len(per_row):
-    return per_row, 1.0
-  left = np.asarray(left, np.float64)
-  runs = np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration))
-  return np.minimum(per_row, left), float(np.max(runs)) / iterations
+def within(potential: np.ndarray, hazard: np.ndarray | None) -> np.ndarray:
+  """[A] the tokens a row is expected to give of `potential` [A] tokens it would give if it did not end, when it
+  ends (EOS, a stop string) after each token with probability hazard [A] (0 or None: it never ends early):
+  sum_{t < T} (1 - h)^t = (1 - (1 - h)^T) / h."""
+  if hazard is None:
+    return potential
+  h = np.clip(np.asarray(hazard, np.float64), 0.0, 1.0)
+  safe = np.where(h > 0, h, 1.0)
+  return np.where(h > 0, (1.0 - (1.0 - h) ** potential) / safe, potential)
+
+
+def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int,
+             hazard: np.ndarray | None = None, idle: float = 0.0) -> tuple[np.ndarray, float]:
+  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run) from
+  per_iteration [A] (`per_row_rate`, e_b): min(left_b, `within`(I e_b, hazard_b)); the loop stops once every row
+  has ended, so a step whose rows all end within it runs max_b ceil(left_b / e_b) of its iterations; 1 without
+  `left`. idle: the share of the next step a row that ends within this one leaves its slot empty (no request
+  waits: the next one arrives during that step and is inserted after it), so its tokens count 1 / (1 + idle p_b),
+  p_b its chance of ending within the step (1 when left_b <= I e_b): the slot is busy a share 1 / (1 + idle p_b)
+  of the time."""
+  potential = iterations * per_iteration
+  per_row, share = within(potential, hazard), 1.0
+  if left is not None and len(per_row):
+    left = np.asarray(left, np.float64)
+    per_row = np.minimum(per_row, left)
+    share = float(np.max(np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration)))) / iterations
+  if idle:
+    ends = np.zeros_like(potential) if hazard is None else 1.0 - (1.0 - np.clip(hazard, 0.0, 1.0)) ** potential
+    if left is not None:
+      ends = np.where(left <= potential, 1.0, ends)
+    per_row = per_row / (1.0 + idle * ends)
+  return per_row, share
 
 
 def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], theta: float,
            tree: Sequence[bool] | None = None, left: np.ndarray | None = None, iterations: int = 1,
-           margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0) -> Choice:
+           margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0,
+           hazard: np.ndarray | None = None, idle: float = 0.0, current: int | None = None,
+           stick: float = 0.0) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
   to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
   wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
@@ -189,10 +278,22 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   a drafting tier's cost is taken (1 + margin) times; behind: [A] bool rows whose draft rested longer than gamma
   (plain steps since they last drafted): a drafting tier where one of them drafts also pays `catchup` seconds,
   spread over the drafting steps expected to follow (the median over its drafting rows of left_b / (I e_b), at
-  least 1: the catch-up is paid once, the drafting it buys lasts)."""
+  least 1: the catch-up is paid once, the drafting it buys lasts; a row's left_b there at most 1 / hazard_b, its
+  expected length). hazard: [A] each row's chance of ending (EOS, a stop string) after any token (`EndRate`;
+  None: never): a row that ends within a step gives nothing for the rest of it, which weighs most on the widest
+  tiers (`within`). idle: the share of the next step a row's slot stays empty after the step it ends in (no
+  request waits for a slot: `_per_row`; a longer step keeps it empty longer); 0: a waiting request fills it.
+  current: the index of the previous step's tier (None: none), which another tier replaces only when its score is
+  more than (1 + stick) times current's: a switch costs what no score counts (a rested draft's wakes, the next
+  step's share of the host's streaming of a wide step's tokens), and estimates that move a little between steps
+  would otherwise flip the choice back and forth."""
   surv = survival(alpha)
+  remaining = None if left is None else np.asarray(left, np.float64)
+  if remaining is not None and hazard is not None:
+    h = np.asarray(hazard, np.float64)
+    remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
   costs = np.maximum.accumulate(np.asarray(costs, np.float64))
-  best = None
+  best = kept = None
   for i, (k, cost) in enumerate(zip(tiers, costs)):
     if tree is not None and tree[i]:
       limits = np.full((surv.shape[0],), k, np.int32)
@@ -200,16 +301,21 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       limits = row_limits(surv, k, theta)
       if k > 0 and not limits.any():  # nobody would draft: this tier is plain decoding at a higher cost
         continue
-    per_row, share = _per_row(surv, limits, left, iterations)
+    rate = per_row_rate(surv, limits)
+    per_row, share = _per_row(rate, left, iterations, hazard, idle)
     e = float(np.sum(per_row))
     cost = cost * share * ((1.0 + margin) if k > 0 else 1.0)
     drafting = limits > 0
     if catchup > 0 and behind is not None and np.any(np.asarray(behind) & drafting):
-      steps = 1.0 if left is None else float(np.median(np.asarray(left, np.float64)[drafting]
-                                                       / (iterations * per_row_rate(surv, limits)[drafting])))
+      steps = 1.0 if remaining is None else float(np.median(remaining[drafting] / (iterations * rate[drafting])))
       cost += catchup / max(1.0, steps)
     if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
       best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
+    if i == current:
+      kept = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
+  if current is not None and kept is not None and best.tier != kept.tier and (
+      best.expected / best.cost <= (1 + stick) * kept.expected / kept.cost):
+    return kept
   return best
 
 

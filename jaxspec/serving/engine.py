@@ -82,6 +82,10 @@ The load table. All table entries share one state layout. A plain entry runs the
 through `Drafter.idle` (the loop's resting iterations: width-1 verify calls), so the lookup context and a feature
 head stay in sync; a draft model lags and catches up when drafting resumes (served_draft.py; chains: a re-feed
 of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals meanwhile junk but verified: exact).
+Since a lagging draft's rest changes nothing of its state, a plain entry's programs then leave that state out of
+the step (`registry.Served.rest`, `StepProgram.draft_outside`): the step neither gathers nor writes back the
+draft's cache, and costs what a plain engine's step costs (60.8 against 59.1 ms at 32 of 64 rows on the embedded
+pair, 61.2 against 57.1 before).
 A row is woken (its draft model prefilled) only by a step that drafts: while the load runs plain the
 speculative server prefills what the plain one does; if the load falls to a drafting entry while the request
 runs, its draft is prefilled then and it drafts (served_draft.py).
@@ -123,7 +127,7 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import Budget, CostCurves, choose
+from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -306,6 +310,7 @@ class SlotEngine:
     # -- verification budget hook: its tiers are the table's entries (every one reachable at every load) --
     self.budget = _budget(budget, speculation, table)
     self.costs = CostCurves()
+    self.ends = EndRate()  # the served requests' chance of ending early after a token (the budget's)
     if self.budget is not None:
       if speculation.tree is not None:
         tiers = (TableEntry(max_active=1, gamma=0), TableEntry(max_active=2, gamma=speculation.gamma,
@@ -332,13 +337,16 @@ class SlotEngine:
     width = self.iterations_per_step * (table.max_gamma + 1)
     alloc, planned = None, []
     for i, entry in enumerate(table.entries):
-      for mode in self.modes:  # a plain entry rests the drafter (`Drafter.idle`), keeping its state in sync
+      # A plain entry rests the drafter (`Drafter.idle`), keeping its state in sync, or with a draft model that
+      # lags (served.rest) leaves its state out of the step: plain decoding as a plain engine's step runs it.
+      outside = entry.plain and served.rest is not None
+      for mode in self.modes:
         # A budget's chain tier verifies gamma + 1 positions every iteration (planner.plan's fixed_width).
-        step = planner.plan(target, drafter, mode, max_new_tokens=self.max_new_tokens, gamma=entry.gamma,
-                            tree=entry.tree, plain=entry.plain, rests=speculation is not None,
-                            fixed_width=self.budget is not None)
-        planned.append(((i, mode), step.settings, step.kind))
-        if alloc is None or step.settings.slack > alloc.slack:
+        step = planner.plan(target, served.rest if outside else drafter, mode, max_new_tokens=self.max_new_tokens,
+                            gamma=entry.gamma, tree=entry.tree, plain=entry.plain,
+                            rests=speculation is not None and not outside, fixed_width=self.budget is not None)
+        planned.append(((i, mode), step.settings, step.kind, outside))
+        if not outside and (alloc is None or step.settings.slack > alloc.slack):
           alloc = step.settings
     # The allocation's settings: the largest slack; its drafter's init is every program's (same drafter).
     self._alloc = dataclasses.replace(alloc, greedy=True, filtering=False)
@@ -352,7 +360,7 @@ class SlotEngine:
                           plain=True, rests=speculation is not None)
       self._first[m] = InsertProgram(first, step.settings, step.kind)
     # The most general mode's programs hold the most (its sampled distributions); the others need no planning.
-    self._check_memory([settings for (_, mode), settings, _ in planned if mode == self.modes[-1]])
+    self._check_memory([settings for (_, mode), settings, _, _ in planned if mode == self.modes[-1]])
     self._positions = max(table.max_gamma, 1)  # G of the acceptance estimates
     self._layout, self._state = self._allocate()
     reachable = {}  # entry index -> the row buckets its active counts meet
@@ -362,11 +370,11 @@ class SlotEngine:
         reachable.setdefault(table.index(n), set()).add(self._bucket(data * fullest))
     if self.budget is not None:  # the budget may pick any tier at any load
       reachable = {i: set().union(*reachable.values()) for i in range(len(table.entries))}
-    for (i, mode), settings, kind in planned:
+    for (i, mode), settings, kind, outside in planned:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
                                                       self._layout.axes, self._layout.shardings, data,
-                                                      estimates=self.budget is not None)
+                                                      estimates=self.budget is not None, draft_outside=outside)
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots
@@ -377,6 +385,11 @@ class SlotEngine:
     self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
+    self._last = None  # the previous step's program key (the budget learns from runs of one program)
+    self._planned = None  # the program key plan_step() chose last (a step that runs it may refine its cost)
+    # Requests waiting for a slot (a server sets it: `set_queue`): with none, the slot of a row that ends in a step
+    # stays empty through the next one, which the budget counts against long steps.
+    self.queued = 0
     self._behind = np.zeros((self.slots,), bool)  # its draft rested (plain steps since it last drafted): the
                                                   # budget's next drafting step re-feeds it (CostCurves.catchup)
 
@@ -487,6 +500,8 @@ class SlotEngine:
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
     self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
+    if done and not settings.ignore_eos:
+      self.ends.observe(len(tokens), reason == "stop")
     self._behind[slot] = False
     return InsertOutput(tokens=tokens, reason=reason)
 
@@ -500,6 +515,8 @@ class SlotEngine:
     slot = self._check_slot(slot)
     if self._active[slot]:
       self._stop[slot] = True
+      if not self._requests[slot].ignore_eos:  # a stop string, a client gone: an early end
+        self.ends.observe(self._requests[slot].max_tokens - int(self._left[slot]), True)
     self._active[slot], self._requests[slot] = False, None
     self._quiet[slot], self._prompts[slot] = False, None
 
@@ -533,10 +550,20 @@ class SlotEngine:
                                                                           for e in entries],
                     self.budget.theta, tree=[e.tree is not None for e in entries], left=self._left[slots],
                     iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
-                    catchup=self.costs.catchup.get(rows, 0.0))
+                    catchup=self.costs.catchup.get(rows, 0.0),
+                    hazard=np.asarray([0.0 if self._requests[s].ignore_eos else self.ends.rate for s in slots]),
+                    idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
+                    current=None if self._last is None else self._last[0], stick=self.budget.stick)
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = choice.limits
-    return (choice.tier, mode, rows), limits
+    self._planned = (choice.tier, mode, rows)
+    return self._planned, limits
+
+  def set_queue(self, waiting: int) -> None:
+    """The requests waiting for a free slot (the server's queue, which the scheduler sets before each step), for
+    the verification budget's next choices (Budget.idle counts a finished row's slot as empty only when none
+    waits)."""
+    self.queued = max(0, int(waiting))
 
   def estimates(self) -> np.ndarray:
     """[S, G] the host's copy of every slot's acceptance estimate per draft position (a(b, j); as the last step
@@ -611,28 +638,44 @@ class SlotEngine:
     stop = self._stop.copy()
     index = self._rows(prog.rows)
     args = (stop, index) if limits is None else (stop, index, limits[index])
+    started = time.perf_counter()
     self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     packed_rows = np.asarray(jax.device_get(packed))
+    seconds = time.perf_counter() - started
+    last, self._last = self._last, key
+    planned, self._planned = self._planned, None
     if prog.estimates:  # the rows' acceptance estimates, after the step's tokens and counts (the budget's)
       g = self._positions
       estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
       self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
-    if limits is not None:  # the budget: rows that drafted caught up; active rows that did not fell behind
-      self._behind = np.where(limits > 0, False, self._behind | self._active)
     w = prog.width
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
+    if limits is not None:
+      # A step the plan chose that ran every iteration, re-fed no rested draft and followed a step of the same
+      # program: its time is the program's cost as served (beside the server's other work: the streaming of the
+      # previous step's tokens, which a switch from a wider tier would charge to this one), which refines
+      # warmup's curve (Budget.learn).
+      caught_up = bool(np.any((limits > 0) & self._behind & self._active))
+      if (key == planned and self.budget.learn and not caught_up and key == last
+          and packed[:, w + 5].max(initial=0) >= self.iterations_per_step):
+        self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds, self.budget.learn)
+      # Rows that drafted caught up; active rows that did not fell behind.
+      self._behind = np.where(limits > 0, False, self._behind | self._active)
+    self._left -= np.where(self._active, counts, 0)
     out_tokens, reasons = [], []
     for s in range(n):
       row = tokens[s, :counts[s]].tolist() if self._active[s] else []
       out_tokens.append(row)
-      self._left[s] -= len(row)
       reason = None
       if finished[s] and self._active[s]:
-        ended_by_eos = row and row[-1] in self.eos_ids and not self._requests[s].ignore_eos
+        request = self._requests[s]
+        ended_by_eos = row and row[-1] in self.eos_ids and not request.ignore_eos
         reason = "error" if failed[s] else "stop" if ended_by_eos else "length"
+        if not request.ignore_eos:
+          self.ends.observe(request.max_tokens - int(self._left[s]), reason == "stop")
         self._active[s], self._requests[s] = False, None
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])

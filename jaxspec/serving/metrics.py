@@ -4,13 +4,13 @@
     m.requests.labels(status="200").inc(); m.ttft.observe(0.12)
     text, content_type = m.render()    # GET /metrics
 
-Names (all prefixed jaxspec_): requests_total{status}, prompt_tokens_total, completion_tokens_total,
-queue_length, active_slots, slots, time_to_first_token_seconds, inter_token_latency_seconds,
-e2e_request_latency_seconds, draft_tokens_total (proposed), accepted_tokens_total (accepted); acceptance is
-accepted_tokens_total / draft_tokens_total; verifications_total (the rows' verify calls: tau, tokens per verify call,
-is (accepted_tokens_total + verifications_total) / verifications_total). Under the verification budget (budget.py): step_cost_seconds{rows,
-gamma} (the step-cost curves c(R, k) warmup measured) and steps_total{gamma} (the steps each tier ran; gamma 0:
-plain).
+Names (all prefixed jaxspec_): requests_total{status}, prompt_tokens_total, completion_tokens_total, queue_length,
+active_slots, slots, time_to_first_token_seconds, inter_token_latency_seconds, e2e_request_latency_seconds,
+draft_tokens_total (proposed), accepted_tokens_total (accepted); acceptance is accepted_tokens_total /
+draft_tokens_total; verifications_total (the rows' verify calls: tau, tokens per verify call, is
+(accepted_tokens_total + verifications_total) / verifications_total). Under the verification budget (budget.py):
+step_cost_seconds{rows, gamma} (the step-cost curves c(R, k) warmup measured, refined by the steps served) and
+steps_total{gamma} (the steps each tier ran; gamma 0: plain).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Metrics:
     self.drafted = Counter("jaxspec_draft_tokens", "Draft tokens proposed.", registry=r)
     self.accepted = Counter("jaxspec_accepted_tokens", "Draft tokens accepted by the target.", registry=r)
     self.step_cost = Gauge("jaxspec_step_cost_seconds", "The verification budget's step-cost curve: seconds of one "
-                           "step decoding `rows` rows at draft length `gamma` (0: plain), measured in warm-up.",
+                           "step decoding `rows` rows at draft length `gamma` (0: plain), measured in warm-up and "
+                           "refined by the steps served.",
                            ["rows", "gamma"], registry=r)
     self.verifications = Counter("jaxspec_verifications", "Verify calls of the target over the requests' rows (loop "
                                  "iterations; tau = (accepted tokens + verifications) / verifications).", registry=r)

@@ -175,8 +175,9 @@ class Scheduler:
       self.failure = f"warmup failed: {type(e).__name__}: {e}"
       return
     costs = getattr(self.engine, "costs", None)  # the verification budget's step-cost curves, if it measured them
-    for (rows, gamma), seconds in sorted(getattr(costs, "seconds", {}).items()):
-      self.metrics.step_cost.labels(rows=str(rows), gamma=str(gamma)).set(seconds)
+    for rows, gamma in sorted(getattr(costs, "seconds", {})):  # read when scraped: the steps served refine them
+      self.metrics.step_cost.labels(rows=str(rows), gamma=str(gamma)).set_function(
+          lambda key=(rows, gamma): costs.seconds[key])
     self.ready.set()
     while True:
       with self._cond:
@@ -235,6 +236,11 @@ class Scheduler:
 
   def _step(self) -> None:
     started = time.perf_counter()
+    queue = getattr(self.engine, "set_queue", None)  # the slot engine's budget counts free slots as empty
+    if queue is not None:
+      with self._cond:
+        waiting = len(self._waiting)
+      queue(waiting)
     try:
       out = self.engine.step()
     except Exception as e:  # pylint: disable=broad-except  (every active request fails; the loop goes on)

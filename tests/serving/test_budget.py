@@ -21,13 +21,15 @@ import jaxspec
 from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
-from jaxspec.serving.budget import Budget, CostCurves, choose, expected_tokens, row_limits, survival
+from jaxspec.serving import engine as engine_module
+from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose, expected_tokens, row_limits, survival, within
 from jaxspec.serving.budget import from_flags as budget_flags
 
 from engine_helpers import Request, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
 
-NO_MARGIN = Budget(margin=0.0)  # the choice's arithmetic in these tests is E / c alone (the margin has its own)
+# The choice is E / c alone, from the costs a test sets (the margin, the learning and the empty slots: own tests).
+AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0)
 
 MAX_NEW = 14
 
@@ -93,6 +95,124 @@ def test_a_row_near_its_end_is_charged_for_the_iterations_it_cannot_use():
   assert ending.k == 4 and ending.cost == pytest.approx(0.625)
 
 
+def test_rows_that_end_early_weigh_against_the_widest_tier():
+  # A row expected to end (EOS) after any token with chance h gives (1 - (1 - h)^T) / h of T tokens: with h = 0.1,
+  # 3.44 of 4 (plain's step of 4 iterations) and 7.71 of 16.4 (a tier of 4 at alpha 0.9): its rate drops 1.97x
+  # against plain's 1.16x. At 2.5 plain steps the tier wins for rows that never end early (16.4 / 2.5 against
+  # 4) and loses for these (7.71 / 2.5 = 3.08 against 3.44).
+  assert within(np.array([4.0, 16.0]), np.array([0.1, 0.0])) == pytest.approx([(1 - 0.9 ** 4) / 0.1, 16.0])
+  assert within(np.array([4.0]), None) == pytest.approx([4.0])
+  alpha, tiers, costs, left = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5], np.full((4,), 64)
+  assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.zeros((4,))).k == 4
+  ending = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.full((4,), 0.1))
+  assert ending.k == 0 and ending.expected == pytest.approx(4 * (1 - 0.9 ** 4) / 0.1)
+  # Rows that ignore EOS (rate 0) beside them: the tier wins again for its 4 far rows' 16.4 each.
+  assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.array([0.1, 0.0, 0.0, 0.0])).k == 4
+
+
+def test_a_slot_left_empty_through_the_next_step_weighs_against_long_steps():
+  # With no request waiting, a row that ends in a step leaves its slot empty through the next one (the next request
+  # arrives during it): its tokens count 1 / (1 + p), p its chance of ending in the step. h = 0.05, alpha 0.9:
+  # plain gives 3.71 tokens of 4 (p 0.19: 3.13), the tier of 4 11.37 of 16.4 (p 0.57: 7.25). At 2.5 plain steps
+  # the tier wins when a request waits (4.55 against 3.71 a plain step's cost) and loses when none does (2.90
+  # against 3.13).
+  alpha, tiers, costs, left = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5], np.full((4,), 64)
+  hazard = np.full((4,), 0.05)
+  assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=hazard).k == 4
+  empty = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=hazard, idle=1.0)
+  plain = (1 - 0.95 ** 4) / 0.05
+  assert empty.k == 0 and empty.expected == pytest.approx(4 * plain / (2 - 0.95 ** 4))
+  # A row that surely ends in the step (left <= its tokens) counts half in every tier.
+  last = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 3), iterations=4, idle=1.0)
+  # Half the next step (the default, Budget.idle): 8.86 a row for the tier, 3.40 for plain: the tier wins.
+  half, tier = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=hazard, idle=0.5), 4 * 4.0951
+  assert half.k == 4 and half.expected == pytest.approx(4 * (1 - 0.95 ** tier) / 0.05 / (1 + 0.5 * (1 - 0.95 ** tier)))
+  assert last.expected == pytest.approx(4 * 3 / 2)
+
+
+def test_the_engine_counts_slots_left_empty_only_when_none_waits(engine, monkeypatch):
+  seen = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **kw: seen.append(kw["idle"]) or real(*a, **kw))
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.0, idle=0.5))
+  slots = []
+  for p in PROMPTS[:2]:
+    slots.append(engine.free_slots()[0])
+    engine.insert(slots[-1], p, RequestSettings(MAX_NEW))
+  engine.set_queue(0)
+  engine.plan_step()
+  engine.set_queue(3)
+  engine.plan_step()
+  engine.free(slots[0])
+  engine.set_queue(0)
+  engine.plan_step()  # one row: when it ends the engine stops, and the next request is inserted at once
+  assert seen == [0.5, 0.0, 0.0]
+  engine.free(slots[1])
+
+
+def test_the_previous_tier_is_kept_unless_another_is_clearly_better():
+  # alpha 0.9, a tier of 4 at 3.5 plain steps: E / c = 4.1 / 3.5 = 1.17 against plain's 1. From plain, a stick of
+  # 0.2 keeps plain (1.17 < 1.2); 0.1 moves; from the tier, plain (0.85 of it) never beats it by more.
+  alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 3.5]
+  assert choose(alpha, tiers, costs, 0.2).k == 4
+  assert choose(alpha, tiers, costs, 0.2, current=0, stick=0.2).k == 0
+  assert choose(alpha, tiers, costs, 0.2, current=0, stick=0.1).k == 4
+  assert choose(alpha, tiers, costs, 0.2, current=1, stick=0.2).k == 4
+  assert choose(alpha, tiers, [1.0, 5.0], 0.2, current=1, stick=0.2).k == 0  # 4.1 / 5 = 0.82: 1 > 1.2 x 0.82
+
+
+def test_the_end_rate_counts_early_ends_per_token():
+  rate = EndRate()
+  assert rate.rate == 0.0  # the prior: 64 tokens, no end
+  rate.observe(3, ended=True)  # one short answer does not set it
+  assert rate.rate == pytest.approx(1 / (EndRate.PRIOR_TOKENS * EndRate.DECAY + 3))
+  for _ in range(400):  # answers of 20 tokens ending by EOS, one in two: about 1 / 40 (the decay weighs the last)
+    rate.observe(20, ended=True)
+    rate.observe(20, ended=False)
+  assert rate.rate == pytest.approx(1 / 40, rel=0.02)
+
+
+def test_served_steps_refine_the_costs():
+  costs = CostCurves({(8, 0): 0.010, (8, 4): 0.020})
+  costs.observe(8, 4, 0.030, weight=0.1)
+  assert costs.seconds[(8, 4)] == pytest.approx(0.021)
+  costs.observe(8, 0, 1.0, weight=0.5)  # a pause: counted as twice the curve
+  assert costs.seconds[(8, 0)] == pytest.approx(0.015)
+  costs.observe(16, 0, 0.5, weight=0.5)  # not measured in warmup: left alone
+  assert (16, 0) not in costs.seconds
+
+
+def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch):
+  """A step the plan chose after a step of the same program moves that program's cost toward its time (learn 1:
+  halfway at most, the clip); a forced one, one after a switch, and an engine that does not learn leave the
+  curves alone. Requests that end by EOS raise the end
+  rate, ignore_eos ones do not."""
+  big = CostCurves({key: 1e3 for key in engine.costs.seconds})  # far above any step: each observed one halves
+  monkeypatch.setattr(engine, "costs", big)
+  monkeypatch.setattr(engine, "ends", EndRate())
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
+  out = engine.step(program=(0, "greedy", 3))
+  assert all(v == 1e3 for v in big.seconds.values())  # forced: not learnt
+  out = engine.step()  # AS_SET: learn 0
+  assert all(v == 1e3 for v in big.seconds.values())
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=1.0))
+  out = engine.step()  # the program of the step before (same costs, same estimates): learnt
+  learnt = (out.rows, out.entry.gamma)
+  assert big.seconds[learnt] == pytest.approx(500.0)
+  assert all(v == 1e3 for key, v in big.seconds.items() if key != learnt)
+  engine.step(program=(0, "greedy", 3) if out.entry.gamma else (1, "greedy", 3))
+  engine.step()  # right after another program (whose tokens' streaming a server would charge to it): not learnt
+  assert big.seconds[learnt] == pytest.approx(500.0)
+  engine.free(slot)
+  assert engine.ends.rate == 0.0  # ignore_eos: not counted
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
+  drive(engine, requests)
+  assert [r.tokens for r in requests] == refs
+  stops = sum(1 for r in requests if len(r.tokens) < MAX_NEW)
+  assert stops and engine.ends.ends > 0 and engine.ends.rate > 0, (stops, engine.ends)
+
+
 def test_the_margin_counts_against_drafting():
   # alpha 0.9, a tier of 4 at 3.5 plain steps: E / c = 4.1 / 3.5 = 1.17 against plain's 1; with a margin of 0.2
   # its cost counts as 4.2 and plain wins; a tier far ahead (cost 2) drafts either way. The default is no margin.
@@ -129,6 +249,36 @@ def test_the_engine_tracks_rested_drafts_and_times_their_catch_up(engine):
     engine.free(slot)
 
 
+def test_a_plain_step_leaves_a_lagging_drafts_state_out(engine):
+  """A draft model lags through plain steps (its idle and settle leave its state as it is), so the plain tier's
+  programs run without it, as a plain engine's do: the draft's state after a plain step is the state before it,
+  and the rows still decode exactly (the greedy tests above run through these programs)."""
+  programs = engine._programs  # pylint: disable=protected-access
+  assert all(programs[k].draft_outside == engine.table.entries[k[0]].plain for k in programs)
+  slots = []
+  for p in PROMPTS[:2]:
+    slots.append(engine.free_slots()[0])
+    engine.insert(slots[-1], p, RequestSettings(MAX_NEW))
+  engine.step(program=(len(engine.table.entries) - 1, "greedy", 3))  # wakes and drafts
+  state = lambda: jax.tree_util.tree_leaves(engine._state.draft_state)  # pylint: disable=protected-access
+  before = [np.asarray(x) for x in state()]
+  out = engine.step(program=(0, "greedy", 3))
+  assert sum(len(t) for t in out.tokens) > 0
+  after = state()
+  assert len(before) == len(after) and all(np.array_equal(b, np.asarray(a)) for b, a in zip(before, after))
+  for slot in engine.active_slots():
+    engine.free(slot)
+
+
+def test_a_head_rests_inside_the_plain_step():
+  """A feature head keeps its state in sync through plain steps (Drafter.idle reads the target's features), so its
+  plain programs carry it."""
+  target, speculation = _case("head")
+  e = SlotEngine(target, speculation, slots=2, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=1,
+                 modes=("greedy",), budget=AS_SET)
+  assert not any(p.draft_outside for p in e._programs.values())  # pylint: disable=protected-access
+
+
 def test_the_servers_flags_make_the_budget():
   kw = dict(speculation="budget", drafts=True, table=False, tiers=[], theta=0.3, margin=0.1)
   assert budget_flags(**kw) == Budget(theta=0.3, margin=0.1)
@@ -145,7 +295,8 @@ def test_budget_settings_are_checked():
   with pytest.raises(SettingsError, match="go beyond the speculation's gamma=3"):
     Budget(tiers=(1, 4)).tiers_for(3)
   for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}, {"margin": -0.1},
-              {"margin": float("nan")}, {"margin": True}):
+              {"margin": float("nan")}, {"margin": True}, {"learn": 1.5}, {"learn": -0.1}, {"learn": True},
+              {"idle": 2.0}, {"idle": -1}, {"stick": -0.1}, {"stick": True}):
     with pytest.raises(SettingsError):
       Budget(**bad)
   assert CostCurves().get(8, 2) == pytest.approx(1.2)  # the relative model before warmup measured
@@ -179,7 +330,7 @@ def engine():
   """A draft model (partly accepted) under the default budget, 3 slots, warmed up (programs and cost curves)."""
   target, speculation = _case("draft")
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=1,
-                 modes=("greedy",), row_buckets=(1, 3), budget=NO_MARGIN)
+                 modes=("greedy",), row_buckets=(1, 3), budget=AS_SET)
   e.warmup()
   return e
 
@@ -259,7 +410,7 @@ def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
 def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
   target = _llama(0)
   e = SlotEngine(target, jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
-                 max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",), budget=NO_MARGIN)
+                 max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",), budget=AS_SET)
   e.costs = _costs(e, per_token=0.4)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
   outputs = []
   requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
@@ -286,7 +437,7 @@ def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
   else:
     target, speculation = _case(name)
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=2,
-                 modes=("greedy",), budget=NO_MARGIN)
+                 modes=("greedy",), budget=AS_SET)
   assert [t.gamma for t in e.table.entries] == ([0, 2] if name == "tree" else [0, 1, 2, 3])
   e.costs = _costs(e, per_token=0.3)
   outputs = _serve_prompts(e, refs)
@@ -342,6 +493,7 @@ def test_a_forced_plan_decodes_as_the_engines_own_choice(engine, refs, monkeypat
   monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
   runs = []
   for driven in (engine, _Planned(engine, lambda e: e.plan_step())):
+    monkeypatch.setattr(engine, "ends", EndRate())  # each run from the same end rate (the requests' EOS move it)
     outputs = []
     requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
     drive(driven, requests, outputs=outputs)

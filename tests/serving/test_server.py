@@ -1,11 +1,12 @@
 """launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3, under the verification budget: the
 server's default) in a subprocess on 127.0.0.1, driven by the official `openai` client. Greedy text equals
-`jaxspec.generate`'s plain greedy text for each prompt whatever runs beside it, a seeded request gives the same text
-when repeated alone (under load the budget's tiers follow the neighbours' estimates: the promise of the same text
-under load is a fixed gamma's, tests/serving/test_slot_engine.py and test_slot_engine_eos.py), /metrics has the
-budget's step-cost curves, its steps per draft length and the verifications (tau), streaming equals the whole answer, a client that disconnects mid-stream frees its slot
-(GET /metrics: every slot free again) and later requests are still right; the benchmark (jaxspec.bench.serving)
-runs against it. The HTTP layer's every bad request, the 429 and stop strings: test_api.py."""
+`jaxspec.generate`'s plain greedy text for each prompt whatever runs beside it, seeds change a sampled text (under
+the budget a seeded request is an exact sample, not a reproducible one: the budget's choices follow what the server
+served; a fixed gamma's seeded promise is tests/serving/test_slot_engine.py's and test_slot_engine_eos.py's),
+/metrics has the budget's step-cost curves, its steps per draft length and the verifications (tau), streaming
+equals the whole answer, a client that disconnects mid-stream frees its slot (GET /metrics: every slot free again)
+and later requests are still right; the benchmark (jaxspec.bench.serving) runs against it. The HTTP layer's every
+bad request, the 429 and stop strings: test_api.py."""
 
 from __future__ import annotations
 
@@ -86,18 +87,18 @@ def test_greedy_equals_generate_while_requests_join_and_leave(client, greedy):
   assert chunks[-1].usage.completion_tokens == outs[0].usage.completion_tokens
 
 
-def test_seeded_sampling_same_when_repeated_alone(client):
+def test_seeded_sampling_is_a_sample_that_seeds_change(client):
+  """Under the budget a seeded request's draws follow the budget's choices, which follow what the server served
+  (its refined costs, its requests' end rate, the previous step's tier): an exact sample, not a reproducible one
+  (a fixed gamma's seeded promise: test_slot_engine_eos.py). Seeds still change the sample, alone and under load."""
   kw = dict(model=MODEL, prompt=PROMPTS[1], temperature=1.0, max_tokens=MAX_NEW)
-  alone = [client.completions.create(seed=s, **kw).choices[0].text for s in (11, 11, 12)]
-  assert alone[0] == alone[1]
-  with concurrent.futures.ThreadPoolExecutor(4) as pool:  # under load: a sample of the same distribution
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:  # under load
     load = [pool.submit(client.completions.create, model=MODEL, prompt=p, temperature=0.8, seed=i)
             for i, p in enumerate(PROMPTS[2:])]
     loaded = client.completions.create(seed=11, **kw).choices[0].text
     [f.result() for f in load]
-  assert loaded and client.completions.create(seed=11, **kw).choices[0].text == alone[0]
   texts = {client.completions.create(seed=s, **kw).choices[0].text for s in range(12, 18)}
-  assert len(texts | {alone[2]}) > 1  # seeds change the sample (a greedy server would fail this)
+  assert loaded and all(texts) and len(texts | {loaded}) > 1  # seeds change the sample (a greedy server would fail)
 
 
 def test_disconnect_mid_stream_frees_the_slot(server, client, greedy):
@@ -123,7 +124,10 @@ def test_disconnect_mid_stream_frees_the_slot(server, client, greedy):
 def test_metrics_count_acceptance(server):
   m = bench.scrape(server[0])
   assert m["jaxspec_slots"] == SLOTS and m["jaxspec_requests_total{200}"] >= 10
-  assert 0 < m["jaxspec_accepted_tokens_total"] <= m["jaxspec_draft_tokens_total"]
+  # Whether the budget drafted here follows the timings of this machine (its choice weighs measured step costs;
+  # tests/serving/test_budget.py forces the costs to check each choice); what it drafted, the metrics count.
+  drafted, accepted = m["jaxspec_draft_tokens_total"], m["jaxspec_accepted_tokens_total"]
+  assert 0 <= accepted <= drafted and (drafted == 0 or accepted > 0)
   assert m["jaxspec_time_to_first_token_seconds_count"] >= 10
   # The verification budget: its cost curve at the one row bucket (--row_buckets=SLOTS) for each tier, the steps
   # each tier ran, and the verify calls (tau = (accepted + verifications) / verifications, >= 1).
@@ -150,7 +154,7 @@ def test_benchmark_drives_the_server(server, tmp_path):
     assert r["failed"] == 0 and r["requests"] == 6 and r["output_tokens"] > 0, r  # 3 a round, 2 rounds
     assert r["rounds"] == 2 and len(r["round_tokens_per_s"]) == 2 and min(r["round_tokens_per_s"]) > 0
     assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
-    assert 0 < r["acceptance"] <= 1
+    assert r["acceptance"] is None or 0 <= r["acceptance"] <= 1  # None: the budget drafted nothing in that run
   table = (tmp_path / "out.md").read_text()
   assert table.count("\n") == 2 + len(rows) and "speedup" in table and "c=2" in table and table in res.stdout
   assert os.path.getsize(tmp_path / "out.png") > 1000

@@ -72,6 +72,9 @@ class StepProgram:
   shardings: tuple | None = None  # per leaf of SlotState: where it lives on the mesh (None: one device)
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
   estimates: bool = False  # keep the acceptance estimates (the verification budget's): updated, packed, stored
+  # A plain step that leaves the drafter's state out (its settings' drafter is PlainDrafter): a draft model lags
+  # through plain steps with its state unchanged, so the step neither gathers nor writes back its cache.
+  draft_outside: bool = False
 
 
 def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None = None) -> loop.LoopState:
@@ -86,9 +89,13 @@ def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None =
 
 
 def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
-  """SlotState's batch axis per leaf (0 for the per-slot arrays; the layout's for the caches, None: shared)."""
+  """SlotState's batch axis per leaf (0 for the per-slot arrays; the layout's for the caches, None: shared); a
+  state without its draft (`draft_outside`) has the target's alone (the layout lists them first)."""
+  axes = program.axes
+  if state.draft_state is None:
+    axes = axes[:len(jax.tree_util.tree_leaves(state.target_cache))]
   treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
-  cache, draft = jax.tree_util.tree_unflatten(treedef, program.axes)
+  cache, draft = jax.tree_util.tree_unflatten(treedef, axes)
   fields = {f.name: 0 for f in dataclasses.fields(SlotState)}
   return SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
 
@@ -140,13 +147,21 @@ def step_program(program: StepProgram, target_params, draft_params, state: SlotS
   only with `program.estimates`: [R, W + 6] without)).
   limits: [R] int32 per-row draft limits (the verification budget's), or None: the program's gamma for every row."""
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
+  outside, shardings = state.draft_state, program.shardings
+  if program.draft_outside:  # a plain step with a lagging draft model: its state stays where it is, unread
+    if shardings is not None:  # the shardings of every leaf but the draft's
+      tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), shardings)
+      shardings = tuple(jax.tree_util.tree_leaves(dataclasses.replace(tree, draft_state=None)))
+    state = dataclasses.replace(state, draft_state=None)
   if program.rows == state.lengths.shape[0]:
     new, packed = _decode_rows(program, target_params, draft_params, state, limits)
-    return _placed(new, program.shardings), _everywhere(packed, program.shardings)
-  # The R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place.
-  rows = _placed(_take_rows(program, state, index), program.shardings)
-  rows, packed = _decode_rows(program, target_params, draft_params, rows, limits)
-  return _placed(_put_rows(program, state, rows, index), program.shardings), _everywhere(packed, program.shardings)
+  else:  # the R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place
+    rows = _placed(_take_rows(program, state, index), shardings)
+    rows, packed = _decode_rows(program, target_params, draft_params, rows, limits)
+    new = _put_rows(program, state, rows, index)
+  if program.draft_outside:
+    new = dataclasses.replace(new, draft_state=outside)
+  return _placed(new, program.shardings), _everywhere(packed, program.shardings)
 
 
 def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState,

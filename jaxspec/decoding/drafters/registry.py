@@ -104,6 +104,10 @@ class Served(NamedTuple):
   drafter: Drafter  # what every step program drafts with
   insert: Drafter | None  # the insert program's: the step's drafter with a draft model's prompt prefill deferred
   #                        to the row's first drafting step (served_draft.Deferred); None: `drafter` itself.
+  # A plain step's drafter when it may leave `drafter`'s state out of the step (PlainDrafter: a served draft model
+  # lags through plain steps, its idle and settle leaving its state as it is, so the step need not carry its cache);
+  # None: a plain step rests `drafter` (Drafter.idle: a head, prompt lookup keep their state in sync).
+  rest: Drafter | None = None
 
 
 def served(drafter: Drafter, *, lags: bool) -> Served:
@@ -115,4 +119,4 @@ def served(drafter: Drafter, *, lags: bool) -> Served:
   if not isinstance(drafter, model_drafter.ModelDrafter):
     return Served(drafter, None)
   wrapped = ServedDraftModel(drafter) if lags else drafter
-  return Served(wrapped, Deferred(wrapped))
+  return Served(wrapped, Deferred(wrapped), PlainDrafter() if lags else None)
