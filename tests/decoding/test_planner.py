@@ -12,6 +12,7 @@ import pytest
 import jaxspec
 from jaxspec.decoding import generation, planner
 from jaxspec.decoding.device import loop
+from jaxspec.decoding.device.drafter import PlainDrafter
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.serving import SlotEngine, SpeculationTable, TableEntry
 
@@ -67,10 +68,13 @@ def test_generate_and_every_table_entry_are_planned_by_the_planner(models, recor
   programs = engine._programs.values()  # pylint: disable=protected-access
   assert {p.settings for p in programs} | {f.settings for f in engine._first.values()} == planned  # pylint: disable=protected-access
   assert all(p.kind == next(c.kind for c in recorded if c.settings == p.settings) for p in programs)
-  # The chain entry and the one-child tree entry are one program's settings; the plain entry rests the drafter.
+  # The chain entry and the one-child tree entry are one program's settings; the plain entry leaves the lagging
+  # draft model out (a plain engine's step: PlainDrafter, its state not carried).
   by_entry = {i: p for (i, mode, _), p in engine._programs.items() if mode == "greedy"}  # pylint: disable=protected-access
   assert by_entry[0].settings == by_entry[1].settings and by_entry[1].settings.tree is None
-  assert (by_entry[2].settings.gamma, by_entry[2].kind) == (1, loop.IterationKind(rests=True, width=1))
+  assert (by_entry[2].settings.gamma, by_entry[2].kind) == (0, loop.IterationKind(rests=False, width=1))
+  assert isinstance(by_entry[2].settings.drafter, PlainDrafter) and by_entry[2].draft_outside
+  assert not by_entry[0].draft_outside
 
 
 @pytest.mark.parametrize("prompt,words", [([], "is empty."), ([3, 1.5], "is not an integer: 1.5"),

@@ -11,7 +11,7 @@ import pytest
 import jaxspec
 from jaxspec.decoding.drafters import registry
 from jaxspec.decoding.drafters.served_draft import Deferred, ServedDraftModel
-from jaxspec.decoding.device.drafter import DraftSource, Proposal
+from jaxspec.decoding.device.drafter import DraftSource, PlainDrafter, Proposal
 from jaxspec.models import t5
 
 
@@ -102,4 +102,5 @@ def test_the_slot_engine_gets_a_draft_model_wrapped_for_its_load_table(target):
   assert isinstance(chained.drafter, ServedDraftModel) and chained.drafter.inner == model
   assert isinstance(chained.insert, Deferred) and chained.insert.inner == chained.drafter
   lookup = registry.draft_source(target, jaxspec.Speculation(jaxspec.NGramDraft(), gamma=2)).drafter
-  assert registry.served(lookup, lags=True) == (lookup, None)
+  assert plain.rest is None and isinstance(chained.rest, PlainDrafter)  # a lagging draft's plain steps leave it out
+  assert registry.served(lookup, lags=True) == (lookup, None, None)
