@@ -51,12 +51,13 @@ compiled program from the host's view of the active slots, never per request: th
 their number (a chain of some gamma, a tree, or plain decoding; one entry when no table is given and the budget
 is off), or under the verification budget (budget.py, the default with a speculation and no table) the tier its
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
-copied back with the step's tokens) and warmup's step-cost curves, with per-row draft limits passed to the device
-(`LoopState.limit`); and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax
-on both sides), "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p:
-the sort): each request's `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes
-temperature, top_k and top_p are per-row arrays (`sampling.warp_probs`); a temperature-0 row gets the one-hot
-distribution of its argmax on both sides, which makes the min(1, p/q) acceptance exactly greedy acceptance: its
+copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
+the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`);
+and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
+"sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
+`Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes temperature, top_k and top_p
+are per-row arrays (`sampling.warp_probs`); a temperature-0 row gets the one-hot distribution of its argmax on both
+sides, which makes the min(1, p/q) acceptance exactly greedy acceptance: its
 tokens are its greedy tokens whatever program runs. So the step
 programs are, per table entry, (the row buckets its active counts meet) x (the compiled `modes`, all three by
 default), plus the inserts (per prompt bucket and insert mode) and wakes (per bucket), all compiled by `warmup`.
@@ -249,7 +250,8 @@ class SlotEngine:
       the least general compiled mode that decodes it exactly (a greedy row in a sampled program is still
       greedy); one that no compiled mode decodes is refused at insert.
     budget: the verification budget (jaxspec/serving/budget.py): each step picks a compiled draft length (a
-      tier, 0 = plain) and per-row limits from the rows' acceptance estimates and warmup's step-cost curves. None:
+      tier, 0 = plain) and per-row limits from the rows' acceptance estimates, the requests' end rate and the
+      step-cost curves (warmup's, refined by the steps served). None:
       on (`Budget()`) when `speculation` is given without `table`, else off; False: off (the speculation's fixed
       gamma / tree at every step); True or a `Budget`: on (needs `speculation`, no `table`). Over several
       processes process 0 chooses (`plan_step`) and every process runs its choice (`step(program=, limits=)`:
