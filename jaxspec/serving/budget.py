@@ -90,8 +90,8 @@ class Budget:
     drafting tier's cost is raised by in the choice (the module docstring). learn: in [0, 1], each served step's
     weight in its program's cost (CostCurves.observe; 0: warmup's curves stay as measured). idle: in [0, 1], the
     share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
-    (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the previous step's
-    tier to replace it (`choose`'s `current`; 0: the best score always runs)."""
+    (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
+    previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs)."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
@@ -253,12 +253,13 @@ def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int
   of the time."""
   potential = iterations * per_iteration
   per_row, share = within(potential, hazard), 1.0
+  # p_b = 1 - (1 - h)^T = h within(T, h): its chance of ending within the step (0 without a hazard)
+  ends = np.zeros_like(potential) if hazard is None else np.clip(hazard, 0.0, 1.0) * per_row
   if left is not None and len(per_row):
     left = np.asarray(left, np.float64)
     per_row = np.minimum(per_row, left)
     share = float(np.max(np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration)))) / iterations
   if idle:
-    ends = np.zeros_like(potential) if hazard is None else 1.0 - (1.0 - np.clip(hazard, 0.0, 1.0)) ** potential
     if left is not None:
       ends = np.where(left <= potential, 1.0, ends)
     per_row = per_row / (1.0 + idle * ends)
