@@ -41,9 +41,9 @@ the way to its time): in a server a step shares the machine with the HTTP work, 
 the embedded pair's plain steps at 16 rows cost 28 ms served against 34 in warmup while a gamma-4 step cost what
 warmup said, so warmup's ratio alone made drafting look 20 % cheaper than it was. A step right after a switch is
 not learnt from: it pays for the streaming of the previous step's tokens, which after a wide step made plain
-look 40 % dearer and kept the budget drafting. The previous step's tier is kept unless another scores more than
-Budget.stick (0.1) above it: a switch costs what no score counts (wakes, that streaming), and estimates that move
-a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as empty for
+look 40 % dearer and kept the budget drafting. Between plain decoding and drafting, the previous step's side is kept unless
+the other's best tier scores more than Budget.stick (0.1) above it: such a switch costs what no score counts
+(wakes, that streaming), and estimates that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as empty for
 that share of the next step when no request waits (the next one arrives during it and is inserted after it): 0.5
 and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
 
@@ -284,17 +284,19 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   None: never): a row that ends within a step gives nothing for the rest of it, which weighs most on the widest
   tiers (`within`). idle: the share of the next step a row's slot stays empty after the step it ends in (no
   request waits for a slot: `_per_row`; a longer step keeps it empty longer); 0: a waiting request fills it.
-  current: the index of the previous step's tier (None: none), which another tier replaces only when its score is
-  more than (1 + stick) times current's: a switch costs what no score counts (a rested draft's wakes, the next
-  step's share of the host's streaming of a wide step's tokens), and estimates that move a little between steps
-  would otherwise flip the choice back and forth."""
+  current: the index of the previous step's tier (None: none), which a tier on the other side of plain decoding
+  (drafting after plain, plain after drafting) replaces only when its score is more than (1 + stick) times
+  current's: such a switch costs what no score counts (a rested draft's wakes, the next step's share of the host's
+  streaming of a wide step's tokens), and estimates that move a little between steps would otherwise flip the
+  choice back and forth. Between two drafting tiers the best score runs (at 4 rows on the embedded pair a stick
+  there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29)."""
   surv = survival(alpha)
   remaining = None if left is None else np.asarray(left, np.float64)
   if remaining is not None and hazard is not None:
     h = np.asarray(hazard, np.float64)
     remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
   costs = np.maximum.accumulate(np.asarray(costs, np.float64))
-  best = kept = None
+  best = {}  # per side (True: drafting, False: plain) its best choice
   for i, (k, cost) in enumerate(zip(tiers, costs)):
     if tree is not None and tree[i]:
       limits = np.full((surv.shape[0],), k, np.int32)
@@ -310,14 +312,15 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     if catchup > 0 and behind is not None and np.any(np.asarray(behind) & drafting):
       steps = 1.0 if remaining is None else float(np.median(remaining[drafting] / (iterations * rate[drafting])))
       cost += catchup / max(1.0, steps)
-    if best is None or e / cost > best.expected / best.cost * (1 + 1e-9):
-      best = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
-    if i == current:
-      kept = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
-  if current is not None and kept is not None and best.tier != kept.tier and (
-      best.expected / best.cost <= (1 + stick) * kept.expected / kept.cost):
-    return kept
-  return best
+    side = best.get(k > 0)
+    if side is None or e / cost > side.expected / side.cost * (1 + 1e-9):
+      best[k > 0] = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
+  winner = max(best.values(), key=lambda c: (c.expected / c.cost, -c.k))
+  if current is not None and 0 <= current < len(tiers) and len(best) == 2:
+    kept = best[tiers[current] > 0]  # the previous step's side
+    if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
+      return kept
+  return winner
 
 
 def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,

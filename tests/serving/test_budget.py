@@ -159,6 +159,18 @@ def test_the_previous_tier_is_kept_unless_another_is_clearly_better():
   assert choose(alpha, tiers, costs, 0.2, current=0, stick=0.1).k == 4
   assert choose(alpha, tiers, costs, 0.2, current=1, stick=0.2).k == 4
   assert choose(alpha, tiers, [1.0, 5.0], 0.2, current=1, stick=0.2).k == 0  # 4.1 / 5 = 0.82: 1 > 1.2 x 0.82
+  # Between drafting tiers no stick: at 2.5 and 3.6 plain steps a tier of 2 scores 2.71 / 2.5 = 1.08, one of 4
+  # 4.1 / 3.6 = 1.14 (5 % more): from the tier of 2 the tier of 4 runs at once. From plain, the drafting side's
+  # best (the tier of 4) must beat plain by the stick.
+  tiers, costs = (0, 2, 4), [1.0, 2.5, 3.6]
+  assert choose(alpha, tiers, costs, 0.2, current=1, stick=0.1).k == 4
+  assert choose(alpha, tiers, costs, 0.2, current=0, stick=0.2).k == 0
+  assert choose(alpha, tiers, costs, 0.2, current=0, stick=0.1).k == 4
+  # At 2.8 and 4.3 plain steps the tiers score 0.97 and 0.95 and plain 1.0, under the stick's 1.1 x 0.97: from
+  # either drafting tier the step drafts, at the drafting side's best (the tier of 2).
+  assert choose(alpha, tiers, [1.0, 2.8, 4.3], 0.2, current=1, stick=0.1).k == 2
+  assert choose(alpha, tiers, [1.0, 2.8, 4.3], 0.2, current=2, stick=0.1).k == 2
+  assert choose(alpha, tiers, [1.0, 2.8, 4.3], 0.2, current=2, stick=0.0).k == 0
 
 
 def test_the_end_rate_counts_early_ends_per_token():

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
 from jaxspec.serving.metrics import Metrics
 from jaxspec.serving.requests import Request
+from jaxspec.serving import scheduler as scheduler_module
 from jaxspec.serving.scheduler import Event, Scheduler
 from stub_engine import Settings, StubEngine
 
@@ -104,3 +106,66 @@ def test_a_request_its_first_token_ends_finishes_without_a_step(running, max_tok
     assert scheduler.active == 0 and not engine.state and engine.steps_started == 0
 
   asyncio.run(main())
+
+
+async def _until(condition, seconds: float = 30.0) -> bool:
+  """Polls `condition` without holding the event loop, for at most `seconds`."""
+  deadline = time.monotonic() + seconds
+  while not condition():
+    if time.monotonic() > deadline:
+      return False
+    await asyncio.sleep(0.001)
+  return True
+
+
+@pytest.mark.parametrize("wait_s", [30.0, 0.0])
+def test_the_step_waits_until_a_lone_requests_first_token_is_sent(running, monkeypatch, wait_s):
+  """The only request decoding: the engine thread runs no step until the stream handled its first token (the
+  event loop busy 0.2 s after submitting: the wait holds the step). Negative control (wait 0): the step runs
+  while the event loop is busy."""
+  engine, scheduler, _ = running
+  monkeypatch.setattr(scheduler_module, "FIRST_TOKEN_WAIT_S", wait_s)
+  engine.gate.set()
+
+  async def main():
+    handle = scheduler.submit(_request(6), asyncio.get_running_loop())
+    time.sleep(0.2)  # the event loop is busy: the first token's event waits to be handled
+    events = handle.events()
+    first = await asyncio.wait_for(events.__anext__(), 30)
+    started_before = engine.steps_started
+    rest = [await asyncio.wait_for(events.__anext__(), 30)]
+    while rest[-1].finish_reason is None:
+      rest.append(await asyncio.wait_for(events.__anext__(), 30))
+    assert first.text == "t" and rest[-1].finish_reason == "length"
+    return started_before
+
+  started_before = asyncio.run(main())
+  assert (started_before == 0) == (wait_s > 0)
+
+
+def test_the_step_does_not_wait_for_a_first_token_beside_other_requests(running, monkeypatch):
+  """Another request is decoding: the steps go on while the new request's stream has not handled its first
+  token (a wait would hold every other request's tokens)."""
+  engine, scheduler, _ = running
+  monkeypatch.setattr(scheduler_module, "FIRST_TOKEN_WAIT_S", 30.0)
+  engine.step_s = 0.1  # the first request decodes 8 steps of 2 tokens: 0.8 s
+  engine.gate.set()
+
+  async def main():
+    loop = asyncio.get_running_loop()
+    first = scheduler.submit(_request(16), loop)
+    consumer = asyncio.create_task(_drain(first))  # handles every event of the first request as it comes
+    assert await _until(lambda: first.sent.is_set())
+    second = scheduler.submit(_request(16), loop)
+    assert await _until(lambda: second.puts > 0)  # inserted: its first token is put, not yet handled
+    steps = engine.steps_started
+    assert await _until(lambda: engine.steps_started > steps + 1, 10)  # steps ran meanwhile
+    assert not second.sent.is_set()
+    second.cancel()
+    await asyncio.wait_for(consumer, 30)
+
+  asyncio.run(main())
+
+
+async def _drain(handle) -> list[Event]:
+  return [event async for event in handle.events()]
