@@ -280,10 +280,13 @@ def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Se
                    "drafted": drafted, "accepted": accepted, "acceptance": accepted / drafted if drafted else None,
                    "verifications": verifications,
                    "tau": (accepted + verifications) / verifications if verifications else None})
-  base = {(r["mode"], r["level"]): r["output_tokens_per_s"] for r in rows if r["server"] == list(urls)[-1]}
+  baseline = {(r["mode"], r["level"]): r for r in rows if r["server"] == list(urls)[-1]}
   for r in rows:
-    b = base.get((r["mode"], r["level"]))
-    r["ratio"] = r["output_tokens_per_s"] / b if b else None
+    b = baseline.get((r["mode"], r["level"]))
+    r["ratio"] = r["output_tokens_per_s"] / b["output_tokens_per_s"] if b and b["output_tokens_per_s"] else None
+    # Each round's ratio: the two ran next to each other in time, so a machine's drift over the run (on a shared
+    # 2-core VM, 30 % between minutes) falls on both alike.
+    r["round_ratios"] = [x / y if y else None for x, y in zip(r["round_tokens_per_s"], b["round_tokens_per_s"])]
   return rows
 
 
@@ -293,11 +296,13 @@ def _ms(d: dict, p: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
   """The table: a row per server and level; with several servers, 'speedup' is output tokens/s against the last
-  server's at the same level. tau: tokens per verify call; TPOT: per request (e2e - TTFT) / (tokens - 1), its mean
+  server's at the same level (over all rounds) and, with several rounds, 'by round' each round's. tau: tokens per verify call; TPOT: per request (e2e - TTFT) / (tokens - 1), its mean
   and P50 / P90 / P99 (the ITL column of earlier tables); chunk ITL: the gaps between streamed chunks."""
   servers = list(dict.fromkeys(r["server"] for r in rows))
   base = {(r["mode"], r["level"]): r for r in rows if r["server"] == servers[-1]}
+  rounds = len(servers) > 1 and max(r["rounds"] for r in rows) > 1
   head = ("| server | load | requests (failed) | output tok/s | " + ("speedup | " if len(servers) > 1 else "") +
+          ("by round | " if rounds else "") +
           "tau | TTFT ms mean / P50 / P99 | TPOT ms mean / P50 / P90 / P99 | chunk ITL ms P50 / P99 | "
           "e2e ms P50 / P90 / P99 | acceptance |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -307,6 +312,8 @@ def markdown(rows: list[dict]) -> str:
     b = base.get((r["mode"], r["level"]))
     speed = (f"{r['output_tokens_per_s'] / b['output_tokens_per_s']:.2f}x | " if b and b["output_tokens_per_s"]
              else "- | ") if len(servers) > 1 else ""
+    if rounds:
+      speed += " / ".join("-" if x is None else f"{x:.2f}" for x in r.get("round_ratios", [])) + " | "
     ttft = " / ".join(_ms(r["ttft"], k) for k in ("mean", "p50", "p99"))
     tpot = " / ".join(_ms(r.get("tpot", r["itl"]), k) for k in ("mean", "p50", "p90", "p99"))
     chunks = " / ".join(_ms(r.get("chunk_itl", {}), k) for k in ("p50", "p99"))

@@ -153,10 +153,13 @@ def test_benchmark_drives_the_server(server, tmp_path):
   for r in rows:
     assert r["failed"] == 0 and r["requests"] == 6 and r["output_tokens"] > 0, r  # 3 a round, 2 rounds
     assert r["rounds"] == 2 and len(r["round_tokens_per_s"]) == 2 and min(r["round_tokens_per_s"]) > 0
+    base = next(b for b in rows if b["server"] == "b" and (b["mode"], b["level"]) == (r["mode"], r["level"]))
+    assert r["round_ratios"] == pytest.approx([x / y for x, y in zip(r["round_tokens_per_s"],
+                                                                      base["round_tokens_per_s"])])
     assert r["ttft"]["p50"] <= r["e2e"]["p50"] and r["output_tokens_per_s"] > 0
     assert r["acceptance"] is None or 0 <= r["acceptance"] <= 1  # None: the budget drafted nothing in that run
   table = (tmp_path / "out.md").read_text()
-  assert table.count("\n") == 2 + len(rows) and "speedup" in table and "c=2" in table and table in res.stdout
+  assert table.count("\n") == 2 + len(rows) and "speedup" in table and "by round" in table and "c=2" in table and table in res.stdout
   assert os.path.getsize(tmp_path / "out.png") > 1000
 
 
