@@ -296,8 +296,9 @@ def _ms(d: dict, p: str) -> str:
 
 def markdown(rows: list[dict]) -> str:
   """The table: a row per server and level; with several servers, 'speedup' is output tokens/s against the last
-  server's at the same level (over all rounds) and, with several rounds, 'by round' each round's. tau: tokens per verify call; TPOT: per request (e2e - TTFT) / (tokens - 1), its mean
-  and P50 / P90 / P99 (the ITL column of earlier tables); chunk ITL: the gaps between streamed chunks."""
+  server's at the same level (over all rounds) and, with several rounds, 'by round' each round's. tau: tokens per
+  verify call; TPOT: per request (e2e - TTFT) / (tokens - 1), its mean and P50 / P90 / P99 (the ITL column of
+  earlier tables); chunk ITL: the gaps between streamed chunks."""
   servers = list(dict.fromkeys(r["server"] for r in rows))
   base = {(r["mode"], r["level"]): r for r in rows if r["server"] == servers[-1]}
   rounds = len(servers) > 1 and max(r["rounds"] for r in rows) > 1

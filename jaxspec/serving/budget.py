@@ -41,11 +41,12 @@ the way to its time): in a server a step shares the machine with the HTTP work, 
 the embedded pair's plain steps at 16 rows cost 28 ms served against 34 in warmup while a gamma-4 step cost what
 warmup said, so warmup's ratio alone made drafting look 20 % cheaper than it was. A step right after a switch is
 not learnt from: it pays for the streaming of the previous step's tokens, which after a wide step made plain
-look 40 % dearer and kept the budget drafting. Between plain decoding and drafting, the previous step's side is kept unless
-the other's best tier scores more than Budget.stick (0.1) above it: such a switch costs what no score counts
-(wakes, that streaming), and estimates that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as empty for
-that share of the next step when no request waits (the next one arrives during it and is inserted after it): 0.5
-and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
+look 40 % dearer and kept the budget drafting. Between plain decoding and drafting, the previous step's side is
+kept unless the other's best tier scores more than Budget.stick (0.1) above it: such a switch costs what no score
+counts (wakes, that streaming), and estimates that move a little flipped the choice back and forth. Budget.idle (0
+by default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
+one arrives during it and is inserted after it): 0.5 and 1 made the budget decode plain at concurrency 4, where a
+fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it

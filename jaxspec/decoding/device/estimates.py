@@ -32,7 +32,7 @@ PRIOR_ALPHA = 0.8  # a fresh row's a(b, j) at every position: new requests draft
 # The prior's weight, in verified positions. At 2 one early rejection took a fresh row's a(b, 1) from 0.8 to 0.51
 # and two to 0.35, so the verification budget sent rows of ordinary acceptance to plain decoding, where nothing is
 # verified and they stayed: replayed on the embedded pair's served workload (its exact per-position draft matches,
-# docs/serving.md), 8 gave 1.00x the fixed gamma 4 at concurrency 1 where 2 gave 0.96x.
+# docs/bench/serving/replay.py), 8 gave 1.00x the fixed gamma 4 at concurrency 1 where 2 gave 0.97x.
 PRIOR_COUNT = 8.0
 DECAY = 0.9  # per verification of a position: the older verdicts' weight (about the last ten count)
 RELAX = 0.98  # per iteration in which an active row leaves a position unverified: its weight toward the prior
