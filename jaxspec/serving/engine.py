@@ -757,10 +757,9 @@ class SlotEngine:
     # A catch-up re-feeds more drafts at more rows: a bucket's is at most a larger one's (a spike in one bucket's
     # timing, 7.9 ms at 4 rows between 2.1 at 2 and 4.1 at 8 on the embedded pair, had the budget charge every
     # return to drafting there so much that it stayed plain where the fixed gamma was 1.2x plain).
+    lowest = float("inf")
     for rows in sorted(self.costs.catchup, reverse=True):
-      above = [v for r, v in self.costs.catchup.items() if r > rows]
-      if above:
-        self.costs.catchup[rows] = min(self.costs.catchup[rows], min(above))
+      lowest = self.costs.catchup[rows] = min(self.costs.catchup[rows], lowest)
 
   def _measure_catchup(self, rows: int, mode: str, settings: RequestSettings) -> None:
     """`costs.catchup[rows]`: R fresh rows decode two plain steps (their drafts rest longer than gamma), one step

@@ -5,11 +5,8 @@
 # /metrics after the run.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-common="--slots=64 --max_input_length=64 --max_new_tokens=64 --modes=greedy --log_level=warning"
+source docs/bench/serving/embedded_servers.sh
 out=docs/bench/serving/final
-pids=()
-trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
-wait_port() { for _ in $(seq 1 600); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 2; done; }
 .venv/bin/python launch/serve.py --port=8260 $common --gamma=4 > ${out}_budget.log 2>&1 & pids+=($!); wait_port 8260
 .venv/bin/python launch/serve.py --port=8261 $common --gamma=4 --speculation=fixed > /dev/null 2>&1 & pids+=($!)
 .venv/bin/python launch/serve.py --port=8262 $common --draft=none > /dev/null 2>&1 & pids+=($!)

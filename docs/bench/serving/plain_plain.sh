@@ -4,15 +4,11 @@
 # alternating. Nothing else running. plain_plain_c1.*: CONCURRENCY=1 OUT=docs/bench/serving/plain_plain_c1.
 set -uo pipefail
 cd "$(dirname "$0")/../../.."
-common="--slots=64 --max_input_length=64 --max_new_tokens=64 --modes=greedy --log_level=warning"
-out=docs/bench/serving/plain_plain
-pids=()
-trap 'kill ${pids[*]} 2>/dev/null || true' EXIT
-wait_port() { for _ in $(seq 1 300); do curl -sf http://127.0.0.1:$1/health >/dev/null && return 0; sleep 2; done; }
+source docs/bench/serving/embedded_servers.sh
+out=${OUT:-docs/bench/serving/plain_plain}
 .venv/bin/python launch/serve.py --port=8270 $common --draft=none > /dev/null 2>&1 & pids+=($!); wait_port 8270
 .venv/bin/python launch/serve.py --port=8271 $common --draft=none > /dev/null 2>&1 & pids+=($!); wait_port 8271
-CONCURRENCY=${CONCURRENCY:-8,16,32,64}; out=${OUT:-$out}
 .venv/bin/python launch/serve_benchmark.py --servers=plainA=http://127.0.0.1:8270,plainB=http://127.0.0.1:8271 \
-  --workload=docs/bench/serving_ende.jsonl --max_tokens=64 --concurrency=$CONCURRENCY --requests=128 --rounds=6 \
+  --workload=docs/bench/serving_ende.jsonl --max_tokens=64 --concurrency=${CONCURRENCY:-8,16,32,64} --requests=128 --rounds=6 \
   --timeout=900 --output=$out
 date

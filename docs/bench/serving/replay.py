@@ -81,7 +81,7 @@ def replay(vectors, policy, concurrency: int, costs, catchup, requests: int = 25
   order = list(np.random.default_rng(seed).permutation(len(vectors))) * (requests // len(vectors) + 1)
   buckets, tiers = sorted(costs), budget.tiers_for(GAMMA)
   prior = (np.full((GAMMA,), prior_count * est.PRIOR_ALPHA, np.float32), np.full((GAMMA,), prior_count, np.float32))
-  ends, rows, given, ms, started, done, current = EndRate(), [], 0, 0.0, 0, 0, None
+  ends, rows, given, ms, started, current = EndRate(), [], 0, 0.0, 0, None
 
   def admit():
     nonlocal started, ms
@@ -133,7 +133,6 @@ def replay(vectors, policy, concurrency: int, costs, catchup, requests: int = 25
     for r, l in zip(rows, limits):
       r["behind"] = bool(l == 0)
       if r["p"] >= len(r["m"]):
-        done += 1
         ends.observe(r["p"], r["p"] < MAX_TOKENS)
       else:
         kept.append(r)
