@@ -9,7 +9,8 @@ P99), output tokens per second and acceptance, at fixed concurrency levels and P
     # the peers' grid (issue 39): three arms in one run, their order alternating per round, each against plain:
     python launch/serve_benchmark.py --servers=budget=http://127.0.0.1:8100,fixed=http://127.0.0.1:8101,\
 plain=http://127.0.0.1:8102 --concurrency=1,4,8,16,32,64 --rounds=2 --output=docs/bench/serving/grid_ende
-    # (docs/bench/serving/grid.sh starts the three servers and runs it)
+    # (docs/bench/serving/grid.sh starts the three servers and runs it; final_restarts.sh starts them afresh
+    # before every round: --before_round)
 
 Writes OUTPUT.md (the table: output tokens/s, the speedup against the last server, tau, TTFT mean / P50 / P99,
 TPOT, chunk ITL P50 / P99, e2e, acceptance), OUTPUT.json (every figure) and OUTPUT.png (tokens/s, its ratio to the
@@ -28,6 +29,7 @@ them grows (last third's median against the first third's) or a slot is still ac
 import json
 import logging
 import os
+import subprocess
 
 from absl import flags
 
@@ -58,6 +60,11 @@ _TIMEOUT = flags.DEFINE_float("timeout", 600.0, "Seconds a request may take befo
                               lower_bound=1.0)
 _ROUNDS = flags.DEFINE_integer("rounds", 1, "Times each level runs on each server, the servers' order reversed "
                                 "every other round (A B, B A, ...); figures over all rounds' requests.", lower_bound=1)
+_BEFORE_ROUND = flags.DEFINE_string(
+    "before_round", "", "A shell command run before each round (ROUND=0, 1, ... in its environment), which returns "
+    "once the servers answer: e.g. one that starts them afresh (docs/bench/serving/restarts.sh), so that what one "
+    "process keeps through a run falls on each server by chance. With it the rounds are outermost (each runs every "
+    "level); a non-zero exit stops the run.")
 _OUTPUT = flags.DEFINE_string("output", "", "Path prefix for .md, .json and .png ('' prints the table), in an "
                               "existing directory.")
 _SOAK = flags.DEFINE_float("soak_s", 0.0, "Seconds of a soak (0: the levels above instead).", lower_bound=0.0)
@@ -115,6 +122,18 @@ def _soak(items) -> None:
   print(line)
 
 
+def _before_round(command: str):
+  """--before_round's command as `serving.compare`'s before_round (None without one)."""
+  if not command:
+    return None
+
+  def run(index: int) -> None:
+    done = subprocess.run(command, shell=True, env={**os.environ, "ROUND": str(index)}, check=False)
+    if done.returncode:
+      raise SystemExit(f"--before_round exited with status {done.returncode} before round {index}: {command}")
+  return run
+
+
 def main(argv):
   del argv
   logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
@@ -128,7 +147,7 @@ def main(argv):
   rows = serving.compare(servers, items, concurrencies=flags.FLAGS.concurrency, rates=flags.FLAGS.rate,
                          requests=_REQUESTS.value, max_tokens=_MAX_TOKENS.value, temperature=_TEMPERATURE.value,
                          seed=_SEED.value, timeout=_TIMEOUT.value,
-                         rounds=_ROUNDS.value)
+                         rounds=_ROUNDS.value, before_round=_before_round(_BEFORE_ROUND.value))
   table = serving.markdown(rows)
   print(table)
   if _OUTPUT.value:

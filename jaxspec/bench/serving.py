@@ -32,7 +32,7 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -240,7 +240,8 @@ def run_levels(url: str, items: Sequence[Item], *, label: str = "", **kwargs) ->
 
 def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Sequence[int] = (1, 4, 16, 64),
             rates: Sequence[float] = (), requests: int = 0, max_tokens: int = 64, temperature: float = 0.0,
-            seed: int = 0, timeout: float = 600.0, warmup: int = 1, rounds: int = 1) -> list[dict]:
+            seed: int = 0, timeout: float = 600.0, warmup: int = 1, rounds: int = 1,
+            before_round: Callable[[int], None] | None = None) -> list[dict]:
   """Each level on each server ({label: url}; e.g. speculative and plain with the same settings), the servers
   side by side in time: level by level, `rounds` times, the servers' order reversed every other round (A B, B A,
   ...), so that a machine's drift over the run falls on both alike. A row per server and level (the servers in
@@ -249,24 +250,40 @@ def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Se
 
   requests: per level and round (0: max(8, 2 * concurrency), or 4 * rate rounded up, at least 8). warmup:
   requests sent to each server first and not counted (a fresh server's first request pays for anything left to
-  compile). A Poisson level's gaps are the same for every server (drawn from seed, round and level)."""
+  compile). A Poisson level's gaps are the same for every server (drawn from seed, round and level).
+
+  before_round: called with the round's index (from 0) before each round, which then runs every level (rounds
+  outermost, each round's servers warmed up again): e.g. one that starts the servers afresh, so that what one
+  process keeps through a run (two processes of one plain server kept 13 % between them at one concurrency of
+  four on this project's 2-core CPU, docs/serving.md) falls on each server by chance, round by round."""
   if not isinstance(rounds, int) or rounds < 1:
     raise InputError(f"rounds must be an integer >= 1, got {rounds!r}.")
   urls = {label: url.rstrip("/") for label, url in servers.items()}
-  models = {label: served_model(url) for label, url in urls.items()}
-  for label, url in urls.items():
-    if warmup:
-      asyncio.run(_level(url, models[label], items, concurrency=1, rate=None, requests=warmup,
-                         max_tokens=max_tokens, temperature=temperature, seed=seed, timeout=timeout,
-                         rng=np.random.default_rng(seed)))
+  models: dict[str, str] = {}
+
+  def warm():
+    for label, url in urls.items():
+      models[label] = served_model(url)
+      if warmup:
+        asyncio.run(_level(url, models[label], items, concurrency=1, rate=None, requests=warmup,
+                           max_tokens=max_tokens, temperature=temperature, seed=seed, timeout=timeout,
+                           rng=np.random.default_rng(seed)))
+
   levels = [("concurrency", c) for c in concurrencies] + [("rate", r) for r in rates]
+  order = ([(r, index) for r in range(rounds) for index in range(len(levels))] if before_round is not None
+           else [(r, index) for index in range(len(levels)) for r in range(rounds)])
   parts: dict[tuple[str, int], list[dict]] = {}
-  for index, (kind, value) in enumerate(levels):
-    for r in range(rounds):
-      for label in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
-        parts.setdefault((label, index), []).append(_measure(
-            urls[label], models[label], items, kind, value, requests=requests, max_tokens=max_tokens,
-            temperature=temperature, seed=seed, timeout=timeout, rng=np.random.default_rng((seed, r, index))))
+  if before_round is None:
+    warm()
+  for r, index in order:
+    if before_round is not None and index == 0:
+      before_round(r)
+      warm()
+    kind, value = levels[index]
+    for label in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+      parts.setdefault((label, index), []).append(_measure(
+          urls[label], models[label], items, kind, value, requests=requests, max_tokens=max_tokens,
+          temperature=temperature, seed=seed, timeout=timeout, rng=np.random.default_rng((seed, r, index))))
   rows = []
   for label in urls:
     for index, (kind, value) in enumerate(levels):

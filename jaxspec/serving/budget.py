@@ -244,9 +244,9 @@ def within(potential: np.ndarray, hazard: np.ndarray | None) -> np.ndarray:
 
 
 def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int,
-             hazard: np.ndarray | None = None, idle: float = 0.0) -> tuple[np.ndarray, float]:
-  """([A] each row's expected tokens in the step, the share of the step's iterations expected to run) from
-  per_iteration [A] (`per_row_rate`, e_b): min(left_b, `within`(I e_b, hazard_b)); the loop stops once every row
+             hazard: np.ndarray | None = None, idle: float = 0.0) -> tuple[np.ndarray, np.ndarray | float]:
+  """([..., A] each row's expected tokens in the step, [...] the share of the step's iterations expected to run)
+  from per_iteration [..., A] (`per_row_rate`, e_b; `choose` passes every tier's at once, [T, A]): min(left_b, `within`(I e_b, hazard_b)); the loop stops once every row
   has ended, so a step whose rows all end within it runs max_b ceil(left_b / e_b) of its iterations; 1 without
   `left`. idle: the share of the next step a row that ends within this one leaves its slot empty (no request
   waits: the next one arrives during that step and is inserted after it), so its tokens count 1 / (1 + idle p_b),
@@ -256,10 +256,10 @@ def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int
   per_row, share = within(potential, hazard), 1.0
   # p_b = 1 - (1 - h)^T = h within(T, h): its chance of ending within the step (0 without a hazard)
   ends = np.zeros_like(potential) if hazard is None else np.clip(hazard, 0.0, 1.0) * per_row
-  if left is not None and len(per_row):
+  if left is not None and per_row.shape[-1]:
     left = np.asarray(left, np.float64)
     per_row = np.minimum(per_row, left)
-    share = float(np.max(np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration)))) / iterations
+    share = np.max(np.minimum(iterations, np.ceil(np.maximum(left, 1.0) / per_iteration)), axis=-1) / iterations
   if idle:
     if left is not None:
       ends = np.where(left <= potential, 1.0, ends)
@@ -292,33 +292,40 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   choice back and forth. Between two drafting tiers the best score runs (at 4 rows on the embedded pair a stick
   there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29)."""
   surv = survival(alpha)
-  remaining = None if left is None else np.asarray(left, np.float64)
-  if remaining is not None and hazard is not None:
-    h = np.asarray(hazard, np.float64)
-    remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
-  costs = np.maximum.accumulate(np.asarray(costs, np.float64))
-  best = {}  # per side (True: drafting, False: plain) its best choice
-  for i, (k, cost) in enumerate(zip(tiers, costs)):
-    if tree is not None and tree[i]:
-      limits = np.full((surv.shape[0],), k, np.int32)
-    else:
-      limits = row_limits(surv, k, theta)
-      if k > 0 and not limits.any():  # nobody would draft: this tier is plain decoding at a higher cost
-        continue
-    rate = per_row_rate(surv, limits)
-    per_row, share = _per_row(rate, left, iterations, hazard, idle)
-    e = float(np.sum(per_row))
-    cost = cost * share * ((1.0 + margin) if k > 0 else 1.0)
-    drafting = limits > 0
-    if catchup > 0 and behind is not None and np.any(np.asarray(behind) & drafting):
-      steps = 1.0 if remaining is None else float(np.median(remaining[drafting] / (iterations * rate[drafting])))
-      cost += catchup / max(1.0, steps)
-    side = best.get(k > 0)
-    if side is None or e / cost > side.expected / side.cost * (1 + 1e-9):
-      best[k > 0] = Choice(tier=i, k=k, limits=limits, expected=e, cost=float(cost))
+  n, g = surv.shape
+  tiers = np.asarray(tiers, np.int64)
+  is_tree = np.zeros(len(tiers), bool) if tree is None else np.asarray(tree, bool)
+  # Every tier at once ([T, A] arrays; one plan a step, so its numpy calls are counted: issue 39): a chain tier's
+  # row limit is min(k, the row's leading positions at or above theta) (`row_limits`), a tree's its node count.
+  lead = np.sum(np.cumprod(surv >= theta, axis=1), axis=1)
+  limits = np.where(is_tree[:, None], tiers[:, None], np.minimum(tiers[:, None], lead[None]))
+  sums = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)  # [A, G + 1] prefix sums
+  rate = 1.0 + np.take_along_axis(sums[None], np.minimum(limits, g)[..., None], axis=2)[..., 0]  # `per_row_rate`
+  per_row, share = _per_row(rate, left, iterations, hazard, idle)
+  expected = per_row.sum(axis=1)
+  drafts = tiers > 0
+  cost = np.maximum.accumulate(np.asarray(costs, np.float64)) * share * np.where(drafts, 1.0 + margin, 1.0)
+  drafting = limits > 0
+  if catchup > 0 and behind is not None:
+    remaining = None if left is None else np.asarray(left, np.float64)
+    if remaining is not None and hazard is not None:
+      h = np.asarray(hazard, np.float64)
+      remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
+    for i in np.flatnonzero(np.any(np.asarray(behind, bool)[None] & drafting, axis=1)):
+      steps = 1.0 if remaining is None else float(np.median(remaining[drafting[i]] / (iterations * rate[i, drafting[i]])))
+      cost[i] += catchup / max(1.0, steps)
+  usable = ~drafts | is_tree | drafting.any(axis=1)  # a chain tier nobody would draft in is plain at a higher cost
+  score = np.where(usable, expected / cost, -np.inf)
+  best = {}  # per side (True: drafting, False: plain) its best tier: the first (shortest) of the highest score
+  for side in (False, True):
+    ours = np.flatnonzero(usable & (drafts == side))
+    if len(ours):
+      top = ours[score[ours] >= score[ours].max() / (1 + 1e-9)][0]
+      best[side] = Choice(tier=int(top), k=int(tiers[top]), limits=limits[top].astype(np.int32),
+                          expected=float(expected[top]), cost=float(cost[top]))
   winner = max(best.values(), key=lambda c: (c.expected / c.cost, -c.k))
   if current is not None and 0 <= current < len(tiers) and len(best) == 2:
-    kept = best[tiers[current] > 0]  # the previous step's side
+    kept = best[bool(tiers[current] > 0)]  # the previous step's side
     if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
       return kept
   return winner

@@ -173,6 +173,64 @@ def test_the_previous_tier_is_kept_unless_another_is_clearly_better():
   assert choose(alpha, tiers, [1.0, 2.8, 4.3], 0.2, current=2, stick=0.0).k == 0
 
 
+def _choose_tier_by_tier(alpha, tiers, costs, theta, tree=None, left=None, iterations=1, margin=0.0, behind=None,
+                         catchup=0.0, hazard=None, idle=0.0, current=None, stick=0.0):
+  """The module docstring's rule written tier by tier from the row helpers (`choose` scores every tier at once):
+  (tier, limits, E, c')."""
+  from jaxspec.serving.budget import _per_row, per_row_rate  # pylint: disable=import-outside-toplevel
+  surv, costs = survival(alpha), np.maximum.accumulate(np.asarray(costs, np.float64))
+  remaining = None if left is None else np.asarray(left, np.float64)
+  if remaining is not None and hazard is not None:
+    remaining = np.where(hazard > 0, np.minimum(remaining, 1.0 / np.where(hazard > 0, hazard, 1.0)), remaining)
+  best = {}
+  for i, k in enumerate(tiers):
+    limits = np.full((len(surv),), k, np.int32) if tree is not None and tree[i] else row_limits(surv, k, theta)
+    if k > 0 and not (tree is not None and tree[i]) and not limits.any():
+      continue
+    rate = per_row_rate(surv, limits)
+    per_row, share = _per_row(rate, left, iterations, hazard, idle)
+    cost = costs[i] * share * ((1.0 + margin) if k > 0 else 1.0)
+    drafting = limits > 0
+    if catchup > 0 and behind is not None and np.any(behind & drafting):
+      steps = 1.0 if remaining is None else float(np.median(remaining[drafting] / (iterations * rate[drafting])))
+      cost += catchup / max(1.0, steps)
+    e, side = float(np.sum(per_row)), k > 0
+    if side not in best or e / cost > best[side][2] / best[side][3] * (1 + 1e-9):
+      best[side] = (i, limits, e, cost)
+  winner = max(best.values(), key=lambda c: (c[2] / c[3], -tiers[c[0]]))
+  if current is not None and len(best) == 2:
+    kept = best[tiers[current] > 0]
+    if winner[2] / winner[3] <= (1 + stick) * kept[2] / kept[3]:
+      return kept
+  return winner
+
+
+def test_choose_scores_every_tier_as_the_rule_tier_by_tier():
+  rng = np.random.default_rng(0)
+  for _ in range(400):
+    a = int(rng.integers(1, 9))
+    alpha = rng.uniform(0, 1, (a, 4)) ** rng.uniform(0.1, 2)
+    tiers, tree = ((0, 1, 2, 4), None) if rng.random() < 0.8 else ((0, 3), [False, bool(rng.random() < 0.5)])
+    kw = {}
+    if rng.random() < 0.6:
+      kw.update(left=rng.integers(1, 40, a), iterations=int(rng.integers(1, 6)))
+    if rng.random() < 0.4:
+      kw.update(hazard=rng.uniform(0, 0.2, a) * (rng.random(a) < 0.7))
+    if rng.random() < 0.3:
+      kw.update(idle=float(rng.uniform(0, 1)))
+    if rng.random() < 0.4:
+      kw.update(behind=rng.random(a) < 0.5, catchup=float(rng.uniform(0, 5)))
+    if rng.random() < 0.5:
+      kw.update(current=int(rng.integers(0, len(tiers))), stick=float(rng.uniform(0, 0.3)))
+    if rng.random() < 0.3:
+      kw.update(margin=float(rng.uniform(0, 0.5)))
+    costs, theta = rng.uniform(0.5, 5, len(tiers)), float(rng.uniform(0, 0.5))
+    got = choose(alpha, tiers, costs, theta, tree=tree, **kw)
+    tier, limits, e, cost = _choose_tier_by_tier(alpha, tiers, costs, theta, tree=tree, **kw)
+    assert (got.tier, got.k) == (tier, tiers[tier]) and got.limits.tolist() == limits.tolist()
+    assert got.expected == pytest.approx(e) and got.cost == pytest.approx(cost)
+
+
 def test_the_end_rate_counts_early_ends_per_token():
   rate = EndRate()
   assert rate.rate == 0.0  # the prior: 64 tokens, no end

@@ -144,8 +144,10 @@ def test_benchmark_drives_the_server(server, tmp_path):
   (tmp_path / "w.jsonl").write_text("".join(f'{{"prompt": "{p}", "max_tokens": 8}}\n' for p in PROMPTS[:3]))
   res = run_script(["launch/serve_benchmark.py", f"--url={server[0]}", f"--baseline_url={server[0]}",
                     "--labels=a,b", f"--workload={tmp_path / 'w.jsonl'}", "--concurrency=1,2", "--rate=20",
-                    "--requests=3", "--rounds=2", "--timeout=120", f"--output={tmp_path / 'out'}"], timeout=300)
+                    "--requests=3", "--rounds=2", "--timeout=120", f"--output={tmp_path / 'out'}",
+                    f"--before_round=echo $ROUND >> {tmp_path / 'rounds'}"], timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
+  assert (tmp_path / "rounds").read_text() == "0\n1\n"  # once before each round (each runs every level)
   rows = json.loads((tmp_path / "out.json").read_text())
   assert [(r["server"], r["mode"], r["level"]) for r in rows] == [
       ("a", "concurrency", 1), ("a", "concurrency", 2), ("a", "rate", 20.0)] + [
@@ -179,6 +181,8 @@ def test_script_errors_are_one_line(tmp_path):
            "must be at most --max_new_tokens"),
           (["launch/serve.py", "--host=0.0.0.0", f"--target={tmp_path / 'missing'}"], "no --api_key is set"),
           (["launch/serve_benchmark.py", f"--url=http://127.0.0.1:{free_port()}",
-            "--workload=docs/bench/serving_ende.jsonl"], "no OpenAI-compatible server")]
+            "--workload=docs/bench/serving_ende.jsonl"], "no OpenAI-compatible server"),
+          (["launch/serve_benchmark.py", f"--url=http://127.0.0.1:{free_port()}", "--before_round=exit 3"],
+           "--before_round exited with status 3 before round 0")]
   for (args, needle), res in zip(runs, run_scripts([a for a, _ in runs], timeout=300)):
     assert_one_line_error(res, needle)
