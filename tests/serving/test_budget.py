@@ -97,17 +97,32 @@ def test_a_row_near_its_end_is_charged_for_the_iterations_it_cannot_use():
 
 def test_rows_that_end_early_weigh_against_the_widest_tier():
   # A row expected to end (EOS) after any token with chance h gives (1 - (1 - h)^T) / h of T tokens: with h = 0.1,
-  # 3.44 of 4 (plain's step of 4 iterations) and 7.71 of 16.4 (a tier of 4 at alpha 0.9): its rate drops 1.97x
-  # against plain's 1.16x. At 2.5 plain steps the tier wins for rows that never end early (16.4 / 2.5 against
-  # 4) and loses for these (7.71 / 2.5 = 3.08 against 3.44).
+  # 3.44 of 4 (plain's step of 4 iterations) and 8.22 of 16.4 (a tier of 4 at alpha 0.9): its rate drops 1.99x
+  # against plain's 1.16x. Four such rows keep the loop running 0.90 of the tier's iterations (1.00 of plain's),
+  # so at 2.8 plain steps the tier wins for rows that never end early (65.5 / 2.8 against 16) and loses for these
+  # (32.9 / (2.8 x 0.90) = 13.1 against 13.8).
   assert within(np.array([4.0, 16.0]), np.array([0.1, 0.0])) == pytest.approx([(1 - 0.9 ** 4) / 0.1, 16.0])
   assert within(np.array([4.0]), None) == pytest.approx([4.0])
-  alpha, tiers, costs, left = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5], np.full((4,), 64)
+  alpha, tiers, costs, left = np.full((4, 4), 0.9), (0, 4), [1.0, 2.8], np.full((4,), 64)
   assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.zeros((4,))).k == 4
   ending = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.full((4,), 0.1))
   assert ending.k == 0 and ending.expected == pytest.approx(4 * (1 - 0.9 ** 4) / 0.1)
-  # Rows that ignore EOS (rate 0) beside them: the tier wins again for its 4 far rows' 16.4 each.
+  # Rows that ignore EOS (rate 0) beside them: the tier wins again for its 3 far rows' 16.4 each.
   assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, hazard=np.array([0.1, 0.0, 0.0, 0.0])).k == 4
+
+
+def test_a_request_alone_that_ends_early_ends_the_step_too():
+  # One row alone: the loop stops when it ends, so an early end costs its tokens and the iterations it would have
+  # run. Its chance of decoding at iteration i is 0.9^(e i): 0.86 of plain's 4 iterations are expected to run
+  # and 0.585 of the tier's, so the tier (8.22 / (2.8 x 0.585) = 5.0) beats plain (3.44 / 0.86 = 4.0), where
+  # beside three more such rows (above) it lost.
+  alpha, tiers, costs = np.full((1, 4), 0.9), (0, 4), [1.0, 2.8]
+  alone = choose(alpha, tiers, costs, 0.2, left=np.array([64]), iterations=4, hazard=np.array([0.1]))
+  assert alone.k == 4 and alone.cost == pytest.approx(2.8 * np.mean(0.9 ** (4.0951 * np.arange(4))), rel=1e-3)
+  plain = choose(alpha, tiers, [1.0, 99.0], 0.2, left=np.array([64]), iterations=4, hazard=np.array([0.1]))
+  assert plain.k == 0 and plain.cost == pytest.approx(np.mean(0.9 ** np.arange(4)))
+  # Without a hazard only max_tokens ends it: every iteration runs while it has tokens left.
+  assert choose(alpha, tiers, [1.0, 99.0], 0.2, left=np.array([64]), iterations=4).cost == pytest.approx(1.0)
 
 
 def test_a_slot_left_empty_through_the_next_step_weighs_against_long_steps():
