@@ -254,8 +254,8 @@ def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Se
 
   before_round: called with the round's index (from 0) before each round, which then runs every level (rounds
   outermost, each round's servers warmed up again): e.g. one that starts the servers afresh, so that what one
-  process keeps through a run (two processes of one plain server kept 13 % between them at one concurrency of
-  four on this project's 2-core CPU, docs/serving.md) falls on each server by chance, round by round."""
+  process keeps through a run (two processes of one plain server kept 13 % between them at concurrency 16 in
+  every round on this project's 2-core CPU, docs/serving.md) falls on each server by chance, round by round."""
   if not isinstance(rounds, int) or rounds < 1:
     raise InputError(f"rounds must be an integer >= 1, got {rounds!r}.")
   urls = {label: url.rstrip("/") for label, url in servers.items()}

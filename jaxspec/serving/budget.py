@@ -330,7 +330,8 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       h = np.asarray(hazard, np.float64)
       remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
     for i in np.flatnonzero(np.any(np.asarray(behind, bool)[None] & drafting, axis=1)):
-      steps = 1.0 if remaining is None else float(np.median(remaining[drafting[i]] / (iterations * rate[i, drafting[i]])))
+      rows = drafting[i]
+      steps = 1.0 if remaining is None else float(np.median(remaining[rows] / (iterations * rate[i, rows])))
       cost[i] += catchup / max(1.0, steps)
   usable = ~drafts | is_tree | drafting.any(axis=1)  # a chain tier nobody would draft in is plain at a higher cost
   score = np.where(usable, expected / cost, -np.inf)
