@@ -26,10 +26,8 @@ them grows (last third's median against the first third's) or a slot is still ac
     python launch/serve_benchmark.py --url=http://127.0.0.1:8000 --soak_s=600 --output=docs/bench/serving/soak_ende
 """
 
-import json
 import logging
 import os
-import subprocess
 
 from absl import flags
 
@@ -122,18 +120,6 @@ def _soak(items) -> None:
   print(line)
 
 
-def _before_round(command: str):
-  """--before_round's command as `serving.compare`'s before_round (None without one)."""
-  if not command:
-    return None
-
-  def run(index: int) -> None:
-    done = subprocess.run(command, shell=True, env={**os.environ, "ROUND": str(index)}, check=False)
-    if done.returncode:
-      raise SystemExit(f"--before_round exited with status {done.returncode} before round {index}: {command}")
-  return run
-
-
 def main(argv):
   del argv
   logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
@@ -147,15 +133,12 @@ def main(argv):
   rows = serving.compare(servers, items, concurrencies=flags.FLAGS.concurrency, rates=flags.FLAGS.rate,
                          requests=_REQUESTS.value, max_tokens=_MAX_TOKENS.value, temperature=_TEMPERATURE.value,
                          seed=_SEED.value, timeout=_TIMEOUT.value,
-                         rounds=_ROUNDS.value, before_round=_before_round(_BEFORE_ROUND.value))
-  table = serving.markdown(rows)
-  print(table)
+                         rounds=_ROUNDS.value, before_round=(
+                             serving.shell_before_round(_BEFORE_ROUND.value, "--before_round")
+                             if _BEFORE_ROUND.value else None))
+  print(serving.markdown(rows))
   if _OUTPUT.value:
-    with open(_OUTPUT.value + ".md", "w", encoding="utf-8") as f:
-      f.write(table + "\n")
-    with open(_OUTPUT.value + ".json", "w", encoding="utf-8") as f:
-      json.dump(rows, f, indent=1)
-    serving.plot(rows, _OUTPUT.value + ".png")
+    serving.write(rows, _OUTPUT.value)
     print(f"wrote {_OUTPUT.value}.md, .json and .png")
   if any(r["failed"] for r in rows):
     first = next(r for r in rows if r["failed"])

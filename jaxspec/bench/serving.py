@@ -31,6 +31,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
+import subprocess
 import time
 from typing import Callable, Sequence
 
@@ -305,6 +307,26 @@ def compare(servers: dict[str, str], items: Sequence[Item], *, concurrencies: Se
     # 2-core VM, 30 % between minutes) falls on both alike.
     r["round_ratios"] = [x / y if y else None for x, y in zip(r["round_tokens_per_s"], b["round_tokens_per_s"])]
   return rows
+
+
+def shell_before_round(command: str, name: str = "before_round") -> Callable[[int], None]:
+  """`compare`'s before_round from a shell command, run with ROUND=0, 1, ... in its environment; InputError
+  (naming it as `name`) when it exits with a non-zero status."""
+  def run(index: int) -> None:
+    done = subprocess.run(command, shell=True, env={**os.environ, "ROUND": str(index)}, check=False)
+    if done.returncode:
+      raise InputError(f"{name} exited with status {done.returncode} before round {index}: {command}")
+  return run
+
+
+def write(rows: list[dict], prefix: str) -> list[str]:
+  """PREFIX.md (`markdown`), PREFIX.json (the rows) and PREFIX.png (`plot`); returns the paths."""
+  with open(prefix + ".md", "w", encoding="utf-8") as f:
+    f.write(markdown(rows) + "\n")
+  with open(prefix + ".json", "w", encoding="utf-8") as f:
+    json.dump(rows, f, indent=1)
+  plot(rows, prefix + ".png")
+  return [prefix + ".md", prefix + ".json", prefix + ".png"]
 
 
 def _ms(d: dict, p: str) -> str:
