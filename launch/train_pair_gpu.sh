@@ -13,6 +13,9 @@
 # as --xla_gpu_autotune_level=N in XLA_FLAGS; summary.json records the flags ("environment") and each compile's
 # and the steps' seconds ("target"/"draft" -> "timings"): compare compile_s and steps_per_s between two runs.
 set -euo pipefail
+# Dropout masks from XLA's RngBitGenerator rather than threefry's hash, which JAX documents as the cheaper key type on
+# accelerators (the masks change, nothing else; tests/training/test_pair_v2_pipeline.py passes with it).
+export JAX_DEFAULT_PRNG_IMPL=${JAX_DEFAULT_PRNG_IMPL:-rbg}
 if [[ -n "${XLA_GPU_AUTOTUNE_LEVEL:-}" ]]; then
   export XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=${XLA_GPU_AUTOTUNE_LEVEL}"
 fi

@@ -259,7 +259,8 @@ def run(s: PairSettings) -> dict:
   rec = Record(s.out_dir, s.deadline_s)
   os.makedirs(s.out_dir, exist_ok=True)
   rec.note("environment", backend=jax.default_backend(), devices=[str(d) for d in jax.devices()],
-           jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""))
+           jax=jax.__version__, xla_flags=os.environ.get("XLA_FLAGS", ""),
+           prng_impl=str(jax.config.jax_default_prng_impl))
   tc, dc = copy.deepcopy(s.target_config), copy.deepcopy(s.draft_config)
   draft_programs = train_target(s, tc, dc, rec)
   target = jaxspec.load(s.model_dir("target"), dtype=_dtype())
