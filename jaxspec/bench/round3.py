@@ -195,27 +195,26 @@ def ende_cases(tiny: bool, max_new_tokens: int) -> tuple[jaxspec.Model, list[Cas
   return target, cases
 
 
-def successor_weights(model: jaxspec.Model, low: int, high: int, damping: float = 0.0) -> jaxspec.Model:
+def successor_weights(model: jaxspec.Model, low: int, high: int) -> jaxspec.Model:
   """`model` (a decoder-only family) with the same shapes and work per token, reweighted so that its greedy next
   token after t is t + 1 (wrapping within [low, high)) by a margin far above bfloat16's rounding.
 
   Random weights of a 128k vocabulary put the top logits within bfloat16's rounding of each other, so a verify of
   gamma + 1 tokens and a 1-token step pick different tokens (REFERENCE.md, pitfall 8): on the H200 of 2026-11-28
   the 8B-shaped target diverged from the oracle's answer key within its first tokens (docs/accelerator.md). Here
-  the output projections (attention `o`, MLP `down`) are scaled by `damping` (0: zeroed; the dense kernels run as
-  before, none skips zeros), so the residual stream is the input token's embedding E[t], and `lm_head[:, t + 1] =
-  E[t]`: the right logit is about hidden_size * std against the others' sqrt(hidden_size) * std. (A damping of
-  0.05 still let 32 random layers swamp E[t]: at hidden size 1024 the greedy tokens followed t + 1 at 15 of 16
-  steps with margins under 1.) Ids outside [low, high) get zero columns and are never chosen.
+  the output projections (attention `o`, MLP `down`) are zeroed (the dense kernels run as before: none skips
+  zeros), so the residual stream is the input token's embedding E[t], and `lm_head[:, t + 1] = E[t]`: the right
+  logit is about hidden_size * std against the others' sqrt(hidden_size) * std. (Scaling them by 0.05 instead
+  still let 32 random layers swamp E[t]: at hidden size 1024 the greedy tokens followed t + 1 at 15 of 16 steps
+  with margins under 1.) Ids outside [low, high) get zero columns and are never chosen.
   """
   params = model.params
   embedding = params["embedding"]  # [V, D]
   ids = np.arange(low, high)
   successor = low + (ids - low + 1) % (high - low)
   lm_head = jnp.zeros_like(params["lm_head"]).at[:, successor].set(embedding[ids].T)  # [D, V]
-  damp = lambda a: (a * damping).astype(a.dtype)
-  layers = [{**layer, "attention": {**layer["attention"], "o": damp(layer["attention"]["o"])},
-             "mlp": {**layer["mlp"], "down": damp(layer["mlp"]["down"])}} for layer in params["layers"]]
+  layers = [{**layer, "attention": {**layer["attention"], "o": jnp.zeros_like(layer["attention"]["o"])},
+             "mlp": {**layer["mlp"], "down": jnp.zeros_like(layer["mlp"]["down"])}} for layer in params["layers"]]
   return dataclasses.replace(model, params={**params, "layers": layers, "lm_head": lm_head})
 
 

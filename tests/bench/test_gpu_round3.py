@@ -66,15 +66,15 @@ def test_successor_weights_make_the_greedy_token_decisive(dtype):
   lengths = jnp.full((4,), 8, jnp.int32)
 
   def follows_and_margin(model):
-    tokens = np.asarray(oracle.greedy_tokens(model.decoder(), model.params, ids, lengths, 24))
-    prev = np.concatenate([np.asarray(ids)[:, -1:], tokens[:, :-1]], axis=1)
     decoder = model.decoder()
+    tokens = np.asarray(oracle.greedy_tokens(decoder, model.params, ids, lengths, 24))
+    prev = np.concatenate([np.asarray(ids)[:, -1:], tokens[:, :-1]], axis=1)
     pre = decoder.prefill(model.params, ids, lengths, 64)
     top = np.sort(np.asarray(decoder.step(model.params, pre.cache, pre.first[:, None]).logits, np.float32), -1)
     return (tokens == 3 + (prev - 3 + 1) % 197).mean(), (top[..., -1] - top[..., -2]).ravel()
 
-  # Zeroed output projections by default: a damping of 0.05 passed at these shapes but let 32 layers of width 1024
-  # swamp E[t] (15 of 16 tokens followed, margins under 1), so the residual stream must be E[t] exactly.
+  # Zeroed output projections: scaled by 0.05 they passed at these shapes but let 32 layers of width 1024 swamp
+  # E[t] (15 of 16 tokens followed, margins under 1), so the residual stream must be E[t] exactly.
   assert not any(np.any(np.asarray(layer[part][name])) for layer in succ.params["layers"]
                  for part, name in (("attention", "o"), ("mlp", "down")))
   follows, margin = follows_and_margin(succ)
