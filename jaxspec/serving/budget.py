@@ -68,6 +68,7 @@ argument; the engine's exactness tests run under the budget).
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from typing import Sequence
 
 import numpy as np
@@ -212,7 +213,7 @@ class Choice:
 
 def survival(alpha: np.ndarray) -> np.ndarray:
   """[A, G] s(b, j + 1) = a(b, 1) ... a(b, j + 1) from alpha [A, G] (the device's estimates)."""
-  return np.cumprod(np.clip(np.asarray(alpha, np.float64), 0.0, 1.0), axis=-1)
+  return np.minimum(np.maximum(np.asarray(alpha, np.float64), 0.0), 1.0).cumprod(axis=-1)  # np.clip: 2x the time
 
 
 def row_limits(surv: np.ndarray, k: int, theta: float) -> np.ndarray:
@@ -242,7 +243,7 @@ def within(potential: np.ndarray, hazard: np.ndarray | None) -> np.ndarray:
   sum_{t < T} (1 - h)^t = (1 - (1 - h)^T) / h."""
   if hazard is None:
     return potential
-  h = np.clip(np.asarray(hazard, np.float64), 0.0, 1.0)
+  h = np.minimum(np.maximum(np.asarray(hazard, np.float64), 0.0), 1.0)
   safe = np.where(h > 0, h, 1.0)
   return np.where(h > 0, (1.0 - (1.0 - h) ** potential) / safe, potential)
 
@@ -261,28 +262,30 @@ def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int
   p_b its chance of ending within the step (1 when left_b <= I e_b): the slot is busy a share 1 / (1 + idle p_b)
   of the time."""
   potential = iterations * per_iteration
-  per_row, share = within(potential, hazard), 1.0
-  # p_b = 1 - (1 - h)^T = h within(T, h): its chance of ending within the step (0 without a hazard)
-  ends = np.zeros_like(potential) if hazard is None else np.clip(hazard, 0.0, 1.0) * per_row
+  h = None if hazard is None else np.minimum(np.maximum(np.asarray(hazard, np.float64), 0.0), 1.0)
+  per_row, share = within(potential, h), 1.0
   if left is not None:
     left = np.asarray(left, np.float64)
-    per_row = np.minimum(per_row, left)
-  if per_row.shape[-1] and (left is not None or hazard is not None):
+    capped = np.minimum(per_row, left)
+  else:
+    capped = per_row
+  if per_row.shape[-1] and (left is not None or h is not None):
     # Iteration i runs while a row is still decoding: row b is at its i-th with chance [i < n_b] (1 - h_b)^(i e_b),
     # n_b = ceil(left_b / e_b) its iterations before max_tokens; the loop, with 1 - prod_b (1 - that).
     i = np.arange(iterations, dtype=np.float64)[:, None]  # [I, 1]: broadcast against [..., 1, A]
     rate = per_iteration[..., None, :]
-    alive = np.ones_like(rate * i)
-    if left is not None:
-      alive = np.where(i < np.ceil(np.maximum(left, 1.0) / rate), alive, 0.0)
-    if hazard is not None:
-      alive = alive * (1.0 - np.clip(np.asarray(hazard, np.float64), 0.0, 1.0)) ** (i * rate)
-    share = np.mean(1.0 - np.prod(1.0 - alive, axis=-1), axis=-1)
+    alive = None if left is None else i < np.ceil(np.maximum(left, 1.0) / rate)
+    if h is not None:
+      kept = (1.0 - h) ** (i * rate)
+      alive = kept if alive is None else alive * kept
+    share = 1.0 - (1.0 - alive).prod(axis=-1).mean(axis=-1)
   if idle:
+    # p_b = 1 - (1 - h)^T = h within(T, h): its chance of ending within the step (0 without a hazard)
+    ends = np.zeros_like(potential) if h is None else h * per_row
     if left is not None:
       ends = np.where(left <= potential, 1.0, ends)
-    per_row = per_row / (1.0 + idle * ends)
-  return per_row, share
+    capped = capped / (1.0 + idle * ends)
+  return capped, share
 
 
 def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], theta: float,
@@ -311,40 +314,49 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29)."""
   surv = survival(alpha)
   n, g = surv.shape
-  tiers = np.asarray(tiers, np.int64)
-  is_tree = np.zeros(len(tiers), bool) if tree is None else np.asarray(tree, bool)
-  # Every tier at once ([T, A] arrays; one plan a step, so its numpy calls are counted: issue 39): a chain tier's
-  # row limit is min(k, the row's leading positions at or above theta) (`row_limits`), a tree's its node count.
-  lead = np.sum(np.cumprod(surv >= theta, axis=1), axis=1)
-  limits = np.where(is_tree[:, None], tiers[:, None], np.minimum(tiers[:, None], lead[None]))
-  sums = np.concatenate([np.zeros((n, 1)), np.cumsum(surv, axis=1)], axis=1)  # [A, G + 1] prefix sums
-  rate = 1.0 + np.take_along_axis(sums[None], np.minimum(limits, g)[..., None], axis=2)[..., 0]  # `per_row_rate`
+  ks = [int(k) for k in tiers]
+  trees = [False] * len(ks) if tree is None else [bool(t) for t in tree]
+  # Every tier at once ([T, A] arrays; one plan a step, right after the step's device work, where each numpy call
+  # costs several microseconds: their number is kept small, issue 39). A chain tier's row limit is min(k, the
+  # row's leading positions at or above theta: survivals never grow with j, so their count), a tree's its nodes.
+  lead = (surv >= theta).sum(axis=1)
+  caps = np.asarray(ks)[:, None]
+  limits = np.where(np.asarray(trees)[:, None], caps, np.minimum(caps, lead)) if any(trees) else np.minimum(caps, lead)
+  sums = np.zeros((n, g + 1))
+  np.cumsum(surv, axis=1, out=sums[:, 1:])  # [A, G + 1] prefix sums: `per_row_rate` is 1 + sums[b, k_b]
+  rate = 1.0 + sums[np.arange(n), np.minimum(limits, g) if any(trees) else limits]
   per_row, share = _per_row(rate, left, iterations, hazard, idle)
   expected = per_row.sum(axis=1)
-  drafts = tiers > 0
-  cost = np.maximum.accumulate(np.asarray(costs, np.float64)) * share * np.where(drafts, 1.0 + margin, 1.0)
+  shares = share.tolist() if isinstance(share, np.ndarray) else [share] * len(ks)
+  cost, top = [], 0.0
+  for i, k in enumerate(ks):  # the running maximum over the tiers, the share of iterations run, the margin
+    top = float(costs[i]) if i == 0 else max(top, float(costs[i]))
+    cost.append(top * shares[i] * ((1.0 + margin) if k > 0 else 1.0))
   drafting = limits > 0
   if catchup > 0 and behind is not None:
-    remaining = None if left is None else np.asarray(left, np.float64)
-    if remaining is not None and hazard is not None:
-      h = np.asarray(hazard, np.float64)
-      remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
-    for i in np.flatnonzero(np.any(np.asarray(behind, bool)[None] & drafting, axis=1)):
-      rows = drafting[i]
-      steps = 1.0 if remaining is None else float(np.median(remaining[rows] / (iterations * rate[i, rows])))
-      cost[i] += catchup / max(1.0, steps)
-  usable = ~drafts | is_tree | drafting.any(axis=1)  # a chain tier nobody would draft in is plain at a higher cost
-  score = np.where(usable, expected / cost, -np.inf)
+    paying = np.flatnonzero(np.any(np.asarray(behind, bool) & drafting, axis=1)).tolist()
+    if paying and left is not None:
+      remaining = np.asarray(left, np.float64)
+      if hazard is not None:
+        h = np.asarray(hazard, np.float64)
+        remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
+      steps, rows = (remaining / (iterations * rate)).tolist(), drafting.tolist()  # a few rows: Python's lists
+    for i in paying:  # the median over its drafting rows of left_b / (I e_b), at least 1
+      spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
+      cost[i] += catchup / max(1.0, spread)
+  score = (expected / np.asarray(cost)).tolist()
+  usable = drafting.any(axis=1).tolist()
   best = {}  # per side (True: drafting, False: plain) its best tier: the first (shortest) of the highest score
   for side in (False, True):
-    ours = np.flatnonzero(usable & (drafts == side))
-    if len(ours):
-      top = ours[score[ours] >= score[ours].max() / (1 + 1e-9)][0]
-      best[side] = Choice(tier=int(top), k=int(tiers[top]), limits=limits[top].astype(np.int32),
-                          expected=float(expected[top]), cost=float(cost[top]))
+    ours = [i for i, k in enumerate(ks) if (k > 0) == side and (not side or trees[i] or usable[i])]
+    if ours:  # a chain tier nobody would draft in is plain at a higher cost: skipped
+      high = max(score[i] for i in ours)
+      i = next(i for i in ours if score[i] >= high / (1 + 1e-9))
+      best[side] = Choice(tier=i, k=ks[i], limits=limits[i].astype(np.int32), expected=float(expected[i]),
+                          cost=cost[i])
   winner = max(best.values(), key=lambda c: (c.expected / c.cost, -c.k))
-  if current is not None and 0 <= current < len(tiers) and len(best) == 2:
-    kept = best[bool(tiers[current] > 0)]  # the previous step's side
+  if current is not None and 0 <= current < len(ks) and len(best) == 2:
+    kept = best[ks[current] > 0]  # the previous step's side
     if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
       return kept
   return winner

@@ -548,12 +548,14 @@ class SlotEngine:
     # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
     slots = np.flatnonzero(self._active)
     entries = self.table.entries
-    choice = choose(self.estimates()[slots], [e.gamma for e in entries], [self.costs.get(rows, e.gamma)
-                                                                          for e in entries],
-                    self.budget.theta, tree=[e.tree is not None for e in entries], left=self._left[slots],
+    beta_sum, count = self._estimates[:, slots]  # the active slots' `estimates()` (choose clips them)
+    rate = self.ends.rate
+    choice = choose(beta_sum / np.maximum(count, 1e-6), [e.gamma for e in entries],
+                    [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
+                    tree=[e.tree is not None for e in entries], left=self._left[slots],
                     iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
                     catchup=self.costs.catchup.get(rows, 0.0),
-                    hazard=np.asarray([0.0 if self._requests[s].ignore_eos else self.ends.rate for s in slots]),
+                    hazard=np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()]),
                     idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
                     current=None if self._last is None else self._last[0], stick=self.budget.stick)
     limits = np.zeros((self.slots,), np.int32)
