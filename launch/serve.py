@@ -121,6 +121,10 @@ def _serve(argv) -> int:
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
   spec = _draft_spec(target)
+  if spec and table is not None and all(e.plain for e in table.entries):  # e.g. a tuned table where no draft paid
+    print(f"warning: --speculation_table={_TABLE.value} has no drafting entry (gamma 0 at every load): decoding "
+          f"plainly, the draft ({spec}) is not loaded.", file=sys.stderr, flush=True)
+    spec = ""
   drafts = jobs.load_drafts(spec, target, mesh)
   if len(drafts) > 1:
     raise InputError(f"--draft={spec}: one draft expected here, got {len(drafts)}.")

@@ -328,6 +328,9 @@ class SlotEngine:
       else:
         table = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                              tree=speculation.tree),))
+    if speculation is not None and all(e.plain for e in table.entries):
+      raise SettingsError("the speculation table has no drafting entry (gamma 0 at every load), so its draft would "
+                          "never run: serve without one (speculation=None, --draft=none) or give an entry a gamma.")
     self.table = table
     source = self._source = planner.draft_source(target, speculation)
     # A draft model catches up after plain / tree steps, and its prefill waits for the row's first drafting step

@@ -536,6 +536,8 @@ def test_refusals_and_the_off_switch():
     SlotEngine(target, speculation, table=SpeculationTable((TableEntry(2, gamma=1),)), budget=True, **kwargs)
   with pytest.raises(SettingsError, match="needs a speculation"):
     SlotEngine(target, None, budget=True, **kwargs)
+  with pytest.raises(SettingsError, match="no drafting entry"):  # was a TypeError from deep inside (no allocation)
+    SlotEngine(target, speculation, table=SpeculationTable((TableEntry(2, gamma=0),)), **kwargs)
   with pytest.raises(SettingsError, match="budget must be"):
     SlotEngine(target, speculation, budget="on", **kwargs)
   fixed = SlotEngine(target, speculation, budget=False, **kwargs)

@@ -1,0 +1,105 @@
+"""The verification budget, a fixed gamma and plain decoding in ONE process, level by level: the arms' engines
+side by side (sharing the models), their order alternating per round, no HTTP (issue 39).
+
+    .venv/bin/python docs/bench/serving/arms_in_process.py --output=docs/bench/serving/arms_ende
+    .venv/bin/python docs/bench/serving/arms_in_process.py --pair=qwen --target=DIR --draft=DIR --concurrency=4 \
+        --slots=4 --requests=16 --rounds=2 --arms=budget,fixed --output=docs/bench/serving/arms_qwen_c4
+
+A served grid (grid.sh, final_restarts.sh) compares server processes, whose speeds differ by a few per cent from
+process to process and run to run; here every arm runs in the same process, so what differs is the engines' own
+work: their step programs, the budget's plan and choices. Per level C and arm a closed loop of --requests greedy
+requests (C in flight, each finished one replaced before the next step) per round; tokens per second over the rounds, the
+steps each arm ran per draft length, and each arm's ratio to the last arm listed. The embedded pair: 64 new
+tokens, the served workload's prompts (docs/bench/serving_ende.jsonl); the Qwen pair (--target / --draft: the
+converted Qwen2.5-Coder 1.5B / 0.5B directories): 48 new tokens, the chat prompts of docs/bench/qwen_prompts.jsonl.
+Writes OUTPUT.md and OUTPUT.json. Nothing else should run meanwhile.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import time
+
+import jax
+from absl import app, flags
+
+import jaxspec
+from jaxspec.serving import Budget, RequestSettings, SlotEngine
+
+PAIR = flags.DEFINE_enum("pair", "ende", ["ende", "qwen"], "the embedded EN-DE pair or the Qwen pair")
+TARGET = flags.DEFINE_string("target", None, "the Qwen target's directory (--pair=qwen)")
+DRAFT = flags.DEFINE_string("draft", None, "the Qwen draft's directory (--pair=qwen)")
+CONCURRENCY = flags.DEFINE_list("concurrency", ["1", "4", "8", "16", "32", "64"], "requests in flight, per level")
+SLOTS = flags.DEFINE_integer("slots", 64, "the engines' slots")
+REQUESTS = flags.DEFINE_integer("requests", 128, "requests per arm and round")
+ROUNDS = flags.DEFINE_integer("rounds", 4, "rounds (the arms' order reversed every other round)")
+ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"], "budget, fixed (gamma 4), plain; the last is the base")
+OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
+
+
+def _workload():
+  """(target, draft, prompts as token ids, new tokens, max input length)."""
+  if PAIR.value == "ende":
+    target, draft = jaxspec.load("ende-target"), jaxspec.load("ende-draft")
+    with open("docs/bench/serving_ende.jsonl", encoding="utf-8") as f:
+      prompts = [target.tokenizer.encode(json.loads(line)["prompt"])[:64] for line in f]
+    return target, draft, prompts, 64, 64
+  target, draft = jaxspec.load(TARGET.value), jaxspec.load(DRAFT.value)
+  tokenizer = target.tokenizer
+  with open("docs/bench/qwen_prompts.jsonl", encoding="utf-8") as f:
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(json.loads(line)["messages"])) for line in f]
+  return target, draft, prompts, 48, 128
+
+
+def main(_):
+  target, draft, prompts, new_tokens, max_input = _workload()
+  speculation = jaxspec.Speculation(draft, gamma=4)
+  kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False)}
+  engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
+                             max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1])
+             for arm in ARMS.value}
+  for engine in engines.values():
+    engine.warmup()
+  settings = RequestSettings(new_tokens, jaxspec.Sampling(0.0))
+  base, rows = ARMS.value[-1], []
+  for c in (int(v) for v in CONCURRENCY.value):
+    seconds, tokens = collections.Counter(), collections.Counter()
+    steps = {arm: collections.Counter() for arm in engines}
+    rounds = {arm: [] for arm in engines}
+    for r in range(ROUNDS.value):
+      for arm in (ARMS.value if r % 2 == 0 else ARMS.value[::-1]):
+        engine, sent, made, start = engines[arm], 0, 0, time.perf_counter()
+        while sent < REQUESTS.value or engine.active_slots():
+          while sent < REQUESTS.value and len(engine.active_slots()) < c:
+            prompt = prompts[(r * REQUESTS.value + sent) % len(prompts)]
+            made += len(engine.insert(engine.free_slots()[0], prompt, settings).tokens)
+            sent += 1
+          out = engine.step()
+          made += sum(len(t) for t in out.tokens)
+          steps[arm][out.entry.gamma if out.entry is not None else 0] += 1
+        took = time.perf_counter() - start
+        seconds[arm] += took
+        tokens[arm] += made
+        rounds[arm].append(made / took)
+        print(f"c={c} round {r} {arm}: {made / took:.1f} tok/s", flush=True)
+    rows += [{"arm": arm, "concurrency": c, "tokens_per_s": tokens[arm] / seconds[arm],
+              "ratio": (tokens[arm] / seconds[arm]) / (tokens[base] / seconds[base]),
+              "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
+             for arm in engines]
+  table = [f"{PAIR.value} pair, {SLOTS.value} slots, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
+           f"level, one process", "",
+           f"| concurrency | arm | tokens/s | / {base} | steps by draft length |", "|---|---|---|---|---|"]
+  table += [f"| {r['concurrency']} | {r['arm']} | {r['tokens_per_s']:.2f} | {r['ratio']:.3f} | "
+            f"{r['steps_by_gamma']} |" for r in rows]
+  print("\n".join(table))
+  if OUTPUT.value:
+    with open(OUTPUT.value + ".md", "w", encoding="utf-8") as f:
+      f.write("\n".join(table) + "\n")
+    with open(OUTPUT.value + ".json", "w", encoding="utf-8") as f:
+      json.dump({"pair": PAIR.value, "slots": SLOTS.value, "requests": REQUESTS.value, "rounds": ROUNDS.value,
+                 "jax": jax.__version__, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)
