@@ -319,12 +319,13 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   # Every tier at once ([T, A] arrays; one plan a step, right after the step's device work, where each numpy call
   # costs several microseconds: their number is kept small, issue 39). A chain tier's row limit is min(k, the
   # row's leading positions at or above theta: survivals never grow with j, so their count), a tree's its nodes.
-  lead = (surv >= theta).sum(axis=1)
-  caps = np.asarray(ks)[:, None]
-  limits = np.where(np.asarray(trees)[:, None], caps, np.minimum(caps, lead)) if any(trees) else np.minimum(caps, lead)
+  lead, caps, has_tree = (surv >= theta).sum(axis=1), np.asarray(ks)[:, None], any(trees)
+  limits = np.minimum(caps, lead)  # [T, A]
+  if has_tree:
+    limits = np.where(np.asarray(trees)[:, None], caps, limits)
   sums = np.zeros((n, g + 1))
   np.cumsum(surv, axis=1, out=sums[:, 1:])  # [A, G + 1] prefix sums: `per_row_rate` is 1 + sums[b, k_b]
-  rate = 1.0 + sums[np.arange(n), np.minimum(limits, g) if any(trees) else limits]
+  rate = 1.0 + sums[np.arange(n), np.minimum(limits, g) if has_tree else limits]
   per_row, share = _per_row(rate, left, iterations, hazard, idle)
   expected = per_row.sum(axis=1)
   shares = share.tolist() if isinstance(share, np.ndarray) else [share] * len(ks)
@@ -345,10 +346,10 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
       cost[i] += catchup / max(1.0, spread)
   score = (expected / np.asarray(cost)).tolist()
-  usable = drafting.any(axis=1).tolist()
+  drafts_any = drafting.any(axis=1).tolist()
   best = {}  # per side (True: drafting, False: plain) its best tier: the first (shortest) of the highest score
   for side in (False, True):
-    ours = [i for i, k in enumerate(ks) if (k > 0) == side and (not side or trees[i] or usable[i])]
+    ours = [i for i, k in enumerate(ks) if (k > 0) == side and (not side or trees[i] or drafts_any[i])]
     if ours:  # a chain tier nobody would draft in is plain at a higher cost: skipped
       high = max(score[i] for i in ours)
       i = next(i for i in ours if score[i] >= high / (1 + 1e-9))
