@@ -121,7 +121,7 @@ def _serve(argv) -> int:
   mesh = cli_flags.mesh()
   target = jobs.load_target(FLAGS.target, mesh)
   spec = _draft_spec(target)
-  if spec and table is not None and all(e.plain for e in table.entries):  # e.g. a tuned table where no draft paid
+  if spec and table is not None and table.max_gamma == 0:  # e.g. a tuned table where no draft paid
     print(f"warning: --speculation_table={_TABLE.value} has no drafting entry (gamma 0 at every load): decoding "
           f"plainly, the draft ({spec}) is not loaded.", file=sys.stderr, flush=True)
     spec = ""

@@ -328,7 +328,7 @@ class SlotEngine:
       else:
         table = SpeculationTable((TableEntry(max_active=self.slots, gamma=speculation.gamma,
                                              tree=speculation.tree),))
-    if speculation is not None and all(e.plain for e in table.entries):
+    if speculation is not None and table.max_gamma == 0:
       raise SettingsError("the speculation table has no drafting entry (gamma 0 at every load), so its draft would "
                           "never run: serve without one (speculation=None, --draft=none) or give an entry a gamma.")
     self.table = table
@@ -551,9 +551,8 @@ class SlotEngine:
     # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
     slots = np.flatnonzero(self._active)
     entries = self.table.entries
-    beta_sum, count = self._estimates[:, slots]  # the active slots' `estimates()` (choose clips them)
     rate = self.ends.rate
-    choice = choose(beta_sum / np.maximum(count, 1e-6), [e.gamma for e in entries],
+    choice = choose(self.estimates(slots), [e.gamma for e in entries],
                     [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
                     tree=[e.tree is not None for e in entries], left=self._left[slots],
                     iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
@@ -572,10 +571,11 @@ class SlotEngine:
     waits)."""
     self.queued = max(0, int(waiting))
 
-  def estimates(self) -> np.ndarray:
+  def estimates(self, slots: np.ndarray | None = None) -> np.ndarray:
     """[S, G] the host's copy of every slot's acceptance estimate per draft position (a(b, j); as the last step
-    that decoded the slot left it, the prior after its insert): what the verification budget chooses from."""
-    beta_sum, count = self._estimates
+    that decoded the slot left it, the prior after its insert): what the verification budget chooses from.
+    slots: [A] int, only those slots' rows ([A, G]; the plan reads the active ones alone)."""
+    beta_sum, count = self._estimates if slots is None else self._estimates[:, slots]
     return np.clip(beta_sum / np.maximum(count, 1e-6), 0.0, 1.0)
 
   @property

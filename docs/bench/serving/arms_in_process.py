@@ -26,6 +26,7 @@ from absl import app, flags
 
 import jaxspec
 from jaxspec.serving import Budget, RequestSettings, SlotEngine
+from jaxspec.tools.outputs import atomic_write, atomic_write_json, markdown_table
 
 PAIR = flags.DEFINE_enum("pair", "ende", ["ende", "qwen"], "the embedded EN-DE pair or the Qwen pair")
 TARGET = flags.DEFINE_string("target", None, "the Qwen target's directory (--pair=qwen)")
@@ -88,17 +89,15 @@ def main(_):
               "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
              for arm in engines]
   table = [f"{PAIR.value} pair, {SLOTS.value} slots, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
-           f"level, one process", "",
-           f"| concurrency | arm | tokens/s | / {base} | steps by draft length |", "|---|---|---|---|---|"]
-  table += [f"| {r['concurrency']} | {r['arm']} | {r['tokens_per_s']:.2f} | {r['ratio']:.3f} | "
-            f"{r['steps_by_gamma']} |" for r in rows]
+           f"level, one process", ""]
+  table += markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "steps by draft length"],
+                          [[r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
+                            r["steps_by_gamma"]] for r in rows])
   print("\n".join(table))
   if OUTPUT.value:
-    with open(OUTPUT.value + ".md", "w", encoding="utf-8") as f:
-      f.write("\n".join(table) + "\n")
-    with open(OUTPUT.value + ".json", "w", encoding="utf-8") as f:
-      json.dump({"pair": PAIR.value, "slots": SLOTS.value, "requests": REQUESTS.value, "rounds": ROUNDS.value,
-                 "jax": jax.__version__, "rows": rows}, f, indent=1)
+    atomic_write(OUTPUT.value + ".md", "\n".join(table) + "\n")
+    atomic_write_json(OUTPUT.value + ".json", {"pair": PAIR.value, "slots": SLOTS.value, "requests": REQUESTS.value,
+                                               "rounds": ROUNDS.value, "jax": jax.__version__, "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from absl import app, flags
 import jaxspec
 from jaxspec.serving import Budget, RequestSettings, SlotEngine
 from jaxspec.serving import engine as engine_module
+from jaxspec.tools.outputs import atomic_write, atomic_write_json, markdown_table
 
 CONCURRENCY = flags.DEFINE_list("concurrency", ["1", "4", "8", "16"], "requests in flight")
 REQUESTS = flags.DEFINE_integer("requests", 96, "requests per concurrency")
@@ -69,16 +70,15 @@ def main(_):
                  "choose_ms": 1e3 * float(np.median(chooses)), "step_ms": 1e3 * wall / steps,
                  "plan_share": float(np.sum(plans) / wall)})
     print(rows[-1], flush=True)
-  table = ["| concurrency | steps | plan_step (median) | choose (median) | loop time a step | plan's share |",
-           "|---|---|---|---|---|---|"]
-  table += [f"| {r['concurrency']} | {r['steps']} | {r['plan_ms']:.3f} ms | {r['choose_ms']:.3f} ms | "
-            f"{r['step_ms']:.2f} ms | {100 * r['plan_share']:.2f} % |" for r in rows]
+  table = markdown_table(["concurrency", "steps", "plan_step (median)", "choose (median)", "loop time a step",
+                          "plan's share"],
+                         [[r["concurrency"], r["steps"], f"{r['plan_ms']:.3f} ms", f"{r['choose_ms']:.3f} ms",
+                           f"{r['step_ms']:.2f} ms", f"{100 * r['plan_share']:.2f} %"] for r in rows])
   print("\n".join(table))
   if OUTPUT.value:
-    with open(OUTPUT.value + ".md", "w", encoding="utf-8") as f:
-      f.write("\n".join(table) + "\n")
-    with open(OUTPUT.value + ".json", "w", encoding="utf-8") as f:
-      json.dump({"rows": rows, "jax": jax.__version__, "requests": REQUESTS.value}, f, indent=1)
+    atomic_write(OUTPUT.value + ".md", "\n".join(table) + "\n")
+    atomic_write_json(OUTPUT.value + ".json", {"rows": rows, "jax": jax.__version__, "requests": REQUESTS.value},
+                      indent=1)
 
 
 if __name__ == "__main__":
