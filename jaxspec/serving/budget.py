@@ -40,12 +40,15 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     drafting at 16 and 32 rows, paying a re-feed at each return.
 
 The curves are warmup's, then refined by the steps served (Budget.learn, 0.1: each step the plan chose that ran
-all its iterations, re-fed no rested draft and followed a step of the same program moves its c(R, k) a tenth of
-the way to its time): in a server a step shares the machine with the HTTP work, and on this project's 2-core CPU
-the embedded pair's plain steps at 16 rows cost 28 ms served against 34 in warmup while a gamma-4 step cost what
-warmup said, so warmup's ratio alone made drafting look 20 % cheaper than it was. A step right after a switch is
-not learnt from: it pays for the streaming of the previous step's tokens, which after a wide step made plain
-look 40 % dearer and kept the budget drafting. Between plain decoding and drafting, the previous step's side is
+all its iterations, re-fed no rested draft and followed a step of the same row bucket and side (plain after
+plain, drafting after drafting at any tier) moves its c(R, k) a tenth of the way to its time): in a server a step
+shares the machine with the HTTP work, and on this project's 2-core CPU the embedded pair's plain steps at 16 rows
+cost 28 ms served against 34 in warmup while a gamma-4 step cost what warmup said, so warmup's ratio alone made
+drafting look 20 % cheaper than it was. A step right after a switch between plain and drafting is not learnt
+from: it pays for the streaming of the previous step's tokens, which after a wide step made plain look 40 %
+dearer and kept the budget drafting. Between drafting tiers that streaming differs little, and served the budget
+moves between them (at 8 rows on the embedded pair gamma-1, 2 and 4 steps in turn, 36.0 / 40.7 / 51.2 ms served
+against warmup's 28.9 / 36.1 / 49.8): learnt from only after their own program, their curves stayed warmup's. Between plain decoding and drafting, the previous step's side is
 kept unless the other's best tier scores more than Budget.stick (0.1) above it: such a switch costs what no score
 counts (wakes, that streaming), and estimates that move a little flipped the choice back and forth. Budget.idle (0
 by default) counts a finished row's slot as empty for that share of the next step when no request waits (the next

@@ -662,11 +662,14 @@ class SlotEngine:
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
     if limits is not None:
       # A step the plan chose that ran every iteration, re-fed no rested draft and followed a step of the same
-      # program: its time is the program's cost as served (beside the server's other work: the streaming of the
-      # previous step's tokens, which a switch from a wider tier would charge to this one), which refines
-      # warmup's curve (Budget.learn).
+      # row bucket and side (plain after plain, drafting after drafting, any tier): its time is the program's
+      # cost as served (beside the server's other work: the streaming of the previous step's tokens, which a
+      # switch from plain to drafting or back would charge to this one), which refines warmup's curve
+      # (Budget.learn).
       caught_up = bool(np.any((limits > 0) & self._behind & self._active))
-      if (key == planned and self.budget.learn and not caught_up and key == last
+      entries = self.table.entries
+      if (key == planned and self.budget.learn and not caught_up and last is not None and last[2] == key[2]
+          and entries[last[0]].plain == entries[key[0]].plain
           and packed[:, w + 5].max(initial=0) >= self.iterations_per_step):
         self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds, self.budget.learn)
       # Rows that drafted caught up; active rows that did not fell behind.

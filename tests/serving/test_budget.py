@@ -298,6 +298,31 @@ def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch)
   assert stops and engine.ends.ends > 0 and engine.ends.rate > 0, (stops, engine.ends)
 
 
+def test_a_drafting_step_after_another_drafting_tier_is_learnt(engine, monkeypatch):
+  """Served, the budget moves between drafting tiers: a planned drafting step right after a step of another
+  drafting tier at the same row bucket refines its cost (learn 1: halfway, the clip); one right after a plain step
+  does not (the switch's streaming)."""
+  big = CostCurves({key: 1e3 for key in engine.costs.seconds})
+  monkeypatch.setattr(engine, "costs", big)
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=1.0, idle=0.0, stick=0.0))
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
+  (_, mode, rows), _ = engine.plan_step()
+  # The widest tier is forced below; so dear that the plan never picks it itself (a tier's cost is at least a
+  # narrower one's: the widest alone leaves the others as they are).
+  other = len(engine.table.entries) - 1
+  big.seconds[(rows, engine.table.entries[other].gamma)] = 1e6
+  engine.step(program=(0, mode, rows))
+  out = engine.step()  # right after a plain step: not learnt
+  assert out.entry.gamma > 0 and out.rows == rows  # the prior's estimates draft at equal costs
+  assert all(v == 1e3 for key, v in big.seconds.items() if key[1] != engine.table.entries[other].gamma)
+  engine.step(program=(other, mode, rows))
+  out = engine.step()  # right after another drafting tier at the same rows: learnt
+  assert out.entry.gamma > 0 and out.entry.gamma != engine.table.entries[other].gamma and out.rows == rows
+  assert big.seconds[(rows, out.entry.gamma)] == pytest.approx(500.0)
+  engine.free(slot)
+
+
 def test_the_margin_counts_against_drafting():
   # alpha 0.9, a tier of 4 at 3.5 plain steps: E / c = 4.1 / 3.5 = 1.17 against plain's 1; with a margin of 0.2
   # its cost counts as 4.2 and plain wins; a tier far ahead (cost 2) drafts either way. The default is no margin.
