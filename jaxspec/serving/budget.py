@@ -37,7 +37,13 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed
     of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
     over the drafting steps expected to follow. Without it the budget went back and forth between plain and
-    drafting at 16 and 32 rows, paying a re-feed at each return.
+    drafting at 16 and 32 rows, paying a re-feed at each return;
+  - a draft model's prefill waits for a request's first drafting step (the wake, served_draft.py), so drafting
+    pays it once per request, and in a steady state where every new request is woken that is w_b / L_b per token
+    (w_b the prefill timed in warmup at the row's prompt bucket, L_b the request's expected length: the tokens it
+    gave and those `within` its tokens left): a drafting tier's cost is raised by sum_b (w_b / L_b) E(k, b).
+    Without it the Qwen pair drafted at 8 rows (19 of 27 steps, in one process) where a fixed gamma 4 was 0.92x
+    plain: its 0.5B draft's prefill of a chat prompt is a large share of a request's drafting.
 
 The curves are warmup's, then refined by the steps served (Budget.learn, 0.1: each step the plan chose that ran
 all its iterations, re-fed no rested draft and followed a step of the same row bucket and side (plain after
@@ -148,6 +154,9 @@ class CostCurves:
   # catchup[R]: seconds a drafting step at row bucket R costs beyond c(R, k) right after plain steps (its drafts
   # caught up from a lag longer than gamma: a re-feed from position 0), as warmup timed it.
   catchup: dict[int, float] = dataclasses.field(default_factory=dict)
+  # wake[P]: seconds of a draft model's prefill of one request at prompt bucket P (the wake of a row inserted
+  # without it, paid at its first drafting step), as warmup timed it: `choose`'s per_token.
+  wake: dict[int, float] = dataclasses.field(default_factory=dict)
 
   def get(self, rows: int, k: int) -> float:
     if (rows, k) in self.seconds:
@@ -167,6 +176,9 @@ class CostCurves:
       if rows in self.catchup:
         cells += f", catch-up {self.catchup[rows] * 1e3:.2f} ms"
       out.append(f"rows {rows}: {cells}")
+    if self.wake:
+      out.append("a request's draft prefill (wake) by prompt bucket: " + ", ".join(
+          f"{bucket} {seconds * 1e3:.2f} ms" for bucket, seconds in sorted(self.wake.items())))
     return out
 
 
@@ -295,7 +307,7 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
            tree: Sequence[bool] | None = None, left: np.ndarray | None = None, iterations: int = 1,
            margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0,
            hazard: np.ndarray | None = None, idle: float = 0.0, current: int | None = None,
-           stick: float = 0.0) -> Choice:
+           stick: float = 0.0, per_token: np.ndarray | None = None) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
   to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
   wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
@@ -314,7 +326,10 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   current's: such a switch costs what no score counts (a rested draft's wakes, the next step's share of the host's
   streaming of a wide step's tokens), and estimates that move a little between steps would otherwise flip the
   choice back and forth. Between two drafting tiers the best score runs (at 4 rows on the embedded pair a stick
-  there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29)."""
+  there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29).
+  per_token: [A] seconds each row's draft prefill costs per token of its request (the wake a request pays once,
+  when it first drafts, over its expected length; None or 0: none): a drafting tier's cost is raised by
+  sum_b per_token[b] * E(k, b), what drafting pays per token in a steady state where every new request is woken."""
   surv = survival(alpha)
   n, g = surv.shape
   ks = [int(k) for k in tiers]
@@ -332,10 +347,11 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   per_row, share = _per_row(rate, left, iterations, hazard, idle)
   expected = per_row.sum(axis=1)
   shares = share.tolist() if isinstance(share, np.ndarray) else [share] * len(ks)
+  prefill = [0.0] * len(ks) if per_token is None else (per_row @ np.asarray(per_token, np.float64)).tolist()
   cost, top = [], 0.0
   for i, k in enumerate(ks):  # the running maximum over the tiers, the share of iterations run, the margin
     top = float(costs[i]) if i == 0 else max(top, float(costs[i]))
-    cost.append(top * shares[i] * ((1.0 + margin) if k > 0 else 1.0))
+    cost.append(top * shares[i] * ((1.0 + margin) if k > 0 else 1.0) + (prefill[i] if k > 0 else 0.0))
   drafting = limits > 0
   if catchup > 0 and behind is not None:
     paying = np.flatnonzero(np.any(np.asarray(behind, bool) & drafting, axis=1)).tolist()

@@ -128,7 +128,7 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose
+from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose, within
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -395,6 +395,8 @@ class SlotEngine:
     # Requests waiting for a slot (a server sets it: `set_queue`): with none, the slot of a row that ends in a step
     # stays empty through the next one, which the budget counts against long steps.
     self.queued = 0
+    self._wake_cost = np.zeros((self.slots,), np.float64)  # seconds of its draft's prefill (CostCurves.wake at
+                                                           # its prompt bucket; 0 without a deferred draft)
     self._behind = np.zeros((self.slots,), bool)  # its draft rested (plain steps since it last drafted): the
                                                   # budget's next drafting step re-feeds it (CostCurves.catchup)
 
@@ -505,6 +507,7 @@ class SlotEngine:
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
     self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
+    self._wake_cost[slot] = self.costs.wake.get(bucket, 0.0) if self._quiet[slot] else 0.0
     if done and not settings.ignore_eos:
       self.ends.observe(len(tokens), reason == "stop")
     self._behind[slot] = False
@@ -552,18 +555,30 @@ class SlotEngine:
     slots = np.flatnonzero(self._active)
     entries = self.table.entries
     rate = self.ends.rate
+    hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
     choice = choose(self.estimates(slots), [e.gamma for e in entries],
                     [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
                     tree=[e.tree is not None for e in entries], left=self._left[slots],
                     iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
                     catchup=self.costs.catchup.get(rows, 0.0),
-                    hazard=np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()]),
+                    hazard=hazard,
                     idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
-                    current=None if self._last is None else self._last[0], stick=self.budget.stick)
+                    current=None if self._last is None else self._last[0], stick=self.budget.stick,
+                    per_token=self._prefill_per_token(slots, hazard))
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = choice.limits
     self._planned = (choice.tier, mode, rows)
     return self._planned, limits
+
+  def _prefill_per_token(self, slots: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
+    """[A] the seconds of each active row's draft prefill (its wake) per token of its request: CostCurves.wake at
+    its prompt bucket over the request's expected length (the tokens it gave, then those it is expected to give
+    before it ends: `within` its tokens left at its chance of ending). None without a deferred draft."""
+    if not self._defers or not self.costs.wake:
+      return None
+    left = self._left[slots].astype(np.float64)
+    given = np.asarray([self._requests[s].max_tokens for s in slots.tolist()], np.float64) - left
+    return self._wake_cost[slots] / np.maximum(given + within(left, hazard), 1.0)
 
   def set_queue(self, waiting: int) -> None:
     """The requests waiting for a free slot (the server's queue, which the scheduler sets before each step), for
@@ -639,8 +654,11 @@ class SlotEngine:
     key, limits = self.plan_step() if program is None else (program, limits)
     if self.budget is not None and limits is None:  # a forced program: every row drafts its tier's length
       limits = np.full((self.slots,), self.table.entries[key[0]].gamma, np.int32)
+    woken = 0.0  # the seconds of the drafts prefilled here (run before the step, timed with it)
     if not self.table.entries[key[0]].plain:
-      self._wake(np.flatnonzero(self._active & self._quiet))
+      quiet = np.flatnonzero(self._active & self._quiet)
+      woken = float(self._wake_cost[quiet].sum())
+      self._wake(quiet)
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
@@ -671,7 +689,7 @@ class SlotEngine:
       if (key == planned and self.budget.learn and not caught_up and last is not None and last[2] == key[2]
           and entries[last[0]].plain == entries[key[0]].plain
           and packed[:, w + 5].max(initial=0) >= self.iterations_per_step):
-        self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds, self.budget.learn)
+        self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds - woken, self.budget.learn)
       # Rows that drafted caught up; active rows that did not fell behind.
       self._behind = np.where(limits > 0, False, self._behind | self._active)
     self._left -= np.where(self._active, counts, 0)
@@ -713,6 +731,15 @@ class SlotEngine:
       if self._defers:
         self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
         self._wake([0])  # an idle row's draft: overwritten by the next insert
+        if self.budget is not None and bucket not in self.costs.wake:  # the budget's per_token (choose)
+          times = []
+          for _ in range(self.budget.repeats):
+            self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
+            started = time.perf_counter()
+            self._wake([0])
+            jax.block_until_ready(self._state)
+            times.append(time.perf_counter() - started)
+          self.costs.wake[bucket] = float(np.median(times))
       self.free(0)
     for key in self._programs:
       self.step(program=key)

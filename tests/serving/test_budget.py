@@ -332,6 +332,33 @@ def test_the_margin_counts_against_drafting():
   assert choose(alpha, tiers, [1.0, 2.0], 0.2, margin=0.2).k == 4
 
 
+def test_a_draft_prefill_per_token_counts_against_drafting():
+  # One row at alpha 0.8, a tier of 4 at twice plain's cost: E(4) = 1 + 0.8 + ... + 0.8^4 = 3.3616 tokens, score
+  # 1.68 against plain's 1. A prefill of 0.5 s per token of the row's request raises the tier's cost by 0.5 E(4):
+  # 3.68, and plain wins; plain's own cost never includes it.
+  alpha, tiers, e4 = np.full((1, 4), 0.8), (0, 4), 1 + 0.8 + 0.8 ** 2 + 0.8 ** 3 + 0.8 ** 4
+  assert choose(alpha, tiers, [1.0, 2.0], 0.2).k == 4
+  assert choose(alpha, tiers, [1.0, 2.0], 0.2, per_token=np.zeros(1)).k == 4
+  plain = choose(alpha, tiers, [1.0, 2.0], 0.2, per_token=np.asarray([0.5]))
+  assert plain.k == 0 and plain.cost == pytest.approx(1.0)
+  drafting = choose(alpha, (4,), [2.0], 0.2, per_token=np.asarray([0.5]))
+  assert drafting.cost == pytest.approx(2.0 + 0.5 * e4)
+
+
+def test_the_engine_charges_each_row_its_prefill_over_its_length(engine):
+  """warmup timed the draft's prefill at every prompt bucket; a row's share per token is its bucket's prefill
+  over its request's expected length (an ignore-EOS request: its max_tokens)."""
+  assert sorted(engine.costs.wake) == sorted(engine.buckets) and all(w > 0 for w in engine.costs.wake.values())
+  assert "wake" in engine.costs.lines()[-1]
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
+  bucket = next(b for b in sorted(engine.buckets) if b >= len(PROMPTS[0]))
+  slots = np.asarray([slot])
+  per_token = engine._prefill_per_token(slots, np.zeros(1))  # pylint: disable=protected-access
+  assert per_token == pytest.approx([engine.costs.wake[bucket] / MAX_NEW])
+  engine.free(slot)
+
+
 def test_a_rested_draft_pays_its_catch_up_spread_over_the_drafting_it_buys():
   alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5]
   behind = np.ones((4,), bool)

@@ -60,8 +60,10 @@ def main(_):
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1])
              for arm in ARMS.value}
-  for engine in engines.values():
+  for arm, engine in engines.items():
     engine.warmup()
+    if engine.budget is not None:  # the curves it chooses by, as the server prints them
+      print(f"{arm}: step costs measured in warm-up:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
   settings = RequestSettings(new_tokens, jaxspec.Sampling(0.0))
   base, rows = ARMS.value[-1], []
   for c in (int(v) for v in CONCURRENCY.value):
