@@ -54,12 +54,13 @@ drafting look 20 % cheaper than it was. A step right after a switch between plai
 from: it pays for the streaming of the previous step's tokens, which after a wide step made plain look 40 %
 dearer and kept the budget drafting. Between drafting tiers that streaming differs little, and served the budget
 moves between them (at 8 rows on the embedded pair gamma-1, 2 and 4 steps in turn, 36.0 / 40.7 / 51.2 ms served
-against warmup's 28.9 / 36.1 / 49.8): learnt from only after their own program, their curves stayed warmup's. Between plain decoding and drafting, the previous step's side is
-kept unless the other's best tier scores more than Budget.stick (0.1) above it: such a switch costs what no score
-counts (wakes, that streaming), and estimates that move a little flipped the choice back and forth. Budget.idle (0
-by default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
-one arrives during it and is inserted after it): 0.5 and 1 made the budget decode plain at concurrency 4, where a
-fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
+against warmup's 28.9 / 36.1 / 49.8): learnt from only after their own program, their curves stayed warmup's.
+Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more
+than Budget.stick (0.1) above it: such a switch costs what no score counts (wakes, that streaming), and estimates
+that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as
+empty for that share of the next step when no request waits (the next one arrives during it and is inserted after
+it): 0.5 and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain
+(docs/serving.md).
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it

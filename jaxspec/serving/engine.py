@@ -397,6 +397,7 @@ class SlotEngine:
     self.queued = 0
     self._wake_cost = np.zeros((self.slots,), np.float64)  # seconds of its draft's prefill (CostCurves.wake at
                                                            # its prompt bucket; 0 without a deferred draft)
+    self._max_tokens = np.zeros((self.slots,), np.int64)  # its request's max_tokens (with _left: tokens given)
     self._behind = np.zeros((self.slots,), bool)  # its draft rested (plain steps since it last drafted): the
                                                   # budget's next drafting step re-feeds it (CostCurves.catchup)
 
@@ -508,6 +509,7 @@ class SlotEngine:
     self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
     self._wake_cost[slot] = self.costs.wake.get(bucket, 0.0) if self._quiet[slot] else 0.0
+    self._max_tokens[slot] = settings.max_tokens
     if done and not settings.ignore_eos:
       self.ends.observe(len(tokens), reason == "stop")
     self._behind[slot] = False
@@ -577,7 +579,7 @@ class SlotEngine:
     if not self._defers or not self.costs.wake:
       return None
     left = self._left[slots].astype(np.float64)
-    given = np.asarray([self._requests[s].max_tokens for s in slots.tolist()], np.float64) - left
+    given = self._max_tokens[slots] - left
     return self._wake_cost[slots] / np.maximum(given + within(left, hazard), 1.0)
 
   def set_queue(self, waiting: int) -> None:
@@ -729,12 +731,13 @@ class SlotEngine:
       prompt = [self.pad_id] * bucket if bucket <= self.max_input_length else [self.pad_id]
       self.insert(0, prompt, RequestSettings(1, Sampling(0.0 if mode == "greedy" else 1.0)))  # ends there
       if self._defers:
-        self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
+        padded = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
+        self._prompts[0] = padded
         self._wake([0])  # an idle row's draft: overwritten by the next insert
         if self.budget is not None and bucket not in self.costs.wake:  # the budget's per_token (choose)
           times = []
           for _ in range(self.budget.repeats):
-            self._prompts[0] = (np.full((1, bucket), self.pad_id, np.int32), np.asarray([len(prompt)], np.int32))
+            self._prompts[0] = padded
             started = time.perf_counter()
             self._wake([0])
             jax.block_until_ready(self._state)
