@@ -68,6 +68,17 @@ ends). Measured on this project's CPU with the embedded pair in one run (docs/be
 more tokens per second than 0 at one concurrency of six (32: 1279 against 1236) and fewer or as many at the
 others, so the default is 0.
 
+The plan is the host's, between two steps' device work, where it holds every row: a fresh `choose` cost 0.35 ms
+a step here (numpy calls of a few microseconds each), up to 1.7 % of a step at 8 rows on the embedded pair. So a
+step of at least Budget.ahead (8) active rows has the next step's tier chosen while it runs on the device
+(`Ahead`, SlotEngine._plan_ahead: over the rows expected to decode on after it, each less its expected tokens of
+the step, from the estimates before it), and the next plan takes that tier with each row's limit from the
+estimates then (`tier_limits`; none for a plain tier) when the rows are about the same (the row bucket, at most a
+quarter changed), else chooses afresh: 0.06 against 0.34 ms a plan measured alone, 0.21-0.22 against 0.71-0.78
+ms in the decode loop at 8-32 rows (docs/bench/serving/plan_cost_ahead.md). Its estimates are a step older: with
+fewer rows, where each request's own acceptance moves the choice and its few steps each count (the embedded
+pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
+
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
 limit; its E sums the survivals of its depths, as a chain of its depth). Exact in every case: the limits come
@@ -92,6 +103,7 @@ REPEATS = 3  # timed runs of each step program in warmup (after one untimed)
 MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (module docstring)
 IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
+AHEAD = 8  # a step of at least this many active rows has the next one's tier chosen while it runs (0: never)
 LEARN = 0.1  # each served step's weight in its program's cost c(R, k) (CostCurves.observe; 0: warmup's curves stay)
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
@@ -107,7 +119,9 @@ class Budget:
     weight in its program's cost (CostCurves.observe; 0: warmup's curves stay as measured). idle: in [0, 1], the
     share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
-    previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs)."""
+    previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
+    at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0:
+    never): its plan then costs the step nothing, one step behind the estimates."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
@@ -116,6 +130,7 @@ class Budget:
   learn: float = LEARN
   idle: float = IDLE
   stick: float = STICK
+  ahead: int = AHEAD
 
   def __post_init__(self):
     if self.tiers is not None:
@@ -136,6 +151,7 @@ class Budget:
       raise SettingsError(f"Budget.idle must be a number in [0, 1], got {self.idle!r}.")
     if isinstance(self.stick, bool) or not isinstance(self.stick, (int, float)) or not 0 <= self.stick < 10:
       raise SettingsError(f"Budget.stick must be a number in [0, 10), got {self.stick!r}.")
+    check_int(self.ahead, "Budget.ahead", 0)
 
   def tiers_for(self, gamma: int) -> tuple[int, ...]:
     """The sorted draft lengths compiled for a speculation of `gamma`: 0, gamma and the tiers in between;
@@ -238,6 +254,32 @@ def row_limits(surv: np.ndarray, k: int, theta: float) -> np.ndarray:
   if k == 0:
     return np.zeros((surv.shape[0],), np.int32)
   return np.sum(np.cumprod(surv[:, :k] >= theta, axis=1), axis=1).astype(np.int32)
+
+
+def tier_limits(alpha: np.ndarray, k: int, theta: float, tree: bool = False) -> np.ndarray:
+  """[A] int32 each row's draft limit in a tier of draft length k from its estimates alpha [A, G]: `row_limits`
+  of its survivals for a chain, k for a tree (every row drafts the whole tree). What `choose` gives a tier."""
+  if tree:
+    return np.full((np.shape(alpha)[0],), k, np.int32)
+  return row_limits(survival(alpha), k, theta)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ahead:
+  """The next step's tier, chosen while a step ran on the device (`SlotEngine._plan_ahead`: the host's plan costs
+  the step nothing; issue 39) over the rows expected to decode on after it. The next plan takes its tier, with
+  each row's limit from the estimates then (`tier_limits`), when the rows are still about those it was chosen
+  over: the same row bucket and at most a quarter of them changed (ended beyond the expected, inserted); else it
+  chooses again."""
+
+  tier: int
+  slots: np.ndarray  # [A] int: the rows it was chosen over
+  rows: int  # the row bucket it was chosen at
+
+  def holds(self, slots: np.ndarray, rows: int) -> bool:
+    """Whether it still stands for the active rows `slots` [A'] at row bucket `rows`."""
+    changed = np.setxor1d(self.slots, slots, assume_unique=True).size
+    return rows == self.rows and 4 * changed <= len(slots)
 
 
 def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None = None,

@@ -52,7 +52,8 @@ their number (a chain of some gamma, a tree, or plain decoding; one entry when n
 is off), or under the verification budget (budget.py, the default with a speculation and no table) the tier its
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
 copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
-the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`);
+the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
+from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
 "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
 `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes temperature, top_k and top_p
@@ -128,7 +129,8 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose, within
+from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, per_row_rate, survival,
+                                    tier_limits, within)
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -392,6 +394,7 @@ class SlotEngine:
                                                     # those given): the budget's cap on a row's expected tokens
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
     self._planned = None  # the program key plan_step() chose last (a step that runs it may refine its cost)
+    self._ahead: Ahead | None = None  # the next step's tier, chosen while the last step ran (`_plan_ahead`)
     # Requests waiting for a slot (a server sets it: `set_queue`): with none, the slot of a row that ends in a step
     # stays empty through the next one, which the budget counts against long steps.
     self.queued = 0
@@ -555,30 +558,62 @@ class SlotEngine:
       return (self.table.index(len(active)), mode, rows), None
     # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
     slots = np.flatnonzero(self._active)
+    ahead, self._ahead = self._ahead, None
+    if ahead is not None and ahead.holds(slots, rows):  # chosen while the last step ran: the limits, now
+      tier, entry = ahead.tier, self.table.entries[ahead.tier]
+      chosen = (np.zeros((len(slots),), np.int32) if entry.plain else
+                tier_limits(self.estimates(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None))
+      if not chosen.any() and not entry.plain and self.table.entries[0].plain:
+        tier = 0  # a chain tier nobody would draft in is plain at a higher cost (as `choose` skips it)
+    else:
+      choice = self._choose(slots, rows, self._left[slots], self._behind[slots],
+                            None if self._last is None else self._last[0])
+      tier, chosen = choice.tier, choice.limits
+    limits = np.zeros((self.slots,), np.int32)
+    limits[slots] = chosen
+    self._planned = (tier, mode, rows)
+    return self._planned, limits
+
+  def _choose(self, slots: np.ndarray, rows: int, left: np.ndarray, behind: np.ndarray,
+              current: int | None) -> Choice:
+    """The budget's choice (`budget.choose`) over the rows of `slots` [A] at row bucket `rows`: left [A] the
+    tokens each may still give, behind [A] whose draft rested longer than gamma, current the tier of the step
+    before the one planned (None: none)."""
     entries = self.table.entries
     rate = self.ends.rate
     hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
-    choice = choose(self.estimates(slots), [e.gamma for e in entries],
-                    [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
-                    tree=[e.tree is not None for e in entries], left=self._left[slots],
-                    iterations=self.iterations_per_step, margin=self.budget.margin, behind=self._behind[slots],
-                    catchup=self.costs.catchup.get(rows, 0.0),
-                    hazard=hazard,
-                    idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
-                    current=None if self._last is None else self._last[0], stick=self.budget.stick,
-                    per_token=self._prefill_per_token(slots, hazard))
-    limits = np.zeros((self.slots,), np.int32)
-    limits[slots] = choice.limits
-    self._planned = (choice.tier, mode, rows)
-    return self._planned, limits
+    return choose(self.estimates(slots), [e.gamma for e in entries],
+                  [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
+                  tree=[e.tree is not None for e in entries], left=left,
+                  iterations=self.iterations_per_step, margin=self.budget.margin, behind=behind,
+                  catchup=self.costs.catchup.get(rows, 0.0), hazard=hazard,
+                  idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
+                  current=current, stick=self.budget.stick, per_token=self._prefill_per_token(slots, left, hazard))
 
-  def _prefill_per_token(self, slots: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
-    """[A] the seconds of each active row's draft prefill (its wake) per token of its request: CostCurves.wake at
-    its prompt bucket over the request's expected length (the tokens it gave, then those it is expected to give
-    before it ends: `within` its tokens left at its chance of ending). None without a deferred draft."""
+  def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
+    """The next step's tier, chosen while this step (`key`, `limits` [S]) runs on the device: over the active rows
+    expected to decode on after it (each gives its expected tokens of this step: I (1 + s(b, 1) + ... +
+    s(b, limit_b))), their drafts behind unless they draft in it, from the estimates before it. None when every
+    row is expected to end in it."""
+    slots = np.flatnonzero(self._active)
+    if not slots.size:
+      return None
+    chosen = limits[slots]
+    left = self._left[slots] - self.iterations_per_step * per_row_rate(survival(self.estimates(slots)), chosen)
+    going = left > 0
+    if not going.any():
+      return None
+    slots, left = slots[going], left[going]
+    choice = self._choose(slots, key[2], left, chosen[going] == 0, key[0])
+    return Ahead(tier=choice.tier, slots=slots, rows=key[2])
+
+  def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
+    """[A] the seconds of each row's draft prefill (its wake) per token of its request: CostCurves.wake at its
+    prompt bucket over the request's expected length (the tokens it gave, then those it is expected to give of its
+    `left` [A] before it ends: `within` them at its chance of ending). None without a deferred draft."""
     if not self._defers or not self.costs.wake:
       return None
-    left = self._left[slots].astype(np.float64)
+    left = np.asarray(left, np.float64)
     given = self._max_tokens[slots] - left
     return self._wake_cost[slots] / np.maximum(given + within(left, hazard), 1.0)
 
@@ -668,6 +703,10 @@ class SlotEngine:
     started = time.perf_counter()
     self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
+    # The next step's tier, while the device runs this one: after a step the plan chose (not a follower's, not a
+    # forced one) of rows enough (Budget.ahead).
+    self._ahead = (self._plan_ahead(key, limits) if limits is not None and key == self._planned
+                   and self.budget.ahead and np.count_nonzero(self._active) >= self.budget.ahead else None)
     packed_rows = np.asarray(jax.device_get(packed))
     seconds = time.perf_counter() - started
     last, self._last = self._last, key

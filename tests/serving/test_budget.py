@@ -9,6 +9,7 @@ every (rows, tier) cost and compiles every program (tiers x modes x row buckets)
 from __future__ import annotations
 
 import base64
+import dataclasses
 import pickle
 
 import jax
@@ -22,7 +23,8 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving import engine as engine_module
-from jaxspec.serving.budget import Budget, CostCurves, EndRate, choose, expected_tokens, row_limits, survival, within
+from jaxspec.serving.budget import (Ahead, Budget, CostCurves, EndRate, choose, expected_tokens, row_limits,
+                                    survival, within)
 from jaxspec.serving.budget import from_flags as budget_flags
 
 from engine_helpers import Request, drive, generate_tokens
@@ -354,7 +356,7 @@ def test_the_engine_charges_each_row_its_prefill_over_its_length(engine):
   engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
   bucket = next(b for b in sorted(engine.buckets) if b >= len(PROMPTS[0]))
   slots = np.asarray([slot])
-  per_token = engine._prefill_per_token(slots, np.zeros(1))  # pylint: disable=protected-access
+  per_token = engine._prefill_per_token(slots, engine._left[slots], np.zeros(1))  # pylint: disable=protected-access
   assert per_token == pytest.approx([engine.costs.wake[bucket] / MAX_NEW])
   engine.free(slot)
 
@@ -506,6 +508,53 @@ def test_forced_costs_make_it_plain_everywhere(engine, refs, monkeypatch):
   outputs = _serve_prompts(engine, refs)
   ran = [o for o in outputs if o.entry is not None]
   assert ran and all(o.entry.gamma == 0 and not o.limits.any() and not o.drafted.any() for o in ran)
+
+
+def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
+  """Budget.ahead: a step of enough rows has the next step's tier chosen during its device work; the next plan
+  takes that tier with each row's limit from the estimates then, and calls `choose` only when the rows changed.
+  Greedy output stays plain decoding's; with ahead=0 every plan chooses afresh and none is made during a step."""
+  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  calls = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=0))
+  _serve_prompts(engine, refs)
+  assert calls and engine._ahead is None  # pylint: disable=protected-access
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=2))
+  calls.clear()
+  for p in PROMPTS[:3]:
+    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  slots = np.asarray(engine.active_slots())
+  engine.step()
+  assert len(calls) == 2  # the plan, then the next one's tier during the step
+  ahead = engine._ahead  # pylint: disable=protected-access
+  assert ahead is not None and ahead.slots.tolist() == slots.tolist() and ahead.rows == 3
+  key, limits = engine.plan_step()
+  assert len(calls) == 2  # taken as chosen
+  entry = engine.table.entries[key[0]]
+  assert key[0] == ahead.tier or (key[0] == 0 and not limits.any())
+  np.testing.assert_array_equal(limits[slots], row_limits(survival(engine.estimates(slots)), entry.gamma,
+                                                          engine.budget.theta))
+  engine.step(program=key, limits=limits)  # the plan's step, as hosts.Leader runs it: the next tier meanwhile
+  assert engine._ahead is not None and len(calls) == 3  # pylint: disable=protected-access
+  engine.step(program=key)  # a forced step (warmup's, a follower's) plans nothing ahead, and drops what was
+  assert engine._ahead is None and len(calls) == 3  # pylint: disable=protected-access
+  for slot in engine.active_slots():
+    engine.free(slot)
+  outputs = _serve_prompts(engine, refs)  # arriving one a step: the plans made ahead run, and stay exact
+  assert len(calls) < len(outputs) * 2
+
+
+def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
+  ahead = Ahead(tier=1, slots=np.arange(8), rows=8)
+  assert ahead.holds(np.arange(8), 8)
+  assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 6, 9]), 8)  # one ended, another came: 2 of 8 changed
+  assert not ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 10, 11]), 8)  # 4 changed
+  assert not ahead.holds(np.arange(8), 16)  # another row bucket: other costs
+  assert not ahead.holds(np.asarray([0]), 8) and Ahead(tier=0, slots=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
+  with pytest.raises(SettingsError, match="Budget.ahead"):
+    Budget(ahead=-1)
 
 
 def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, refs, monkeypatch):
