@@ -28,6 +28,7 @@ import sys
 from absl import flags
 
 from jaxspec.cli import flags as cli_flags, jobs
+from jaxspec.serving.budget import REPEATS
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
 cli_flags.define_decoding(gamma=4, max_new_tokens=128, max_input_length=128)
@@ -56,6 +57,9 @@ _BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a req
 _BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.0, "The share a drafting step's cost is raised by when the "
                                     "budget chooses (what one step's ratio omits: docs/serving.md).",
                                     lower_bound=0.0, upper_bound=9.0)
+_BUDGET_REPEATS = flags.DEFINE_integer("budget_repeats", REPEATS, "Timed runs of each step program "
+                                       "in the warm-up's step-cost curves (after an untimed one, in each of two "
+                                       "passes): fewer start the server sooner, with noisier curves.", lower_bound=1)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), "
                           "and --slots. A seeded "
@@ -135,7 +139,8 @@ def _serve(argv) -> int:
                       row_buckets=_row_buckets(), modes=_MODES.value,
                       budget=budget.from_flags(speculation=_SPECULATION.value, drafts=draft is not None,
                                                table=table is not None, tiers=_BUDGET_TIERS.value,
-                                               theta=_BUDGET_THETA.value, margin=_BUDGET_MARGIN.value))
+                                               theta=_BUDGET_THETA.value, margin=_BUDGET_MARGIN.value,
+                                               repeats=_BUDGET_REPEATS.value))
   drafting = "plain" if draft is None else f"draft {spec}"
   if table is not None:
     drafting += f", table {_TABLE.value}"

@@ -426,14 +426,14 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
 
 
 def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,
-               margin: float = MARGIN) -> Budget | bool:
+               margin: float = MARGIN, repeats: int = REPEATS) -> Budget | bool:
   """SlotEngine's `budget` argument from launch/serve.py's flags: a Budget with --speculation=budget, a draft
   (`drafts`) and no --speculation_table (`table`), else False (off). tiers: --budget_tiers' texts ([] = the
-  defaults); SettingsError naming the flag when one is not an integer."""
+  defaults); SettingsError naming the flag when one is not an integer. repeats: --budget_repeats."""
   if not drafts or table or speculation == "fixed":
     return False
   try:
     chosen = tuple(int(v) for v in tiers) or None
   except ValueError:
     raise SettingsError(f"--budget_tiers takes integers, got {','.join(tiers)}.") from None
-  return Budget(tiers=chosen, theta=theta, margin=margin)
+  return Budget(tiers=chosen, theta=theta, margin=margin, repeats=repeats)

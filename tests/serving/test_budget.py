@@ -31,7 +31,7 @@ from engine_helpers import Request, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
 
 # The choice is E / c alone, from the costs a test sets (the margin, the learning and the empty slots: own tests).
-AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0)
+AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0, repeats=1)  # warm-up curves: replaced by tests
 
 MAX_NEW = 14
 

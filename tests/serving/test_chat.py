@@ -20,7 +20,7 @@ def live(tmp_path_factory):
   root = tmp_path_factory.mktemp("chat")
   directory = write_hf_decoder(str(root / "qwen2"), "qwen2")
   args = [f"--target={directory}", "--draft=ngram", "--gamma=2", "--slots=2", "--max_input_length=16",
-          "--max_new_tokens=8", "--iterations_per_step=2", "--served_model_name=tiny-chat"]
+          "--max_new_tokens=8", "--iterations_per_step=2", "--served_model_name=tiny-chat", "--budget_repeats=1"]
 
   def reference():  # made while the server compiles
     target = jaxspec.load(directory)

@@ -51,8 +51,8 @@ def _guidellm() -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   """(url, the guidellm command): the server compiles while guidellm's venv is checked (or made)."""
-  args = ["--slots=2", "--max_input_length=32", "--max_new_tokens=16", "--iterations_per_step=2", "--gamma=3",
-          "--row_buckets=2", "--modes=sampled"]  # guidellm sends no temperature: OpenAI's default, 1
+  args = ["--slots=2", "--max_input_length=32", "--max_new_tokens=16", "--iterations_per_step=2", "--gamma=2",
+          "--budget_repeats=1", "--row_buckets=2", "--modes=sampled"]  # guidellm sends no temperature: OpenAI's default, 1
   with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_guidellm) as (url, _, command):
     yield url, command
 

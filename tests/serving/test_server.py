@@ -1,5 +1,5 @@
-"""launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 3, under the verification budget: the
-server's default) in a subprocess on 127.0.0.1, driven by the official `openai` client. Greedy text equals
+"""launch/serve.py end to end: the embedded EN-DE pair speculating (gamma 2, under the verification budget: the
+server's default; its warm-up times each step program once) in a subprocess on 127.0.0.1, driven by the official `openai` client. Greedy text equals
 `jaxspec.generate`'s plain greedy text for each prompt whatever runs beside it, seeds change a sampled text (under
 the budget a seeded request is an exact sample, not a reproducible one: the budget's choices follow what the server
 served; a fixed gamma's seeded promise is tests/serving/test_slot_engine.py's and test_slot_engine_eos.py's),
@@ -34,7 +34,7 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
-          "--gamma=3", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
+          "--gamma=2", "--budget_repeats=1", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
   log = tmp_path_factory.mktemp("serve") / "log.txt"
   with serve(args, log, while_compiling=_greedy_reference) as live:
     yield (*live, log)  # (url, health codes, greedy references, the server's log)
@@ -131,13 +131,13 @@ def test_metrics_count_acceptance(server):
   assert m["jaxspec_time_to_first_token_seconds_count"] >= 10
   # The verification budget: its cost curve at the one row bucket (--row_buckets=SLOTS) for each tier, the steps
   # each tier ran, and the verify calls (tau = (accepted + verifications) / verifications, >= 1).
-  costs = [f"jaxspec_step_cost_seconds{{{k},{SLOTS}}}" for k in (0, 1, 2, 3)]  # {gamma,rows}: labels by name
+  costs = [f"jaxspec_step_cost_seconds{{{k},{SLOTS}}}" for k in (0, 1, 2)]  # {gamma,rows}: labels by name
   assert sorted(k for k in m if k.startswith("jaxspec_step_cost_seconds")) == costs
   assert all(m[k] > 0 for k in costs)
   steps = {k: v for k, v in m.items() if k.startswith("jaxspec_steps_total")}
   assert steps and sum(steps.values()) > 0 and m["jaxspec_verifications_total"] > 0
   log = server[3].read_text()  # the banner names the budget's tiers; the curves are printed once it is ready
-  assert "verification budget over draft lengths [0, 1, 2, 3]" in log and f"rows {SLOTS}: k=0 " in log, log
+  assert "verification budget over draft lengths [0, 1, 2]" in log and f"rows {SLOTS}: k=0 " in log, log
 
 
 def test_benchmark_drives_the_server(server, tmp_path):

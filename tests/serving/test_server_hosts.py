@@ -40,7 +40,8 @@ def _job(tmp_path, *flags: str):
   tail(i, chars)), tail: the last `chars` of process i's output (None: all of it)."""
   port, coordinator = free_port(), free_port()
   env = script_env(XLA_FLAGS=compile_env()["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2")
-  common = ["--slots=4", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--gamma=3", "--modes=greedy",
+  common = ["--slots=4", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--gamma=2", "--modes=greedy",
+            "--row_buckets=4", "--budget_repeats=1",
             "--mesh=data:2,model:2", f"--coordinator_address=127.0.0.1:{coordinator}", "--num_processes=2",
             f"--port={port}", "--log_level=warning"]
   logs = [open(tmp_path / f"process{i}.txt", "w+b") for i in range(2)]  # pylint: disable=consider-using-with
@@ -84,7 +85,7 @@ def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
                for p in PROMPTS]
     assert answers == reference, (answers, reference)
     logs = tail(0, None) + tail(1, None)
-    assert "verification budget over draft lengths [0, 1, 2, 3]" in logs, logs  # the default, as on one process
+    assert "verification budget over draft lengths [0, 1, 2]" in logs, logs  # the default, as on one process
     assert "ready; step costs" in logs, logs  # warm-up timed the curves on both processes (process 0's choose)
     assert "runs on one process" not in logs, logs
     procs[0].send_signal(signal.SIGTERM)

@@ -42,9 +42,9 @@ def greedy_refs(pair, prompts):
 
 @pytest.fixture(scope="module")
 def engine(pair):
-  """A draft-model engine (gamma 3, the verification budget: 4 tiers), 3 slots, 2 iterations per step, greedy
+  """A draft-model engine (gamma 2, the verification budget: 3 tiers), 3 slots, 2 iterations per step, greedy
   programs only (the sampled ones: the fixed engine of the seeded-sampling test), warmed up."""
-  e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
+  e = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=2), slots=3, max_input_length=32,
                  max_new_tokens=MAX_NEW, iterations_per_step=2, modes=("greedy",))
   e.warmup()
   return e
@@ -120,7 +120,8 @@ def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy
 
 def test_seeded_sampling_is_the_same_alone_and_under_load(pair, prompts, greedy_refs):
   engine = SlotEngine(pair[0], jaxspec.Speculation(pair[1], gamma=3), slots=3, max_input_length=32,
-                      max_new_tokens=MAX_NEW, iterations_per_step=2, budget=False)  # a fixed gamma at every step
+                      max_new_tokens=MAX_NEW, iterations_per_step=2, budget=False,  # a fixed gamma at every step
+                      modes=("sampled", "filtered"))  # greedy rows decode in the sampled programs
   engine.warmup()
   before = engine.compiled_programs()
   sampled = RequestSettings(max_tokens=12, sampling=jaxspec.Sampling(1.0), seed=7)

@@ -18,6 +18,8 @@ import sys
 
 import pytest
 
+from script_helpers import compile_env, script_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = r"""
 import json, re
@@ -125,9 +127,8 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def facts():
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE),
-                                                                          os.environ.get("PYTHONPATH", "")]),
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = script_env(PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]),
+                   XLA_FLAGS=compile_env()["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4")
   run = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=900, env=env, cwd=HERE)
   assert run.returncode == 0, run.stderr[-3000:]
   return json.loads(run.stdout.strip().splitlines()[-1])

@@ -14,7 +14,7 @@ PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?"]
 
 
 def test_a_short_soak_passes_and_writes_its_report(tmp_path):
-  args = ["--slots=2", "--max_input_length=16", "--max_new_tokens=8", "--iterations_per_step=1", "--gamma=2",
+  args = ["--slots=2", "--max_input_length=16", "--max_new_tokens=8", "--iterations_per_step=1", "--gamma=2", "--budget_repeats=1",
           "--queue=16", "--row_buckets=2", "--modes=greedy", "--modes=sampled"]
   workload = tmp_path / "w.jsonl"
   workload.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
