@@ -1,6 +1,6 @@
 """Subprocess side of tests/sharding/test_sharding.py: runs on simulated CPU devices and writes what it saw as JSON.
 
-    python tests/sharding_worker.py tokens OUT.json FAMILY[,FAMILY...]   # 8 devices: tokens on 2 meshes vs one
+    python tests/sharding_worker.py tokens OUT.json CONFIGS.json FAMILY[,FAMILY...]  # 8 devices: tokens on 2 meshes
     python tests/sharding_worker.py programs OUT.json                    # 8 devices: HLO, memory, Orbax
     python tests/sharding_worker.py distributed OUT.json TARGET,DRAFT,HEAD PORT ID  # 4 devices, 1 of 2 processes
 
@@ -34,16 +34,24 @@ from jaxspec.models import registry  # noqa: E402
 MESHES = ((1, 8), (2, 4), (4, 2), (8, 1))
 
 
-def meshes_of(family: str) -> tuple[tuple[int, int], ...]:
-  """The two meshes a family's tokens are compared on: the families take turns, so every mesh is covered by two
-  families and each family by one mesh that splits the batch and one that splits the heads (half the programs of
-  every family on every mesh)."""
-  names = sorted(f.name for f in registry.families())
-  return MESHES[0::2] if names.index(family) % 2 == 0 else MESHES[1::2]
 MODES = {"greedy_plain": dict(), "greedy_speculative": dict(draft=True),
          "sampled_speculative": dict(draft=True, sampling=jaxspec.Sampling(temperature=1.0), seed=[11, 12, 13, 14, 15])}
+# A family's modes split over its two meshes: each mode decoded on one of them (meshes_of).
+MODE_GROUPS = (("greedy_plain", "sampled_speculative"), ("greedy_speculative",))
 KW = dict(max_new_tokens=8)
 GAMMA = 2
+# This family also decodes on a one-device mesh (data=1 x model=1): the sharded path against the unsharded one.
+ONE_BY_ONE = ("t5", ("greedy_plain", "sampled_speculative"))
+
+
+def meshes_of(family: str) -> dict[tuple[int, int], tuple[str, ...]]:
+  """{mesh: the MODES decoded there} of a family's two meshes: the families take turns, so every mesh is covered
+  by two families and each family by one mesh mostly over `model` (its weights split where their heads, mlp and
+  vocab divide) and one mostly over `data` (the batch split); the two families that share two meshes swap
+  MODE_GROUPS over them, so every mode is decoded on every mesh (one compile per mode and mesh per family)."""
+  names = sorted(f.name for f in registry.families())
+  i = names.index(family)
+  return {mesh: MODE_GROUPS[(k + i // 2) % 2] for k, mesh in enumerate(MESHES[i % 2::2])}
 
 
 def _mode(kw: dict, draft) -> dict:
@@ -52,9 +60,10 @@ def _mode(kw: dict, draft) -> dict:
   return dict(kw, speculation=jaxspec.Speculation(draft, gamma=GAMMA) if kw.pop("draft", False) else None)
 
 
-def tiny_configs() -> dict:
-  """{family name: a tiny config}, read by each family from transformers' own config dicts: a T5 with 3 heads
-  (no model axis divides them) and the first decoder-only variant of tests/decoder_only_models.py per family."""
+def tiny_config_dicts() -> dict:
+  """{family name: transformers' own config dict of a tiny model}: a T5 with 3 heads (no model axis divides them)
+  and the first decoder-only variant of tests/decoder_only_models.py per family. The test process writes them as
+  JSON for the token workers (transformers imports torch: once, not in each worker)."""
   import transformers
   from decoder_only_models import BOS, EOS, PAD, VARIANTS
   # Untied: a tiny random T5 with tied embeddings decodes its start token forever (its logits echo its input).
@@ -68,9 +77,13 @@ def tiny_configs() -> dict:
     dicts.append(getattr(transformers, cls)(**kwargs).to_dict())
   out = {}
   for raw in dicts:
-    family = registry.family_for_model_type(raw["model_type"])
-    out.setdefault(family.name, family.from_hf_config(raw))
+    out.setdefault(registry.family_for_model_type(raw["model_type"]).name, raw)
   return out
+
+
+def tiny_configs(dicts: dict) -> dict:
+  """{family name: its tiny config}, read by each family from `tiny_config_dicts`' (JSON) dicts."""
+  return {name: registry.family_for_model_type(raw["model_type"]).from_hf_config(raw) for name, raw in dicts.items()}
 
 
 def pair(config, seed: int = 0):
@@ -102,22 +115,27 @@ def record(out) -> dict:
           "accepted": s.accepted.tolist(), "drafted": s.drafted.tolist(), "beta_sum": s.beta_sum.tolist()}
 
 
-def run_tokens(families: list[str]) -> dict:
-  configs = tiny_configs()
-  result = {"known": sorted(configs)}
+def run_tokens(configs_json: str, families: list[str]) -> dict:
+  with open(configs_json) as f:
+    configs = tiny_configs(json.load(f))
+  result = {}
   for name in families:
     target, draft = pair(configs[name])
     rows = prompts(target.config.vocab_size)
     runs = {}
     for mode, kw in MODES.items():
       runs[mode] = {"reference": record(jaxspec.generate(target, rows, **KW, **_mode(kw, draft)))}
-    for shape in meshes_of(name):
-      mesh = sharding.make_mesh(*shape)
+    shapes = dict(meshes_of(name))
+    if name == ONE_BY_ONE[0]:
+      shapes[(1, 1)] = ONE_BY_ONE[1]
+    for shape, modes in shapes.items():
+      mesh = sharding.make_mesh(*shape, devices=jax.devices()[:shape[0] * shape[1]])
       placed = sharding.shard(target, mesh)
       # One mesh also takes a draft placed by the default rules; elsewhere generate replicates it.
       placed_draft = sharding.shard(draft, mesh) if shape == (2, 4) else draft
-      for mode, kw in MODES.items():
-        runs[mode][f"{shape[0]}x{shape[1]}"] = record(jaxspec.generate(placed, rows, **KW, **_mode(kw, placed_draft)))
+      for mode in modes:
+        runs[mode][f"{shape[0]}x{shape[1]}"] = record(jaxspec.generate(placed, rows, **KW,
+                                                                       **_mode(MODES[mode], placed_draft)))
     result[name] = runs
   return result
 
@@ -192,13 +210,6 @@ def run_programs() -> dict:
       (placed.params, draft.params)))), "loop_alias": lm.alias_size_in_bytes, "loop_out": lm.output_size_in_bytes,
       "loop_temp": lm.temp_size_in_bytes, "prefill_out": pm.output_size_in_bytes,
       "prefill_temp": pm.temp_size_in_bytes}
-  # A one-device mesh decodes as one device does (the sharded path against the unsharded one).
-  one = sharding.shard(target, sharding.make_mesh(1, 1, devices=jax.devices()[:1]))
-  out["one_by_one_same"] = []
-  for kw in (dict(max_new_tokens=6), dict(speculation=jaxspec.Speculation(draft, gamma=GAMMA),
-                                         sampling=jaxspec.Sampling(1.0), max_new_tokens=6, seed=3)):
-    a, b = jaxspec.generate(target, rows, **kw), jaxspec.generate(one, rows, **kw)
-    out["one_by_one_same"].append(record(a) == record(b))
   # Safetensors read into shards, and Orbax restores, give the arrays `shard` places.
   import tempfile
   with tempfile.TemporaryDirectory() as tmp:
@@ -216,7 +227,8 @@ def run_programs() -> dict:
 
 
 def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
-  """One of two processes x 4 devices: loads the target's slices (bytes counted) and decodes on two meshes."""
+  """One of two processes x 4 devices: loads the target's slices (bytes counted) and decodes on two meshes: greedy
+  with a draft model, sampled with a feature head."""
   from jaxspec.checkpoint import hf_dir, io
   from jaxspec.checkpoint.sharded_read import SliceReader
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -233,14 +245,12 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
   target = jaxspec.Model(cfg, params)
   draft = jaxspec.load(draft_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))  # The public path.
   rows = prompts(cfg.vocab_size)
-  # A draft on another mesh is re-placed on the target's; then the target on data=2 x model=4.
+  # A draft on another mesh is re-placed on the target's.
   out["greedy"] = jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=GAMMA), **KW).tokens.tolist()
+  # A feature head beside the target (the public path) on data=2 x model=4: its weights replicated there once,
+  # kept with it; sampled, so the processes must draw the same numbers.
   target_2x4 = jaxspec.load(target_dir, dtype=jnp.float32, mesh=sharding.make_mesh(2, 4))
-  out["sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(draft, gamma=GAMMA),
-                                    jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
-  # A feature head beside the target on data=2 x model=4: its weights replicated there once, kept with it.
   head = jaxspec.load(head_dir)
-  out["head_greedy"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA), **KW).tokens.tolist()
   out["head_sampled"] = jaxspec.generate(target_2x4, rows, jaxspec.Speculation(head, gamma=GAMMA),
                                          jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5], **KW).tokens.tolist()
   from jaxspec.decoding import placement  # pylint: disable=import-outside-toplevel
@@ -257,7 +267,7 @@ def run_distributed(checkpoints: list[str], port: int, process_id: int) -> dict:
 if __name__ == "__main__":
   mode, path = sys.argv[1:3]
   if mode == "tokens":
-    result = run_tokens(sys.argv[3].split(","))
+    result = run_tokens(sys.argv[3], sys.argv[4].split(","))
   elif mode == "programs":
     result = run_programs()
   else:

@@ -1,8 +1,11 @@
 """Sharded decoding: rules, meshes, placement, loading into shards, the memory plan, and two processes.
 
 Runs that need several devices go to tests/sharding_worker.py subprocesses (8 simulated CPU devices, or 2 processes
-x 4 devices over gloo), started together so that they share the 2 cores; tests here compare what they wrote with
-one-device runs. Every registered family is decoded on meshes (1, 8), (2, 4), (4, 2), (8, 1).
+x 4 devices over gloo); the 8-device ones start together with the first test, so that they share the 2 cores with
+each other and with the in-process tests and launch/plan.py runs before their results are read; tests here compare
+what they wrote with one-device runs. Every registered family is decoded on two of the meshes (1, 8), (2, 4),
+(4, 2), (8, 1), one mostly over `model` and one mostly over `data`, each of its three modes on one of them; every
+mesh decodes every mode (sharding_worker.meshes_of).
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from script_helpers import xla_test_flags
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/, where sharding_worker.py lives
 ROOT = os.path.dirname(HERE)
 FAMILIES = sorted(f.name for f in registry.families())
-# (family, mesh) pairs: each family on two meshes, every mesh by two families (sharding_worker.meshes_of).
-FAMILY_MESHES = [(f, f"{d}x{m}") for f in FAMILIES for d, m in sharding_worker.meshes_of(f)]
+# (family, mesh, mode): each family on two meshes, each of its modes on one of them, every mesh by two families and
+# in every mode (sharding_worker.meshes_of).
+FAMILY_RUNS = [(f, f"{d}x{m}", mode) for f in FAMILIES for (d, m), modes in sharding_worker.meshes_of(f).items()
+               for mode in modes]
 TIMEOUT = 1800
 
 
@@ -68,20 +73,52 @@ class Worker:
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory):
-  """The 8-device workers, started at once: the families split over two token runs, and the program checks."""
+  """The 8-device workers, started at once: the families split over two token runs (their tiny configs written
+  here: `configs`), and the program checks."""
   tmp = str(tmp_path_factory.mktemp("sharding"))
-  runs = {"tokens_a": Worker(tmp, "tokens_a", "tokens", ",".join(FAMILIES[0::2])),
-          "tokens_b": Worker(tmp, "tokens_b", "tokens", ",".join(FAMILIES[1::2]))}
-  runs["programs"] = Worker(tmp, "programs", "programs")
-  yield runs
+  configs = sharding_worker.tiny_config_dicts()
+  path = os.path.join(tmp, "configs.json")
+  with open(path, "w") as f:
+    json.dump(configs, f)
+  runs = {"tokens_a": Worker(tmp, "tokens_a", "tokens", path, ",".join(FAMILIES[0::2])),
+          "tokens_b": Worker(tmp, "tokens_b", "tokens", path, ",".join(FAMILIES[1::2])),
+          "programs": Worker(tmp, "programs", "programs")}
+  yield {**runs, "configs": configs}
   for w in runs.values():
     if w.proc.poll() is None:
       w.proc.kill()
 
 
+def _run_all(cmds: list[list[str]]) -> list[subprocess.CompletedProcess]:
+  """Runs the commands side by side (each mostly Python starting and importing JAX: one core's work each)."""
+  procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in cmds]
+  out = []
+  for c, p in zip(cmds, procs):
+    try:
+      stdout, stderr = p.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+    out.append(subprocess.CompletedProcess(c, p.returncode, stdout, stderr))
+  return out
+
+
 def _tokens(workers, family: str) -> dict:
   run = workers["tokens_a" if family in FAMILIES[0::2] else "tokens_b"].result()
   return run[family]
+
+
+# First (it starts the 8-device workers, which run beside the tests up to "Tokens on every mesh").
+
+def test_every_family_has_a_tiny_config(workers):
+  known = set(workers["configs"])
+  assert set(FAMILIES) <= known, f"tests/sharding_worker.py has no tiny config for {set(FAMILIES) - known}"
+  # Every mesh decodes every mode; every family decodes every mode, each on one of its two meshes.
+  meshes = {f"{d}x{m}" for d, m in sharding_worker.MESHES}
+  assert {(m, mode) for _, m, mode in FAMILY_RUNS} == {(m, mode) for m in meshes for mode in sharding_worker.MODES}
+  assert sorted((f, mode) for f, _, mode in FAMILY_RUNS) == sorted(
+      (f, mode) for f in FAMILIES for mode in sharding_worker.MODES)
 
 
 # Rules and meshes (no devices needed).
@@ -155,11 +192,26 @@ def test_memory_plan_says_what_it_replicated_and_pads_the_batch():
 def test_plan_script_says_whether_it_fits():
   cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
          "--mesh=data:1,model:8", "--batch=32", "--device=tpu-v5e"]
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+  out, small = _run_all([cmd, cmd[:-1] + ["--device_gib=1"]])
   assert out.returncode == 0, out.stderr[-2000:]
   assert "fits" in out.stdout and "tpu-v5e" in out.stdout
-  small = subprocess.run(cmd[:-1] + ["--device_gib=1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
   assert small.returncode == 0 and "does not fit" in small.stdout
+
+
+def test_plan_script_plans_a_server():
+  """--slots: the slot engine's memory per device and the most slots that fit at these lengths (a multiple of
+  `data`); fewer fit a smaller device; a data axis that does not divide --slots is one line."""
+  cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
+         "--mesh=data:2,model:4", "--device=tpu-v5e-8", "--slots=64"]
+  runs = [cmd, cmd + ["--device_gib=8"], cmd[:-1] + ["--slots=3"]]
+  big, small, odd = _run_all(runs)
+  assert big.returncode == 0 and small.returncode == 0, (big.stderr[-2000:], small.stderr[-2000:])
+  most = [int(re.search(r"at most (\d+) slots fit at these lengths", r.stdout).group(1)) for r in (big, small)]
+  assert "serving plan: 64 slots" in big.stdout and "fits on tpu-v5e" in big.stdout, big.stdout
+  assert "does not fit on 8 GiB devices" in small.stdout, small.stdout
+  assert most[0] >= 64 > most[1] and most[0] % 2 == 0 == most[1] % 2, most
+  assert odd.returncode == 1 and "Traceback" not in odd.stderr
+  assert "--slots=3 is not a multiple of the mesh's data axis (2)" in odd.stderr, odd.stderr[-2000:]
 
 
 def test_a_draft_on_a_mesh_needs_its_target_there_too():
@@ -175,16 +227,9 @@ def test_a_draft_on_a_mesh_needs_its_target_there_too():
 
 # Tokens on every mesh, every family (8 simulated devices).
 
-def test_every_family_has_a_tiny_config(workers):
-  assert {m for _, m in FAMILY_MESHES} == {f"{d}x{m}" for d, m in sharding_worker.MESHES}  # every mesh covered
-  known = set(workers["tokens_a"].result()["known"])
-  assert set(FAMILIES) <= known, f"tests/sharding_worker.py has no tiny config for {set(FAMILIES) - known}"
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", list(sharding_worker.MODES))
-@pytest.mark.parametrize("family,mesh", FAMILY_MESHES)
-def test_same_tokens_and_stats_on_every_mesh(workers, family, mode, mesh):
+@pytest.mark.parametrize("family,mesh,mode", FAMILY_RUNS)
+def test_same_tokens_and_stats_on_every_mesh(workers, family, mesh, mode):
   runs = _tokens(workers, family)[mode]
   ref, got = runs["reference"], runs[mesh]
   assert len(set(np.ravel(ref["tokens"]).tolist())) > 3, "degenerate reference: the comparison would be weak"
@@ -218,7 +263,10 @@ def test_caches_stay_sharded_through_the_loop(workers):
 
 
 def test_one_by_one_mesh_decodes_as_one_device(workers):
-  assert workers["programs"].result()["one_by_one_same"] == [True, True]
+  family, modes = sharding_worker.ONE_BY_ONE
+  runs = _tokens(workers, family)
+  for mode in modes:  # The sharded path on data=1 x model=1 against the unsharded one: every field, exactly.
+    assert runs[mode]["1x1"] == runs[mode]["reference"], mode
 
 
 def test_memory_plan_against_xla_memory_analysis(workers):
@@ -257,8 +305,8 @@ def distributed(tmp_path_factory, workers):
   for model, d in zip((target, draft), dirs):
     jaxspec.save(model, d, format="hf")
   jaxspec.save(head, dirs[2])
-  for w in workers.values():  # Two more processes: wait for the 8-device runs to leave the cores.
-    w.result()
+  for name in ("tokens_a", "tokens_b", "programs"):  # Two more processes: wait for the 8-device runs to end.
+    workers[name].result()
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
@@ -266,13 +314,14 @@ def distributed(tmp_path_factory, workers):
   rows = sharding_worker.prompts(cfg.vocab_size)
   target, draft = (jaxspec.load(d, dtype=jnp.float32) for d in dirs[:2])
   head = jaxspec.load(dirs[2])
-  reference = {}
-  for name, d in (("", draft), ("head_", head)):
-    speculation = jaxspec.Speculation(d, gamma=sharding_worker.GAMMA)
-    reference[f"{name}greedy"] = jaxspec.generate(target, rows, speculation, **sharding_worker.KW).tokens.tolist()
-    reference[f"{name}sampled"] = jaxspec.generate(target, rows, speculation, jaxspec.Sampling(temperature=1.0),
-                                                   seed=[1, 2, 3, 4, 5], **sharding_worker.KW).tokens.tolist()
-  assert reference["head_greedy"] == jaxspec.generate(target, rows, **sharding_worker.KW).tokens.tolist()
+  kw = sharding_worker.KW
+  reference = {"greedy": jaxspec.generate(target, rows, jaxspec.Speculation(draft, gamma=sharding_worker.GAMMA),
+                                          **kw).tokens.tolist(),
+               "head_sampled": jaxspec.generate(target, rows, jaxspec.Speculation(head, gamma=sharding_worker.GAMMA),
+                                                jaxspec.Sampling(temperature=1.0), seed=[1, 2, 3, 4, 5],
+                                                **kw).tokens.tolist()}
+  for tokens in reference.values():
+    assert len(set(np.ravel(tokens).tolist())) > 3, "degenerate reference: the comparison would be weak"
   return [p.result() for p in procs], reference
 
 
@@ -282,9 +331,9 @@ def test_two_processes_give_the_same_tokens(distributed):
   assert [r["process"] for r in results] == [0, 1] and all(r["devices"] == 8 and r["local"] == 4 for r in results)
   assert [r["main"] for r in results] == [True, False]
   for r in results:
-    assert r["greedy"] == reference["greedy"] and r["sampled"] == reference["sampled"]
-    # A feature head on the mesh (its weights replicated there by generate) gives one device's tokens.
-    assert r["head_greedy"] == reference["head_greedy"] and r["head_sampled"] == reference["head_sampled"]
+    assert r["greedy"] == reference["greedy"]  # A draft model, on model=8.
+    # A feature head on the mesh (its weights replicated there by generate) gives one device's sampled tokens.
+    assert r["head_sampled"] == reference["head_sampled"]
     assert r["head_replicated"]
 
 
@@ -295,19 +344,3 @@ def test_each_process_reads_only_its_slices(distributed):
   for r in results:  # model=8 over 2 processes: half of every split weight, all of the (small) replicated ones.
     assert 0.4 * total < r["bytes_read"] < 0.6 * total
   assert math.isclose(results[0]["bytes_read"], results[1]["bytes_read"], rel_tol=0.01)
-
-
-def test_plan_script_plans_a_server():
-  """--slots: the slot engine's memory per device and the most slots that fit at these lengths (a multiple of
-  `data`); fewer fit a smaller device; a data axis that does not divide --slots is one line."""
-  cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
-         "--mesh=data:2,model:4", "--device=tpu-v5e-8", "--slots=64"]
-  runs = [cmd, cmd + ["--device_gib=8"], cmd[:-1] + ["--slots=3"]]
-  big, small, odd = (subprocess.run(c, capture_output=True, text=True, timeout=600, cwd=ROOT) for c in runs)
-  assert big.returncode == 0 and small.returncode == 0, (big.stderr[-2000:], small.stderr[-2000:])
-  most = [int(re.search(r"at most (\d+) slots fit at these lengths", r.stdout).group(1)) for r in (big, small)]
-  assert "serving plan: 64 slots" in big.stdout and "fits on tpu-v5e" in big.stdout, big.stdout
-  assert "does not fit on 8 GiB devices" in small.stdout, small.stdout
-  assert most[0] >= 64 > most[1] and most[0] % 2 == 0 == most[1] % 2, most
-  assert odd.returncode == 1 and "Traceback" not in odd.stderr
-  assert "--slots=3 is not a multiple of the mesh's data axis (2)" in odd.stderr, odd.stderr[-2000:]
