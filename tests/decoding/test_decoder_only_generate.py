@@ -3,6 +3,7 @@ batches and several EOS ids, texts in / new tokens out, lossless sampling with a
 padded beyond a shared tokenizer, and bad pairs."""
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +14,7 @@ import torch
 import jaxspec
 from jaxspec.decoding.device import loop, sampling
 from jaxspec.decoding import placement
+from jaxspec.decoding.arguments import bucket_length
 from jaxspec.decoding.drafters.model_drafter import ModelDrafter
 from jaxspec.models import decoder_only as do
 from jaxspec.models.decoder_only.llama import LlamaConfig
@@ -69,17 +71,31 @@ def _assert_rows_equal(out, rows):
     assert got[:n].tolist() == want
 
 
+@pytest.fixture(scope="module")
+def greedy(dirs):
+  """greedy(variant) -> (target with two EOS ids, its ragged prompts, transformers' greedy rows, plain output),
+  computed once per variant and shared by this module's tests: those that reuse a variant's target, batch, prompt
+  bucket and max_new_tokens reuse its compiled programs (the EOS ids, batch size and bucket are all static)."""
+  cache = {}
+
+  def get(variant):
+    if variant not in cache:
+      target = jaxspec.load(dirs[variant], dtype=jnp.float32)
+      ref = load_hf_reference(dirs[variant])
+      prompts = ragged_prompts(PROMPT_LENGTHS, seed=5)
+      eos = (EOS, _ragged_eos(_hf_greedy(ref, prompts, MAX_NEW, (EOS,))))
+      hf = _hf_greedy(ref, prompts, MAX_NEW, eos)
+      target = _with_eos(target, eos)
+      cache[variant] = target, prompts, hf, jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
+    return cache[variant]
+  return get
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-def test_greedy_speculative_equals_plain_and_transformers(dirs, variant):
+def test_greedy_speculative_equals_plain_and_transformers(greedy, variant):
   """Ragged prompts, two EOS ids (one ending rows at different mid-sequence steps, inside accepted blocks)."""
-  target = jaxspec.load(dirs[variant], dtype=jnp.float32)
-  ref = load_hf_reference(dirs[variant])
-  prompts = ragged_prompts(PROMPT_LENGTHS, seed=5)
-  eos = (EOS, _ragged_eos(_hf_greedy(ref, prompts, MAX_NEW, (EOS,))))
-  hf = _hf_greedy(ref, prompts, MAX_NEW, eos)
+  target, prompts, hf, plain = greedy(variant)
   assert len({len(r) for r in hf}) > 1 and min(len(r) for r in hf) < MAX_NEW  # EOS ends rows raggedly
-  target = _with_eos(target, eos)
-  plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
   _assert_rows_equal(plain, hf)
   assert all((row[n:] == target.config.pad_token_id).all() for row, n in zip(plain.tokens, plain.lengths))
   spec = jaxspec.generate(target, prompts, jaxspec.Speculation(_noisy(target), gamma=3), max_new_tokens=MAX_NEW)
@@ -93,31 +109,39 @@ def test_greedy_speculative_equals_plain_and_transformers(dirs, variant):
   assert spec.stats.accepted.sum() > 0
 
 
-def test_a_draft_of_another_family_with_the_same_tokenizer(dirs):
-  """A Gemma 3 target drafted by a Llama model that shares its tokenizer."""
-  target, draft = jaxspec.load(dirs["gemma3"]), jaxspec.load(dirs["llama2"])
-  prompts = ragged_prompts(PROMPT_LENGTHS, seed=6)
-  plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
+def test_a_draft_of_another_family_with_the_same_tokenizer(greedy, dirs):
+  """A Gemma 3 target drafted by a Llama model that shares its tokenizer (the greedy test's target and plain run)."""
+  target, prompts, _, plain = greedy("gemma3")
+  draft = jaxspec.load(dirs["llama2"], dtype=jnp.float32)
   spec = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=2), max_new_tokens=MAX_NEW)
   np.testing.assert_array_equal(spec.tokens, plain.tokens)
+  np.testing.assert_array_equal(spec.lengths, plain.lengths)
 
 
-def test_texts_in_only_new_tokens_out(dirs):
-  target = jaxspec.load(dirs["qwen3"])
+def test_texts_in_only_new_tokens_out(greedy, dirs):
+  """Four texts (a batch of 4 in the 16-token bucket, as the greedy test's: its compiled chain program)."""
+  target, _, _, _ = greedy("qwen3")
   hf_tok = target.tokenizer.hf_tokenizer
-  texts = ["the cat reads a book.", "green water under the bright morning light over the small garden."]
-  out = jaxspec.generate(target, texts, jaxspec.Speculation(_noisy(target), gamma=2), max_new_tokens=MAX_NEW)
-  hf = _hf_greedy(load_hf_reference(dirs["qwen3"]), [hf_tok(t)["input_ids"] for t in texts], MAX_NEW, (EOS,))
+  texts = ["the cat reads a book.", "green water under the bright morning light.", "a small dog runs.",
+           "the river sings over the stone."]
+  ids = [hf_tok(t)["input_ids"] for t in texts]
+  assert max(map(len, ids)) <= 16 and len({len(i) for i in ids}) > 1, ids
+  out = jaxspec.generate(target, texts, jaxspec.Speculation(_noisy(target), gamma=3), max_new_tokens=MAX_NEW)
+  hf = _hf_greedy(load_hf_reference(dirs["qwen3"]), ids, MAX_NEW, target.config.eos_ids)
   _assert_rows_equal(out, hf)
   assert out.texts == [hf_tok.decode(r, skip_special_tokens=True) for r in hf]
 
 
-def test_same_bucket_does_not_recompile(dirs):
-  target = jaxspec.load(dirs["gemma2"])
-  jaxspec.generate(target, [[1, 7, 8, 9]], jaxspec.Speculation(target, gamma=2), max_new_tokens=6)
+def test_same_bucket_does_not_recompile(greedy):
+  """A second call whose prompts differ in length but not in bucket (16) compiles nothing (the first may, when
+  this test runs alone; after the greedy test it reuses that test's chain programs)."""
+  target, prompts, _, _ = greedy("gemma2")
+  spec = jaxspec.Speculation(target, gamma=3)
+  jaxspec.generate(target, prompts, spec, max_new_tokens=MAX_NEW)
   sizes = placement.compiled_counts()
-  jaxspec.generate(target, [[1, 9, 8, 7, 6, 10, 11, 12, 13, 14]], jaxspec.Speculation(target, gamma=2),
-                   max_new_tokens=6)
+  shorter = ragged_prompts((2, 5, 10, 4), seed=8)
+  assert bucket_length(max(map(len, shorter)), 512) == bucket_length(max(map(len, prompts)), 512) == 16
+  jaxspec.generate(target, shorter, spec, max_new_tokens=MAX_NEW)
   assert placement.compiled_counts() == sizes
 
 
@@ -136,12 +160,10 @@ def _resized(model: jaxspec.Model, vocab: int) -> jaxspec.Model:
   return jaxspec.Model(config, params, model.tokenizer, name=f"vocab{vocab}")
 
 
-def test_vocabularies_padded_beyond_the_tokenizer(dirs):
+def test_vocabularies_padded_beyond_the_tokenizer(greedy):
   """Draft embeddings with fewer or more padding rows than the target's (same tokenizer) stay exact; a draft
   vocabulary smaller than the tokenizer is refused."""
-  target = jaxspec.load(dirs["llama2"])
-  prompts = ragged_prompts(PROMPT_LENGTHS, seed=7)
-  plain = jaxspec.generate(target, prompts, max_new_tokens=MAX_NEW)
+  target, prompts, _, plain = greedy("llama2")
   for vocab in (124, 136):
     draft = _resized(_noisy(target), vocab)
     spec = jaxspec.generate(target, prompts, jaxspec.Speculation(draft, gamma=3), max_new_tokens=MAX_NEW)
@@ -163,8 +185,10 @@ def test_bad_pairs_and_inputs_are_clear_errors(dirs):
     jaxspec.generate(target, [list(range(6, 16))], max_input_length=8)
 
 
-# Lossless sampling with a real decoder-only pair: exact enumeration of the target's sequence distribution.
-VOCAB, LENGTH, LOSSLESS_EOS, ROWS = 5, 3, 4, 4000
+# Lossless sampling with a real decoder-only pair: exact enumeration of the target's sequence distribution. ROWS:
+# as test_sampling_lossless.py's draft-model tests, whose negative controls show that 2000 rows reject a biased
+# correction rule by several standard deviations (the limit keeps a correct rule's false failures at ~3e-6).
+VOCAB, LENGTH, LOSSLESS_EOS, ROWS = 5, 3, 4, 2000
 PROMPT = [1, 3, 2, 0]
 
 
@@ -174,15 +198,21 @@ def test_lossless_with_real_tiny_decoder_only_pair():
                eos_ids=(LOSSLESS_EOS,), pad_token_id=0)
   tcfg = LlamaConfig(**small, hidden_size=8, num_layers=2, num_kv_heads=1, tie_word_embeddings=False)
   dcfg = QwenConfig(**small, model_type="qwen3", hidden_size=8, num_layers=1, num_kv_heads=2, qk_norm=True)
-  tparams = do.init_params(tcfg, jax.random.key(0), std=0.6)
-  dparams = do.init_params(dcfg, jax.random.key(1), std=0.6)
+  init = jax.jit(do.init_params, static_argnums=0, static_argnames="std")  # one program each, not one per shape
+  tparams, dparams = init(tcfg, jax.random.key(0), std=0.6), init(dcfg, jax.random.key(1), std=0.6)
   temperature = 0.8
 
-  def next_probs(prefix):
-    logits = do.forward(tparams, tcfg, jnp.asarray([PROMPT[:-1] + list(prefix)], jnp.int32))
-    return np_warp(np.asarray(logits[0, -1]), temperature)
-
-  exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, LOSSLESS_EOS, PROMPT[-1])
+  # Every decoder prefix's next-token logits from one causal pass (not one pass per prefix): the prompt followed by
+  # each of the (VOCAB - 1)^(LENGTH - 1) continuations without EOS; the logits at the prompt's last position + k
+  # are those of the prefix (PROMPT[-1], first k continuation tokens).
+  tokens = [t for t in range(VOCAB) if t != LOSSLESS_EOS]
+  rows = np.asarray([PROMPT + list(c) for c in itertools.product(tokens, repeat=LENGTH - 1)], np.int32)
+  logits = np.asarray(jax.jit(do.forward, static_argnums=1)(tparams, tcfg, jnp.asarray(rows)))
+  last = len(PROMPT) - 1
+  prefix_logits = {tuple(row[last:last + k + 1]): row_logits[last + k] for row, row_logits in zip(rows, logits)
+                   for k in range(LENGTH)}
+  exact = exact_sequence_probs(lambda prefix: np_warp(prefix_logits[tuple(prefix)], temperature), VOCAB, LENGTH,
+                               LOSSLESS_EOS, PROMPT[-1])
   settings = loop.LoopSettings(target=do.CausalDecoder(tcfg), drafter=ModelDrafter(do.CausalDecoder(dcfg)), gamma=2,
                                max_new_tokens=LENGTH, greedy=False, filtering=False, eos_ids=(LOSSLESS_EOS,),
                                pad_id=0)

@@ -11,6 +11,7 @@ token from p instead of the residual (with a draft model and with prompt lookup)
 
 
 import functools
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +29,15 @@ from jaxspec.models import t5
 from stub_models import MarkovDecoder, chi_square, chi_square_limit, exact_sequence_probs, np_warp
 
 VOCAB, LENGTH, EOS, START = 5, 3, 4, 0
-ROWS = 4000
+# Samples per test. The limit (z = 4.5) keeps a correct rule's false-failure probability at ~3e-6 whatever the
+# count; the count sets the power, the noncentrality lambda ~ rows * sum((p' - p)^2 / p) of a biased rule, whose
+# statistic is ~ dof + lambda with standard deviation sqrt(2 (dof + 2 lambda)). Measured on the negative controls
+# below: with a draft model, 2000 rows give the broken rule (and the length rule that peeks) 448 against the
+# asserted 3 x limit = 134 (dof 10, sd ~ 42: 7 sd of margin), the broken tree rules 752 and 357 against 45; prompt
+# lookup proposes one-hot q, whose bias is smaller, so its tests keep 4000 rows: the broken rule 610 against
+# 3 x 77 = 232 (sd ~ 49: 7.7 sd), the broken lookup-tree rule 376 against 77 (sd ~ 38). Each count halved would
+# take about half of each margin.
+ROWS, LOOKUP_ROWS = 2000, 4000
 
 
 @pytest.fixture(autouse=True)
@@ -44,30 +53,43 @@ def _markov_params(seed, scale=2.0):
           "position_bias": jnp.asarray(rng.randn(16, VOCAB) * scale, jnp.float32)}
 
 
-def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=ROWS,
+@functools.lru_cache(maxsize=None)
+def _programs(settings, group):
+  """The jitted prefill and loop of `settings` (vmapped over batches of `group` rows), one pair per settings and
+  group shared by every test that samples with them: a later test neither traces nor lowers them again."""
+  prefill, run = functools.partial(loop.prefill, settings), functools.partial(loop.run, settings)
+  if group:
+    prefill = jax.vmap(prefill, in_axes=(None, None, 0, 0))
+    run = jax.vmap(run, in_axes=(None, None, 0, 0, 0, None, 0, 0, None))
+  return jax.jit(prefill), jax.jit(run)
+
+
+def _run(target_params, draft_params, gamma, temperature=1.0, top_k=0, top_p=1.0, seed=0, rows=None,
          decoder=MarkovDecoder(), drafter=None, input_ids=None, schedule="constant", spec=None, group=None,
-         tree=None):
-  """Samples `rows` outputs: one batch, or with `group`, rows // group batches of `group` rows decoded side by side
-  (vmapped), so that batch-wide decisions (fallback, the adaptive length) are taken by small batches. drafter:
-  None drafts with `decoder` (a model drafter of the target's kind) when gamma > 0."""
+         tree=None, fresh=False):
+  """Samples `rows` outputs (default: ROWS, or one per row of input_ids): one batch, or with `group`,
+  rows // group batches of `group` rows decoded side by side (vmapped), so that batch-wide decisions (fallback, the
+  adaptive length) are taken by small batches. drafter: None drafts with `decoder` (a model drafter of the target's
+  kind) when gamma > 0. fresh: trace the programs anew and keep them for no other test (tests that monkeypatch the
+  loop's functions)."""
   if drafter is None:
     drafter = ModelDrafter(decoder) if gamma else PlainDrafter()
   settings = loop.LoopSettings(target=decoder, drafter=drafter, gamma=gamma,
                                max_new_tokens=LENGTH, greedy=False, filtering=top_k > 0 or top_p < 1,
                                eos_ids=(EOS,), pad_id=0, schedule=schedule, tree=tree)
+  if rows is None:
+    rows = ROWS if input_ids is None else input_ids.shape[0]
   ids = jnp.ones((rows, 4), jnp.int32) if input_ids is None else input_ids
   input_lengths = jnp.full((ids.shape[0],), ids.shape[1], jnp.int32)
   # One seed for the batch, the row index folded in: every row draws independently.
   seeds, row_ids = np.full((rows,), seed, np.uint32), np.arange(rows, dtype=np.int32)
-  prefill, run = functools.partial(loop.prefill, settings), functools.partial(loop.run, settings)
   if group:
     ids, input_lengths, seeds, row_ids = (x.reshape((rows // group, group) + x.shape[1:])
                                           for x in (ids, input_lengths, seeds, row_ids))
-    prefill = jax.vmap(prefill, in_axes=(None, None, 0, 0))
-    run = jax.vmap(run, in_axes=(None, None, 0, 0, 0, None, 0, 0, None))
-  tc, dc, first = jax.jit(prefill)(target_params, draft_params, ids, input_lengths)
-  state = jax.jit(run)(target_params, draft_params, tc, dc, first,
-                       sampling.SamplingKnobs.create(temperature, top_k, top_p), seeds, row_ids, spec)
+  prefill, run = (_programs.__wrapped__ if fresh else _programs)(settings, group)
+  tc, dc, first = prefill(target_params, draft_params, ids, input_lengths)
+  state = run(target_params, draft_params, tc, dc, first, sampling.SamplingKnobs.create(temperature, top_k, top_p),
+              seeds, row_ids, spec)
   seqs, lengths = jax.device_get((state.sequences, state.lengths))
   seqs, lengths = seqs.reshape(rows, -1), lengths.reshape(rows)
   return [tuple(s[1:n]) for s, n in zip(seqs, lengths)], state
@@ -127,10 +149,10 @@ ADAPTIVE_KNOBS = schedules.SpeculationKnobs.create(draft_confidence=0.5, fallbac
                                                   draft_cost=0.1, prior_alpha=0.6)
 
 
-@pytest.mark.parametrize("schedule", ["heuristic", "adaptive"])
-@pytest.mark.parametrize("gamma,group", [(2, 1), (3, 2)])
+@pytest.mark.parametrize("schedule,gamma,group", [("heuristic", 2, 1), ("adaptive", 3, 2)])
 def test_lossless_with_adaptive_schedules(schedule, gamma, group):
-  """Batches of 1 and of 2 rows: in the latter, a row's draft length and resting also follow its neighbour's past."""
+  """Batches of 1 and of 2 rows: in the latter, a row's draft length and resting also follow its neighbour's past.
+  Each schedule and each batch size once (each case compiles a loop of its own)."""
   target, draft = _markov_params(0), _markov_params(1)
   samples, state = _run(target, draft, gamma, schedule=schedule, spec=ADAPTIVE_KNOBS, group=group)
   _assert_matches(samples, _markov_exact(target))
@@ -141,7 +163,7 @@ def test_lossless_with_adaptive_schedules(schedule, gamma, group):
   assert np.sum(rested & drafted) > ROWS // 10 and int(np.sum(stats.accepted)) > 0  # rows switched between both
 
 
-def _lookup_inputs(kind: str, rows=ROWS, width=6):
+def _lookup_inputs(kind: str, rows=LOOKUP_ROWS, width=6):
   """Inputs over the stub's vocabulary: "random" per row (the lookup proposes different tokens in different rows)
   or "fixed" (every row the same: a proposal is a function of the output so far)."""
   if kind == "fixed":
@@ -176,7 +198,7 @@ def test_a_broken_rule_is_caught(monkeypatch, drafter):
   jax.clear_caches()
   monkeypatch.setattr(verify, "residual_probs", lambda p, q: p)
   try:
-    samples, _ = _run(target, draft, gamma=3, **kw)
+    samples, _ = _run(target, draft, gamma=3, fresh=True, **kw)
   finally:
     monkeypatch.undo()
     jax.clear_caches()
@@ -200,7 +222,7 @@ def test_a_length_rule_that_peeks_at_the_verdict_is_caught(monkeypatch):
   monkeypatch.setattr(verify, "accept_sampled", peeking)
   try:
     samples, _ = _run(target, draft, gamma=3, schedule="heuristic",
-                      spec=schedules.SpeculationKnobs.create(draft_confidence=0.5))
+                      spec=schedules.SpeculationKnobs.create(draft_confidence=0.5), fresh=True)
   finally:
     monkeypatch.undo()
     jax.clear_caches()
@@ -244,19 +266,21 @@ def test_lossless_with_real_tiny_t5_pair():
                      scale_decoder_outputs=False, eos_token_id=EOS)
   dcfg = t5.T5Config(vocab_size=VOCAB, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1,
                      num_heads=2, eos_token_id=EOS)
-  tparams = t5.init_params(tcfg, jax.random.key(0))
-  dparams = t5.init_params(dcfg, jax.random.key(1))
+  init = jax.jit(t5.init_params, static_argnums=0)  # one program per config, not one per parameter shape
+  tparams, dparams = init(tcfg, jax.random.key(0)), init(dcfg, jax.random.key(1))
   prompt = jnp.asarray([[2, 3, 1]], jnp.int32)
   temperature = 0.8
 
-  forward = jax.jit(lambda ids: t5.forward(tparams, tcfg, prompt, ids))  # one program per prefix length
-
-  def next_probs(prefix):
-    logits = forward(jnp.asarray([prefix], jnp.int32))
-    return np_warp(np.asarray(logits[0, -1]), temperature)
-
   with jax.numpy_rank_promotion("allow"):  # the T5 model's code is not rank-strict
-    exact = exact_sequence_probs(next_probs, VOCAB, LENGTH, EOS, START)
+    # Every decoder prefix's next-token logits from one teacher-forced pass (the decoder is causal): START then each
+    # of the (VOCAB - 1)^(LENGTH - 1) continuations without EOS; position k holds those of the prefix of k + 1.
+    tokens = [t for t in range(VOCAB) if t != EOS]
+    rows = np.asarray([(START,) + c for c in itertools.product(tokens, repeat=LENGTH - 1)], np.int32)
+    logits = np.asarray(jax.jit(t5.forward, static_argnums=1)(tparams, tcfg, jnp.tile(prompt, (len(rows), 1)),
+                                                              jnp.asarray(rows)))
+    prefix_logits = {tuple(row[:k + 1]): row_logits[k] for row, row_logits in zip(rows, logits) for k in range(LENGTH)}
+    exact = exact_sequence_probs(lambda prefix: np_warp(prefix_logits[tuple(prefix)], temperature), VOCAB, LENGTH,
+                                 EOS, START)
     samples, state = _run(tparams, dparams, gamma=2, temperature=temperature, decoder=t5.T5Decoder(tcfg),
                           drafter=ModelDrafter(t5.T5Decoder(dcfg)), input_ids=jnp.tile(prompt, (ROWS, 1)))
   _assert_matches(samples, exact)
@@ -271,8 +295,13 @@ def test_sample_draws_each_token_with_its_probability(vocab):
   probs[rng.integers(vocab)] += 0.05  # at least one token with mass
   probs = probs / probs.sum()
   rows = 4  # several rows drawn at once must each follow the distribution
+  # Draws n = keys * rows: a bug that moves one token's mass p to another of similar mass adds ~ 2 n p to the
+  # statistic. Vocabulary 300 (179 tokens with mass; 147 dof, limit 237 at n = 200k): the median token's p ~ 1.2e-3
+  # adds ~ 480 (sd ~ 47: 8 sd past the limit), so it keeps 200k draws; vocabulary 5 (3 tokens with mass, 2 dof,
+  # limit 27): a token of p >= 0.06 adds >= 6000 at n = 50k.
+  keys = 50_000 if vocab > 5 else 12_500
   draws = jax.jit(jax.vmap(lambda k: sampling.sample(k, jnp.tile(jnp.asarray(probs, jnp.float32), (rows, 1)))))(
-      jax.random.split(jax.random.key(3), 50_000))
+      jax.random.split(jax.random.key(3), keys))
   draws = np.asarray(draws).reshape(-1)
   assert probs[draws].min() > 0  # never a token without mass
   _assert_matches([(int(t),) for t in draws], {(i,): float(p) for i, p in enumerate(probs) if p > 0})
@@ -293,17 +322,17 @@ def test_sampled_children_accept_more_than_deterministic_ones(monkeypatch):
   min(1, p / q); the deterministic-candidate rule (q's top k, each accepted with probability p(x)) accepts less
   when q is close to p (a draft far from the target can do better with its top k). Same pair, tree and rows;
   when p == q the first draw at every node is always accepted: every iteration accepts its whole
-  depth (bar EOS)."""
+  depth (bar EOS). ROWS rows: the honest runs reuse test_lossless_with_trees's compiled programs."""
   target, other = _markov_params(0, scale=0.7), _markov_params(1, scale=0.7)  # broad p, as at temperature 1
   draft = jax.tree.map(lambda t, o: t + 0.3 * o, target, other)  # a draft close to the target, as trained ones are
-  _, drawn = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
-  _, same = _run(target, target, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
+  _, drawn = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4))
+  _, same = _run(target, target, gamma=2, tree=Tree(top_k=2, nodes=4))
   top_k = tree._children  # the deterministic rule's tree: q's top k, each sibling accepted with p(x)
   monkeypatch.setattr(tree, "_children", lambda logprobs, k, keys: top_k(logprobs, k, None))
   monkeypatch.setattr(loop.tree_verify, "accept_tree_recursive",
                       lambda key, tokens, parents, p, siblings, path_size: tree_verify.accept_tree_sampled(
                           key, tokens, parents, p, path_size))
-  _, deterministic = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4), rows=1000)
+  _, deterministic = _run(target, draft, gamma=2, tree=Tree(top_k=2, nodes=4), fresh=True)
   rate = lambda state: float(state.stats.accepted.sum() / state.stats.iterations.sum())
   print("accepted per iteration: drawn", rate(drawn), "deterministic", rate(deterministic), "p == q", rate(same))
   assert rate(drawn) > 1.1 * rate(deterministic), (rate(drawn), rate(deterministic))
@@ -333,11 +362,11 @@ def test_a_broken_tree_rule_is_caught(monkeypatch, drafter):
     monkeypatch.setattr(tree_verify, "_residual", lambda p_node, tokens, rejected: p_node)
   if drafter.startswith("model"):
     target = _markov_params(0)
-    samples, _ = _run(target, _markov_params(1), gamma=2, tree=Tree(top_k=2, nodes=4))
+    samples, _ = _run(target, _markov_params(1), gamma=2, tree=Tree(top_k=2, nodes=4), fresh=True)
   else:
     target = _markov_params(0, scale=1.0)
     samples, _ = _run(target, None, 2, drafter=ngram.NGramDrafter(max_ngram=2), input_ids=_lookup_inputs("fixed"),
-                      tree=Tree(top_k=3, nodes=6))  # fixed inputs: see test_a_broken_rule_is_caught
+                      tree=Tree(top_k=3, nodes=6), fresh=True)  # fixed inputs: see test_a_broken_rule_is_caught
   stat, dof = chi_square(samples, _markov_exact(target))
   assert stat > chi_square_limit(dof), (stat, dof)
 
