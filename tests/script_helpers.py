@@ -6,8 +6,10 @@ subprocess on CPU; `script_env`, its environment; `run_scripts`, several at once
 import atexit
 import concurrent.futures
 import functools
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -129,3 +131,91 @@ def assert_one_line_error(res, *needles: str) -> None:
   assert "Traceback" not in res.stderr, res.stderr[-3000:]
   for needle in needles:
     assert needle in res.stderr, (needle, res.stderr[-3000:])
+
+
+# Launch-script runs forked from one interpreter that has imported what every run imports (JAX,
+# jaxspec, transformers' tokenizer: most of a short run's time) and forks a fresh process per run, which runs the
+# script as `python launch/translate.py ARGS` does (`runpy`, argv, stdin, stdout and stderr its own, its exit
+# status; a traceback printed as the interpreter prints one). JAX's backend starts in each run, after the fork.
+_FORKING_RUNNER = r"""
+import atexit, json, os, runpy, sys, traceback
+spec = json.load(open(sys.argv[1]))
+import jaxspec, absl.app, absl.flags
+from jaxspec.bench import tune
+from jaxspec.cli import flags, jobs, resume
+from jaxspec.tokenizer import load_tokenizer
+from jaxspec.tools import inputs
+load_tokenizer(spec["tokenizer"])  # imports what the first tokenizer load imports
+from jax._src import xla_bridge
+assert not xla_bridge.backends_are_initialized(), "forking after JAX started its backend"
+
+
+def child(run, d):
+  fds = [os.open(run["stdin"] or os.devnull, os.O_RDONLY),
+         os.open(os.path.join(d, "stdout"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+         os.open(os.path.join(d, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)]
+  for target, fd in enumerate(fds):
+    os.dup2(fd, target)
+  sys.argv = list(run["args"])
+  sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+  code = 0
+  try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+  except SystemExit as e:
+    code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+    if not isinstance(e.code, (int, type(None))):
+      print(e.code, file=sys.stderr)
+  except BaseException:
+    traceback.print_exc()
+    code = 1
+  atexit._run_exitfuncs()
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(code)
+
+
+running, pending = {}, list(enumerate(spec["runs"]))
+while pending or running:
+  while pending and len(running) < spec["parallel"]:
+    i, run = pending.pop(0)
+    d = os.path.join(spec["dir"], str(i))
+    os.makedirs(d)
+    pid = os.fork()
+    if pid == 0:
+      child(run, d)
+    running[pid] = d
+  pid, status = os.wait()
+  with open(os.path.join(running.pop(pid), "rc"), "w") as f:
+    f.write(str(os.waitstatus_to_exitcode(status)))
+"""
+
+
+def run_forked(runs: list, timeout: int = 600) -> list[subprocess.CompletedProcess]:
+  """`run_scripts`' runs (each an argument list, or (arguments, stdin)) forked from one interpreter
+  (_FORKING_RUNNER) with `script_env`, as many at a time as there are CPUs; in order. For runs that start many
+  times a script whose imports dominate (tests/cli/test_launch_translate.py)."""
+  runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
+  with tempfile.TemporaryDirectory(prefix="translate-runs-") as d:
+    for i, (_, stdin) in enumerate(runs):
+      if stdin is not None:
+        with open(os.path.join(d, f"stdin{i}"), "wb") as f:
+          f.write(stdin)
+    spec = {"dir": d, "parallel": os.cpu_count() or 1, "tokenizer": EMBEDDED_TOKENIZER,
+            "runs": [{"args": args, "stdin": None if stdin is None else os.path.join(d, f"stdin{i}")}
+                     for i, (args, stdin) in enumerate(runs)]}
+    with open(os.path.join(d, "spec.json"), "w") as f:
+      json.dump(spec, f)
+    with subprocess.Popen([sys.executable, "-c", _FORKING_RUNNER, os.path.join(d, "spec.json")], cwd=ROOT,
+                          env=script_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, start_new_session=True) as runner:
+      try:
+        log = runner.communicate(timeout=timeout)[0].decode(errors="replace")
+      except subprocess.TimeoutExpired:
+        os.killpg(runner.pid, signal.SIGKILL)  # the runner and every run it forked
+        raise
+    assert runner.returncode == 0, log[-3000:]
+    out = []
+    for i, (args, _) in enumerate(runs):
+      read = lambda name, i=i: open(os.path.join(d, str(i), name), encoding="utf-8", errors="replace").read()
+      out.append(subprocess.CompletedProcess(args, int(read("rc")), read("stdout"), read("stderr")))
+    return out

@@ -12,8 +12,7 @@ import pytest
 import jaxspec
 from jaxspec.cli import jobs
 from jaxspec.errors import CheckpointError
-from script_helpers import assert_one_line_error, run_script, run_scripts, tiny_head, tiny_pair
-
+from script_helpers import assert_one_line_error, run_forked, tiny_head, tiny_pair
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
@@ -27,113 +26,117 @@ def _lines(path) -> list[str]:
   return text[:-1].split("\n")
 
 
-def test_every_tsv_row_gives_one_output_line(models, tmp_path):
-  """Item 1: rows whose German column is empty or missing were skipped (2 output lines for 4 rows)."""
-  tsv = tmp_path / "in.tsv"
-  tsv.write_text("en\tde\nThe house is small.\t\nHello.\tHallo.\nGood morning.\nThank you.\tDanke.\n")
-  # An English-only TSV (no 'de' column at all) gives the same lines: none skipped, none shifted.
-  en_only = tmp_path / "en_only.tsv"
-  en_only.write_text("en\nThe house is small.\nHello.\nGood morning.\nThank you.\n")
-  out = tmp_path / "out.txt"
-  for res in run_scripts([["launch/translate.py", f"--input={tsv}", f"--output={out}", "--nocompare"] + models,
-                          ["launch/translate.py", f"--input={en_only}", f"--output={tmp_path / 'en_only.txt'}",
-                           "--nocompare"] + models]):
-    assert res.returncode == 0, res.stderr[-3000:]
-  lines = _lines(out)
-  assert len(lines) == 4, lines
-  assert _lines(tmp_path / "en_only.txt") == lines
-
-
-def test_resume_redoes_a_partial_last_line_and_refuses_a_longer_output(models, tmp_path):
-  """Item 5: a partial last line counted as done (the rest shifted); a longer output 'resumed' at 100 of 60."""
-  inputs = tmp_path / "in.txt"
-  inputs.write_text("The house is small.\nHello.\nGood morning.\nThank you.\n")
-  full = tmp_path / "full.txt"
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={full}", "--nocompare"] + models)
-  assert res.returncode == 0, res.stderr[-3000:]
-  expected = _lines(full)
-  out = tmp_path / "out.txt"
-  out.write_text(expected[0] + "\n" + expected[1] + "\n" + "Das Ha")  # killed in the middle of line 3
-  shutil.copy(f"{full}.jaxspec.json", f"{out}.jaxspec.json")  # what the run wrote first (jaxspec.cli.resume)
-  too_long = tmp_path / "too_long.txt"
-  too_long.write_text("a\nb\nc\nd\ne\nf\n")
-  shutil.copy(f"{full}.jaxspec.json", f"{too_long}.jaxspec.json")
-  res, refused = run_scripts([["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models,
-                              ["launch/translate.py", f"--input={inputs}", f"--output={too_long}"] + models])
-  assert res.returncode == 0, res.stderr[-3000:]
-  assert "resuming: 2 of 4" in res.stderr
-  assert _lines(out) == expected
-  assert_one_line_error(refused, "already has 6 lines, more than the 4 inputs")
-  assert too_long.read_text() == "a\nb\nc\nd\ne\nf\n"  # left as it was
-
-
-def test_sampled_lines_do_not_depend_on_batch_size_or_resume_point(models, tmp_path):
-  """Item 8: one seed for every batch made a line's sample depend on the batch size and the resume point."""
-  inputs = tmp_path / "in.txt"
-  inputs.write_text("The house is small.\nHello.\nGood morning.\nThank you.\nThe dog is big.\n")
-  sample = ["--temperature=1.0", "--seed=11", "--nocompare", "--max_new_tokens=6"]
-  outs = {batch: tmp_path / f"b{batch}.txt" for batch in (1, 3)}
-  for res in run_scripts([["launch/translate.py", f"--input={inputs}", f"--output={path}", f"--batch_size={batch}"]
-                          + models + sample for batch, path in outs.items()]):
-    assert res.returncode == 0, res.stderr[-3000:]
-  assert _lines(outs[1]) == _lines(outs[3])
-  resumed = tmp_path / "resumed.txt"
-  resumed.write_text("\n".join(_lines(outs[1])[:2]) + "\n")
-  shutil.copy(f"{outs[1]}.jaxspec.json", f"{resumed}.jaxspec.json")  # the batch size is not part of it
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={resumed}", "--batch_size=2"]
-                   + models + sample)
-  assert res.returncode == 0, res.stderr[-3000:]
-  assert _lines(resumed) == _lines(outs[1])
-
-
 BAD_KNOBS = [
     ("--seed=-1", "--seed=-1"), (f"--seed={2**31}", f"--seed={2**31}"),  # item 8: outside [0, 2**31 - 1]
     ("--batch_size=0", "--batch_size=0"), ("--batch_size=-1", "--batch_size=-1"),  # item 10
     ("--top_p=0", "--top_p"), ("--temperature=-1", "--temperature"), ("--top_k=-3", "--top_k"),
     ("--gamma=0", "--gamma=0"), ("--max_new_tokens=0", "--max_new_tokens=0"), ("--mesh=data:x", "--mesh"),
 ]
+FOUR = "The house is small.\nHello.\nGood morning.\nThank you.\n"
+SAMPLE = ["--temperature=1.0", "--seed=11", "--nocompare", "--max_new_tokens=6"]  # the sampled runs' settings
 
 
 @pytest.fixture(scope="module")
-def bad_knob_runs():
-  """Every BAD_KNOBS case's run, as many at a time as there are CPUs."""
-  return run_scripts([["launch/translate.py", flag, "--target=no-such-model"] for flag, _ in BAD_KNOBS])
+def runs(models, tmp_path_factory):
+  """Every launch/translate.py run of this module (`run_forked`), as many at a time as there are CPUs: first all
+  those that need nothing, then the two that need a first output (the resume and the refused longer output).
+  (directory, {name: CompletedProcess})."""
+  d = tmp_path_factory.mktemp("translate")
+  (d / "in.tsv").write_text("en\tde\nThe house is small.\t\nHello.\tHallo.\nGood morning.\nThank you.\tDanke.\n")
+  (d / "en_only.tsv").write_text("en\n" + FOUR)  # no 'de' column at all
+  (d / "five.txt").write_text(FOUR + "The dog is big.\n")
+  (d / "latin1.txt").write_bytes("Good morning.\nGrüße aus Köln.\n".encode("latin-1"))
+  (d / "headless.tsv").write_text("The house is small.\tDas Haus ist klein.\n")
+  script = ["launch/translate.py"]
+  first = {
+      "tsv": script + [f"--input={d / 'in.tsv'}", f"--output={d / 'tsv.txt'}", "--nocompare"] + models,
+      "en_only": script + [f"--input={d / 'en_only.tsv'}", f"--output={d / 'en_only.txt'}", "--nocompare"] + models,
+      "sampled": script + [f"--input={d / 'five.txt'}", f"--output={d / 'sampled.txt'}", "--batch_size=1"]
+                 + models + SAMPLE,
+      "stdin": (script + ["--input=-", "--nocompare"] + models, b"Hello.\n\nThank you.\n"),
+      "caches": (script + ["--input=-", "--nocompare"] + models + ["--max_new_tokens=1000000000"], b"Hello.\n"),
+      "latin1": script + [f"--input={d / 'latin1.txt'}"] + models,
+      "stdin_latin1": (script + ["--input=-"] + models, b"ok\n\xe4\n"),
+      "headless": script + [f"--input={d / 'headless.tsv'}"] + models,
+      "missing": script + [f"--input={d / 'missing.txt'}"] + models,
+      **{flag: script + [flag, "--target=no-such-model"] for flag, _ in BAD_KNOBS},
+  }
+  res = dict(zip(first, run_forked(list(first.values()))))
+  if res["sampled"].returncode == 0:
+    done = _lines(d / "sampled.txt")
+    # A run killed in the middle of line 3 (what it wrote first, the fingerprint: jaxspec.cli.resume), resumed
+    # with another batch size; and an output longer than the input, with the same fingerprint.
+    (d / "resumed.txt").write_text(done[0] + "\n" + done[1] + "\n" + "Das Ha")
+    (d / "too_long.txt").write_text("a\nb\nc\nd\ne\nf\n")
+    for name in ("resumed", "too_long"):
+      shutil.copy(d / "sampled.txt.jaxspec.json", d / f"{name}.txt.jaxspec.json")
+    second = {name: script + [f"--input={d / 'five.txt'}", f"--output={d / f'{name}.txt'}", "--batch_size=2"]
+              + models + SAMPLE for name in ("resumed", "too_long")}
+    res.update(zip(second, run_forked(list(second.values()))))
+  return d, res
+
+
+def test_every_tsv_row_gives_one_output_line(runs):
+  """Item 1: rows whose German column is empty or missing were skipped (2 output lines for 4 rows)."""
+  d, res = runs
+  for name in ("tsv", "en_only"):
+    assert res[name].returncode == 0, res[name].stderr[-3000:]
+  lines = _lines(d / "tsv.txt")
+  assert len(lines) == 4, lines
+  # An English-only TSV (no 'de' column at all) gives the same lines: none skipped, none shifted.
+  assert _lines(d / "en_only.txt") == lines
+
+
+def test_resume_redoes_a_partial_last_line_and_refuses_a_longer_output(runs):
+  """Item 5: a partial last line counted as done (the rest shifted); a longer output 'resumed' at 100 of 60.
+  (The resumed output is the sampled run's of the next test, cut in the middle of its line 3.)"""
+  d, res = runs
+  assert res["sampled"].returncode == 0, res["sampled"].stderr[-3000:]
+  assert res["resumed"].returncode == 0, res["resumed"].stderr[-3000:]
+  assert "resuming: 2 of 5" in res["resumed"].stderr
+  assert _lines(d / "resumed.txt") == _lines(d / "sampled.txt")
+  assert_one_line_error(res["too_long"], "already has 6 lines, more than the 5 inputs")
+  assert (d / "too_long.txt").read_text() == "a\nb\nc\nd\ne\nf\n"  # left as it was
+
+
+def test_sampled_lines_do_not_depend_on_batch_size_or_resume_point(runs):
+  """Item 8: one seed for every batch made a line's sample depend on the batch size and the resume point. Five
+  lines sampled one per batch, then resumed after line 2 two per batch (lines 3 and 4 in one batch, line 5 with
+  a padding row): each line as the first run sampled it."""
+  d, res = runs
+  assert res["sampled"].returncode == 0, res["sampled"].stderr[-3000:]
+  assert res["resumed"].returncode == 0, res["resumed"].stderr[-3000:]
+  sampled = _lines(d / "sampled.txt")
+  assert len(sampled) == 5
+  assert _lines(d / "resumed.txt") == sampled  # the batch size is not part of the fingerprint
 
 
 @pytest.mark.parametrize("flag, needle", BAD_KNOBS)
-def test_bad_knobs_stop_before_any_model_loads(flag, needle, bad_knob_runs):
+def test_bad_knobs_stop_before_any_model_loads(flag, needle, runs):
   """Item 10: knob errors came as tracebacks after the models loaded; -1 rows exited 0 having written nothing."""
-  res = bad_knob_runs[BAD_KNOBS.index((flag, needle))]
+  res = runs[1][flag]
   assert_one_line_error(res, needle)
   assert "no-such-model" not in res.stderr  # the flags were checked first
 
 
-def test_unreadable_inputs_are_named_with_their_line(models, tmp_path):
+def test_unreadable_inputs_are_named_with_their_line(runs):
   """Item 10: a non-UTF-8 file (UnicodeDecodeError, no line number), stdin, a TSV without its header."""
-  latin = tmp_path / "latin1.txt"
-  latin.write_bytes("Good morning.\nGrüße aus Köln.\n".encode("latin-1"))
-  headless = tmp_path / "headless.tsv"
-  headless.write_text("The house is small.\tDas Haus ist klein.\n")
-  runs = run_scripts([["launch/translate.py", f"--input={latin}"] + models,
-                      (["launch/translate.py", "--input=-"] + models, b"ok\n\xe4\n"),
-                      ["launch/translate.py", f"--input={headless}"] + models,
-                      ["launch/translate.py", f"--input={tmp_path / 'missing.txt'}"] + models])
-  for res, needle in zip(runs, (f"{latin}: line 2 is not valid UTF-8", "<stdin>: line 2 is not valid UTF-8",
-                                "no 'en' column", "missing.txt: no such file"), strict=True):
-    assert_one_line_error(res, needle)
+  d, res = runs
+  for name, needle in (("latin1", f"{d / 'latin1.txt'}: line 2 is not valid UTF-8"),
+                       ("stdin_latin1", "<stdin>: line 2 is not valid UTF-8"), ("headless", "no 'en' column"),
+                       ("missing", "missing.txt: no such file")):
+    assert_one_line_error(res[name], needle)
 
 
-def test_stdin_lines_are_translated(models):
-  res = run_script(["launch/translate.py", "--input=-", "--nocompare"] + models, stdin=b"Hello.\n\nThank you.\n")
+def test_stdin_lines_are_translated(runs):
+  res = runs[1]["stdin"]
   assert res.returncode == 0, res.stderr[-3000:]
   assert res.stdout.count("  -> ") == 3 and "== summary" in res.stdout
 
 
-def test_caches_too_large_end_with_one_line(models):
+def test_caches_too_large_end_with_one_line(runs):
   """A max_new_tokens whose caches cannot fit ended in a CacheTooLargeError traceback; now one line, exit 1."""
-  res = run_script(["launch/translate.py", "--input=-", "--nocompare"] + models + ["--max_new_tokens=1000000000"],
-                   stdin=b"Hello.\n")
-  assert_one_line_error(res, "GiB free")
+  assert_one_line_error(runs[1]["caches"], "GiB free")
 
 
 def test_a_feature_head_translates_as_plain_decoding(models, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import struct
 
 import jax
@@ -126,43 +127,61 @@ def tiny_setup(tmp_path_factory):
   return root, common, tiny
 
 
-def test_training_resumes_and_distils(tiny_setup):
+@pytest.fixture(scope="module")
+def training_runs(tiny_setup):
+  """The launch/train.py runs of the two tests below, as many at a time as there are CPUs: a target trained 10
+  steps and, beside it, one trained 12 steps at a high learning rate exporting its best dev loss; then, from the
+  first's workdir and its export (copied: the resume replaces the export), the resume with a longer schedule, a
+  target continued from the export in a new workdir and a draft distilled from it. {name: CompletedProcess}."""
   root, common, tiny = tiny_setup
-  workdir = root / "target"
-  first = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                      "--config.train_steps=10"] + common + tiny + ["--config.dev_bleu_sentences=4"])
+  target = ["launch/train.py", "--config=configs/ende.py:target"]
+  first, best = run_scripts([
+      target + [f"--workdir={root / 'target'}", "--config.train_steps=10"] + common + tiny
+      + ["--config.dev_bleu_sentences=4"],
+      target + [f"--workdir={root / 'best'}", "--config.train_steps=12", "--config.export_best=true",
+                "--config.learning_rate=0.05"] + common + tiny + ["--config.eval_every=3"]])
+  runs = {"first": first, "best": best}
+  if first.returncode == 0:
+    shutil.copytree(root / "target" / "export", root / "first_export")
+    # The continued target keeps the first's schedule (10 steps): its train program is the first's, compiled.
+    names = ("second", "continued", "draft")
+    runs.update(zip(names, run_scripts([
+        target + [f"--workdir={root / 'target'}", "--config.train_steps=15"] + common + tiny,
+        target + [f"--workdir={root / 'continued'}", f"--config.init_from={root / 'first_export'}",
+                  "--config.train_steps=10"] + common + tiny,
+        ["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
+         f"--config.teacher={root / 'first_export'}", "--config.train_steps=5"] + common + tiny])))
+  return runs
+
+
+def test_training_resumes_and_distils(tiny_setup, training_runs):
+  root, _, _ = tiny_setup
+  first = training_runs["first"]
   assert first.returncode == 0, first.stderr[-3000:]
   assert "step 10/10" in first.stdout and "eval step 10: dev loss" in first.stdout
   assert "dev BLEU" in first.stdout and "(greedy, 4 natural sentences)" in first.stdout
   # A second run with a longer schedule continues from the saved step instead of starting over.
-  second = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                       "--config.train_steps=15"] + common + tiny)
+  second = training_runs["second"]
   assert second.returncode == 0, second.stderr[-3000:]
   assert "resumed from step 10" in second.stdout and "step 15/15" in second.stdout
   assert "step 5/" not in second.stdout
-  target = jaxspec.load(str(workdir / "export"))
+  target = jaxspec.load(str(root / "target" / "export"))
   assert target.tokenizer is not None and target.config.d_model == 16
-  # Continuing from a saved model in a new workdir starts from its weights, not from a random init; a draft
-  # distils from it (the two runs side by side).
-  cont, draft = run_scripts([
-      ["launch/train.py", "--config=configs/ende.py:target", f"--workdir={root / 'continued'}",
-       f"--config.init_from={workdir / 'export'}", "--config.train_steps=5"] + common + tiny,
-      ["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
-       f"--config.teacher={workdir / 'export'}", "--config.train_steps=5"] + common + tiny])
+  # Continuing from a saved model (the first run's) in a new workdir starts from its weights, not from a random
+  # init; a draft distils from it.
+  cont, draft = training_runs["continued"], training_runs["draft"]
   assert cont.returncode == 0, cont.stderr[-3000:]
   first_ce = float(first.stdout.split("step 5/10")[1].split("| ce ")[1].split()[0])
-  cont_ce = float(cont.stdout.split("step 5/5")[1].split("| ce ")[1].split()[0])
+  cont_ce = float(cont.stdout.split("step 5/10")[1].split("| ce ")[1].split()[0])
   assert cont_ce < first_ce
   assert draft.returncode == 0, draft.stderr[-3000:]
   assert " kl " in draft.stdout
 
 
-def test_training_exports_the_best_dev_loss(tiny_setup):
-  root, common, tiny = tiny_setup
+def test_training_exports_the_best_dev_loss(tiny_setup, training_runs):
+  root, _, _ = tiny_setup
   workdir = root / "best"
-  res = run_script(["launch/train.py", "--config=configs/ende.py:target", f"--workdir={workdir}",
-                    "--config.train_steps=12", "--config.export_best=true", "--config.learning_rate=0.05"]
-                   + common + tiny + ["--config.eval_every=3"])
+  res = training_runs["best"]
   assert res.returncode == 0, res.stderr[-3000:]
   evals = {int(line.split()[2].rstrip(":")): float(line.split("dev loss ")[1].split()[0])
            for line in res.stdout.splitlines() if line.startswith("eval step")}
@@ -180,40 +199,40 @@ def test_translate_script(tiny_setup, tmp_path):
                     num_heads=2)
   for name, seed in (("t", 0), ("d", 1)):
     jaxspec.save(jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), tok), str(tmp_path / name))
-  models = [f"--target={tmp_path / 't'}", f"--draft={tmp_path / 'd'}", "--max_new_tokens=8"]
-  inputs = tmp_path / "in.txt"
+  models = [f"--target={tmp_path / 't'}", f"--draft={tmp_path / 'd'}", "--max_new_tokens=8",
+            "--max_input_length=16"]
+  inputs, longer = tmp_path / "in.txt", tmp_path / "longer.txt"
   inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\n")
+  longer.write_text(inputs.read_text() + "word " * 200 + "\n")  # one line more, longer than 16 tokens
+  other = tmp_path / "other_tok"  # a draft whose tokenizer differs
+  from transformers import AutoTokenizer
+  shutil.copytree(tmp_path / "d", other)
+  hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
+  hf_tok.add_tokens(["<extra_word>"])
+  hf_tok.save_pretrained(str(other))
   out = tmp_path / "out.txt"
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models)
+  # Side by side: the run to resume, and bad input (a too-long line refused, an unknown model, a draft whose
+  # tokenizer differs).
+  res, refused, unknown, differs = run_scripts([
+      ["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models,
+      ["launch/translate.py", f"--input={longer}", "--long_inputs=refuse"] + models,
+      ["launch/translate.py", "--target=no-such-model"],
+      ["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"]])
   assert res.returncode == 0, res.stderr[-3000:]
   lines = out.read_text().split("\n")
   assert len(lines) == 5 and lines[1] == ""  # one output line per input line, the empty one kept empty
   for key in ("alpha", "tokens per iteration", "acceptance per draft position", "speedup",
               "expected", "identical to plain greedy output: True"):
     assert key in res.stdout
-  # Resuming: a run over a longer input appends only the new lines.
-  inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\nThe cat sleeps.\n")
-  res = run_script(["launch/translate.py", f"--input={inputs}", f"--output={out}", "--nocompare"] + models)
-  assert res.returncode == 0 and "resuming: 4 of 5" in res.stderr
-  assert out.read_text().split("\n")[:4] == lines[:4] and len(out.read_text().split("\n")) == 6
-  # Bad input: a too-long line refused (or truncated), an unknown model, a draft whose tokenizer differs.
-  inputs.write_text("word " * 200 + "\n")
-  other = tmp_path / "other_tok"
-  from transformers import AutoTokenizer
-  import shutil
-  shutil.copytree(tmp_path / "d", other)
-  hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
-  hf_tok.add_tokens(["<extra_word>"])
-  hf_tok.save_pretrained(str(other))
-  refused, truncated, unknown, differs = run_scripts([
-      ["launch/translate.py", f"--input={inputs}", "--long_inputs=refuse", "--max_input_length=16"] + models,
-      ["launch/translate.py", f"--input={inputs}", "--max_input_length=16", "--nocompare"] + models,
-      ["launch/translate.py", "--target=no-such-model"],
-      ["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"]])
-  assert refused.returncode != 0 and "more than --max_input_length=16" in refused.stderr
-  assert truncated.returncode == 0 and "truncated to 16" in truncated.stderr
+  assert refused.returncode != 0 and "line 5 has" in refused.stderr
+  assert "more than --max_input_length=16" in refused.stderr
   assert unknown.returncode != 0 and "Unknown model 'no-such-model'" in unknown.stderr
   assert differs.returncode != 0 and "tokenizer" in differs.stderr and "differs" in differs.stderr
+  # Resuming: a run over a longer input appends only the new line, its too-long line truncated (the default).
+  res = run_script(["launch/translate.py", f"--input={longer}", f"--output={out}", "--nocompare"] + models)
+  assert res.returncode == 0 and "resuming: 4 of 5" in res.stderr, res.stderr[-3000:]
+  assert "line 5 has" in res.stderr and "truncated to 16" in res.stderr
+  assert out.read_text().split("\n")[:4] == lines[:4] and len(out.read_text().split("\n")) == 6
 
 
 def test_domains_of_pairs_and_distillation_sources():
