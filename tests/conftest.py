@@ -89,26 +89,26 @@ def hf_dirs(tmp_path_factory):
 # these run first and the run ends on short files, not on one worker finishing a long file alone while the other
 # idles. A file not listed keeps its place after them.
 HEAVY_FILES = (
+    "tests/sharding/test_sharding.py",
+    "tests/cli/test_launch_translate.py",
     "tests/decoding/test_decoder_only_generate.py",
     "tests/bench/test_tune.py",
-    "tests/serving/test_slot_engine_drafters.py",
-    "tests/test_notebook.py",
-    "tests/sharding/test_sharding.py",
-    "tests/serving/test_budget.py",
-    "tests/serving/test_slot_engine.py",
-    "tests/serving/test_server_hosts.py",
     "tests/training/test_ende_pipeline.py",
+    "tests/serving/test_slot_engine_drafters.py",
     "tests/bench/test_benchmark.py",
+    "tests/test_notebook.py",
+    "tests/serving/test_server_hosts.py",
+    "tests/serving/test_slot_engine.py",
     "tests/decoding/test_adaptive.py",
-    "tests/decoding/test_sampling_lossless.py",
+    "tests/training/test_pair_v2_pipeline.py",
     "tests/decoding/test_head_trees.py",
-    "tests/serving/test_server.py",
+    "tests/decoding/test_sampling_lossless.py",
     "tests/serving/test_slot_engine_mesh.py",
+    "tests/cli/test_launch_generate.py",
+    "tests/cli/test_cli_safety.py",
+    "tests/cli/test_launch_tools.py",
     "tests/decoding/test_generate.py",
     "tests/decoding/test_head_drafter.py",
-    "tests/cli/test_launch_generate.py",
-    "tests/models/test_tree_step.py",
-    "tests/training/test_pair_v2_pipeline.py",
 )
 
 
