@@ -119,8 +119,11 @@ def run_script(args: list[str], stdin: bytes | None = None, timeout: int = 600) 
 
 def run_scripts(runs: list, timeout: int = 600) -> list[subprocess.CompletedProcess]:
   """`run_script` for independent runs (each an argument list, or (arguments, stdin)), as many at a time as there
-  are CPUs, in order: a short run's time is mostly the interpreter starting and importing JAX, one core's work."""
+  are CPUs, in order: a short run's time is mostly the interpreter starting and importing JAX, one core's work,
+  so three runs or more are forked from one interpreter that imported it once (`run_forked`)."""
   runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
+  if len(runs) >= 3:
+    return run_forked(runs, timeout=timeout * -(-len(runs) // (os.cpu_count() or 1)))
   with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 1) as pool:
     return list(pool.map(lambda r: run_script(r[0], r[1], timeout), runs))
 
@@ -192,10 +195,10 @@ while pending or running:
 
 def run_forked(runs: list, timeout: int = 600) -> list[subprocess.CompletedProcess]:
   """`run_scripts`' runs (each an argument list, or (arguments, stdin)) forked from one interpreter
-  (_FORKING_RUNNER) with `script_env`, as many at a time as there are CPUs; in order. For runs that start many
-  times a script whose imports dominate (tests/cli/test_launch_translate.py)."""
+  (_FORKING_RUNNER) with `script_env`, as many at a time as there are CPUs; in order; timeout for them all. For
+  many runs of scripts whose imports dominate (`run_scripts`' batches, tests/cli/test_launch_translate.py)."""
   runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
-  with tempfile.TemporaryDirectory(prefix="translate-runs-") as d:
+  with tempfile.TemporaryDirectory(prefix="script-runs-") as d:
     for i, (_, stdin) in enumerate(runs):
       if stdin is not None:
         with open(os.path.join(d, f"stdin{i}"), "wb") as f:
