@@ -25,7 +25,8 @@ from jaxspec.bench import report
 from jaxspec.errors import InputError, OutputError
 from jaxspec.models import t5
 from jaxspec.tokenizer import load_tokenizer
-from script_helpers import EMBEDDED_TOKENIZER, assert_one_line_error, run_script, run_scripts, tiny_pair
+from script_helpers import (EMBEDDED_TOKENIZER, assert_one_line_error, run_forked, run_script, run_scripts,
+                            tiny_pair)
 
 TEXTS = ["The house is small.", "", "Hello.", "Thank you."]
 SETTINGS = dict(draft="ngram", gamma=3, temperature=0.0, top_k=0, top_p=1.0, seed=0, max_new_tokens=8,
@@ -321,8 +322,8 @@ def test_the_default_draft_is_dropped_for_another_family(tmp_path):
   from decoder_only_models import write_hf_decoder  # pylint: disable=import-outside-toplevel
   target = str(tmp_path / "llama")
   write_hf_decoder(target, "llama2")
-  res, named = run_scripts([(["launch/generate.py", f"--target={target}", "--max_new_tokens=3"], b"hello\n"),
-                            (["launch/generate.py", f"--target={target}", "--draft=ende-draft"], b"hello\n")])
+  res, named = run_forked([(["launch/generate.py", f"--target={target}", "--max_new_tokens=3"], b"hello\n"),
+                           (["launch/generate.py", f"--target={target}", "--draft=ende-draft"], b"hello\n")])
   assert res.returncode == 0, res.stderr[-3000:]
   assert "decoding plainly" in res.stderr and "plain decoding:" in res.stdout
   assert_one_line_error(named, "tokenizer")  # named explicitly: still refused
