@@ -29,3 +29,17 @@ def test_heavy_files_go_first_and_the_rest_keep_their_order():
   conftest.pytest_collection_modifyitems(items)
   assert [i.nodeid for i in items] == [f"{heavy[0]}::t2", f"{heavy[0]}::t1", f"{heavy[1]}::t1", f"{heavy[1]}::t2",
                                        "tests/a/test_x.py::t1", "tests/test_y.py::t1", "tests/a/test_x.py::t2"]
+
+
+def test_the_compile_report_sums_each_files_tests(tmp_path):
+  """compile_report's table: workers' tests summed per file, slowest file first, and a total row."""
+  import json  # pylint: disable=import-outside-toplevel
+  import compile_report  # pylint: disable=import-outside-toplevel
+  compile_, hit = compile_report.COLUMNS["compile s"], compile_report.COLUMNS["cache hits"]
+  (tmp_path / "gw0.json").write_text(json.dumps({"tests/a.py::t1": {"wall": 3.0, compile_: 2.0, hit: 1},
+                                                 "tests/b.py::t1": {"wall": 1.0}}))
+  (tmp_path / "gw1.json").write_text(json.dumps({"tests/b.py::t2": {"wall": 4.0, compile_: 1.5, hit: 2}}))
+  lines = compile_report.table(str(tmp_path)).splitlines()
+  assert lines[2] == "| tests/b.py | 5 | 2 | 0 | 0 | 2 | 0 |"
+  assert lines[3] == "| tests/a.py | 3 | 2 | 0 | 0 | 1 | 0 |"
+  assert lines[4] == "| total | 8 | 4 | 0 | 0 | 3 | 0 |"
