@@ -23,7 +23,7 @@ from jaxspec import sharding
 from jaxspec.cli import flags as cli_flags
 from jaxspec.errors import SettingsError
 from jaxspec.checkpoint.plan import memory_plan
-from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB
+from jaxspec.sharding.memory_plan import DEVICE_MEMORY, MACHINES, GiB, most_that_fit
 
 _MODEL = flags.DEFINE_string("model", "t5-11b", "Target: a T5 shape name, an embedded name or a model directory.")
 _DRAFT = flags.DEFINE_string("draft", "t5-small", "Draft ('' = plain decoding).")
@@ -90,17 +90,9 @@ def _serving(shape: tuple[int, int], memory: int | None, name: str) -> None:
   print(f"  peak with a step's gathered rows: {need / GiB:.3f} GiB per device")
   if memory:
     budget = 0.9 * memory
-    fits = lambda k: peak(k * data) <= budget  # k slots per data device
-    low, high = 0, slots // data  # fits(low) (0: nothing), not fits(high)
-    if need <= budget:  # double until it does not fit (at most 2**20 slots per data device)
-      low, high = high, 2 * high
-      while fits(high) and high < 2**20:
-        low, high = high, 2 * high
-    while high - low > 1:
-      mid = (low + high) // 2
-      low, high = (mid, high) if fits(mid) else (low, mid)
+    most = most_that_fit(peak, budget, slots, step=data, limit=2**20 * data)
     verdict = "fits" if need <= budget else "does not fit"
-    print(f"{verdict} on {name} (90% usable); at most {low * data} slots fit at these lengths")
+    print(f"{verdict} on {name} (90% usable); at most {most} slots fit at these lengths")
 
 
 def main(argv):

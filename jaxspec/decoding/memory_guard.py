@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxspec.errors import CacheTooLargeError
 from jaxspec.sharding import DEFAULT_RULES, DRAFT_RULES
-from jaxspec.sharding.memory_plan import LoopShape, memory_plan
+from jaxspec.sharding.memory_plan import LoopShape, memory_plan, most_that_fit
 
 
 def free_bytes(device: jax.Device | None = None) -> int | None:
@@ -162,16 +162,13 @@ def check_slots(programs, where, target, source, slots: int, width: int, gathere
     return
   budget = headroom * free
   step = 1 if where is None else where.data
-  fits = lambda n: slots_need(programs, where, target, source, n, width, gathered(n)) <= budget
-  need = slots_need(programs, where, target, source, slots, width, gathered(slots))
+  need_of = lambda n: slots_need(programs, where, target, source, n, width, gathered(n))
+  need = need_of(slots)
   if need <= budget:
     return
-  low, high = 0, slots // step  # fits(low * step) (0: nothing), not fits(high * step)
-  while high - low > 1:
-    mid = (low + high) // 2
-    low, high = (mid, high) if fits(mid * step) else (low, mid)
+  low = most_that_fit(need_of, budget, slots, step=step, limit=slots)
   settings = max(programs, key=lambda s: s.slack)
-  most = (f"at most {low * step} slots fit at these lengths" if low else
+  most = (f"at most {low} slots fit at these lengths" if low else
           "not even " + (f"{step} slots (one per data device) fit" if step > 1 else "one slot fits") +
           " at these lengths: lower --max_new_tokens or --max_input_length")
   raise CacheTooLargeError(

@@ -20,6 +20,7 @@ from jaxspec.decoding.drafters import registry
 from jaxspec.models import decoder_only as do
 from jaxspec.models import eagle3, t5
 from jaxspec.models.decoder_only.llama import LlamaConfig
+from jaxspec.sharding import memory_plan
 
 V, H = 512, 32  # a vocabulary large enough that the loop's [B, T, V] buffers matter
 PROMPTS = [[5, 6, 7, 8, 5, 6, 1], [9, 10, 11, 1]]
@@ -155,3 +156,39 @@ def test_every_speculation_drafts_from_one_source_placed_one_way():
     if owner is head:  # the target's embedding the head reads stays the target's placed array
       embedding = on_mesh.params["embedding"]
       assert any(x is embedding for x in jax.tree.leaves(placed["embed"])) or "embedding" in head.params
+
+
+def _most_by_counting(need, budget, step, limit):
+  """The largest multiple of step (<= limit) that fits, by asking every one in turn (the reference)."""
+  most = 0
+  for n in range(step, limit + 1, step):
+    if need(n) > budget:
+      break
+    most = n
+  return most
+
+
+@pytest.mark.parametrize("shape", ["affine", "jumps", "concave"])
+def test_most_that_fit_finds_the_largest_fitting_count_in_few_plans(shape):
+  """`most_that_fit` (launch/plan.py's --slots search and the slot engine's refusal) equals counting up one by one
+  on nondecreasing needs: a plan's bytes, straight in the rows (with the gathered rows' jumps at powers of two, or
+  bent), over steps of 1, 2 and 4 rows, budgets from nothing fitting to everything fitting; on straight needs it
+  asks for at most 4 (each a traced plan), where halving from the known count asks for about log2 of it."""
+  rng = np.random.RandomState(["affine", "jumps", "concave"].index(shape))
+  for _ in range(300):
+    step = int(rng.choice([1, 2, 4]))
+    limit = step * int(rng.choice([1, 3, 40, 600]))
+    base, per, jump = int(rng.randint(0, 1000)), int(rng.randint(1, 50)), int(rng.randint(1, 400))
+    need = {"affine": lambda n: base + per * n, "jumps": lambda n: base + per * n + jump * n.bit_length(),
+            "concave": lambda n: base + per * n + int(30 * np.sqrt(n))}[shape]
+    budget = int(rng.randint(0, need(limit) + 2 * per))
+    known = step * int(rng.randint(1, limit // step + 1))
+    asked = []
+    most = memory_plan.most_that_fit(lambda n: (asked.append(n), need(n))[1], budget, known, step, limit)
+    assert most == _most_by_counting(need, budget, step, limit), (shape, step, limit, budget, known)
+    assert all(n % step == 0 and step <= n <= limit for n in asked), asked
+    if shape == "affine":
+      assert len(set(asked)) <= 4, (asked, budget, known)
+  assert memory_plan.most_that_fit(lambda n: 10 * n, 25, 8, limit=2**20) == 2  # from above
+  assert memory_plan.most_that_fit(lambda n: 10 * n, 10**9, 8, limit=2**20) == 2**20  # up to the limit
+  assert memory_plan.most_that_fit(lambda n: 10 * n, 5, 8) == 0  # not even one
