@@ -150,6 +150,7 @@ from jaxspec.tokenizer import load_tokenizer
 from jaxspec.tools import inputs
 load_tokenizer(spec["tokenizer"])  # imports what the first tokenizer load imports
 from jax._src import xla_bridge
+exec(spec["prelude"])  # the test's own changes, made once for every run (before the backend starts)
 assert not xla_bridge.backends_are_initialized(), "forking after JAX started its backend"
 
 
@@ -193,17 +194,18 @@ while pending or running:
 """
 
 
-def run_forked(runs: list, timeout: int = 600) -> list[subprocess.CompletedProcess]:
+def run_forked(runs: list, timeout: int = 600, prelude: str = "") -> list[subprocess.CompletedProcess]:
   """`run_scripts`' runs (each an argument list, or (arguments, stdin)) forked from one interpreter
   (_FORKING_RUNNER) with `script_env`, as many at a time as there are CPUs; in order; timeout for them all. For
-  many runs of scripts whose imports dominate (`run_scripts`' batches, tests/cli/test_launch_translate.py)."""
+  many runs of scripts whose imports dominate (`run_scripts`' batches, tests/cli/test_launch_translate.py).
+  prelude: Python run in that interpreter before the first fork (e.g. a smaller shape behind a public name)."""
   runs = [r if isinstance(r, tuple) else (r, None) for r in runs]
   with tempfile.TemporaryDirectory(prefix="script-runs-") as d:
     for i, (_, stdin) in enumerate(runs):
       if stdin is not None:
         with open(os.path.join(d, f"stdin{i}"), "wb") as f:
           f.write(stdin)
-    spec = {"dir": d, "parallel": os.cpu_count() or 1, "tokenizer": EMBEDDED_TOKENIZER,
+    spec = {"dir": d, "parallel": os.cpu_count() or 1, "tokenizer": EMBEDDED_TOKENIZER, "prelude": prelude,
             "runs": [{"args": args, "stdin": None if stdin is None else os.path.join(d, f"stdin{i}")}
                      for i, (args, stdin) in enumerate(runs)]}
     with open(os.path.join(d, "spec.json"), "w") as f:
