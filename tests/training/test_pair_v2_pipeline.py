@@ -79,7 +79,8 @@ def test_pipeline_end_to_end(corpus, tmp_path):
   assert all(v > 0 for v in stages.values())
   assert summary["environment"]["backend"] == "cpu" and "xla_flags" in summary["environment"]
   sources = distillation_sources(read_pairs(str(corpus / "train.tsv.gz")), 195)  # those of <= 32 tokens count
-  kept = [p for p in sources if len(load_tokenizer(TOKENIZER_V2).encode(p.en)) <= 32]
+  tokenizer = load_tokenizer(TOKENIZER_V2)
+  kept = [p for p in sources if len(tokenizer.encode(p.en)) <= 32]
   assert summary["distill"]["pairs"] == {d: sum(p.domain == d for p in kept) for d in DOMAINS}
   assert 0 < summary["distill"]["dev_pairs"] <= 16
   test = summary["target"]["test"]
