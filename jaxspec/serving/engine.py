@@ -41,7 +41,8 @@ slot is active) whose body is the decoding loop's own `iteration` (drafting, one
 rollback, the drafter's settle), then the new tokens of every slot, the finished / failed flags and the step's
 drafted / accepted counts packed in ONE [R, W] int32 array and copied to the host once. A step decodes R rows,
 R the smallest of the engine's `row_buckets` that holds the active slots: those slots (padded with idle, frozen
-ones) are gathered from the state, decoded and written back in place (the state is donated), so a lightly loaded
+ones) are gathered from the state, decoded and written back in place (the state is donated; a cache array the
+loop never changes, such as T5's cross-attention keys and values, is not written back), so a lightly loaded
 engine computes a few rows, not every slot; R == slots decodes the state as it is. Finished rows (EOS,
 their max_tokens, non-finite logits) are frozen on the device inside the step (the loop's `done`) and freed on the
 host; `free(slot)` stops a slot from the host (its flag goes in with the next step).

@@ -178,13 +178,18 @@ def _split_sizes(family, config, mesh, rules) -> dict[int, int]:
   return split
 
 
+def _abstract_params(family, config, dtype):
+  """The model's parameters as ShapeDtypeStructs of `dtype` (nothing allocated)."""
+  return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
+                      is_leaf=lambda x: isinstance(x, tuple))
+
+
 @functools.lru_cache(maxsize=256)
 def _traced_prefill(config, dtype, rows: int, width: int, cache_len: int):
   """(jaxpr, (cache, first tokens) shapes) of a model's prefill of `rows` inputs of `width` positions (abstract:
   nothing allocated); cached, as every plan of one model and one length traces the same programs."""
   family = registry.family_of(config)
-  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
-                        is_leaf=lambda x: isinstance(x, tuple))
+  params = _abstract_params(family, config, dtype)
   decoder = family.decoder(config)
   ids, lengths = jax.ShapeDtypeStruct((rows, width), jnp.int32), jax.ShapeDtypeStruct((rows,), jnp.int32)
 
@@ -203,8 +208,7 @@ def _traced_step(config, dtype, rows: int, width: int, cache_len: int, step_toke
   cached, as the plans of one engine's programs (greedy and sampled, and every tier for a draft model) trace the
   same step."""
   family = registry.family_of(config)
-  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
-                        is_leaf=lambda x: isinstance(x, tuple))
+  params = _abstract_params(family, config, dtype)
   decoder = family.decoder(config)
   _, (cache, _) = _traced_prefill(config, dtype, rows, width, cache_len)
   tokens = jax.ShapeDtypeStruct((rows, step_tokens), jnp.int32)
@@ -224,8 +228,7 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
                 layers=(), prefill_rows=None) -> ModelPlan:
   """Parameters and caches of one model (exact), and its activations (estimate), per device."""
   family = registry.family_of(config)
-  params = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), family.param_shapes(config),
-                        is_leaf=lambda x: isinstance(x, tuple))
+  params = _abstract_params(family, config, dtype)
   param_bytes, notes = _local_bytes(family.param_axes(config), params, mesh, rules)
 
   prefill = lambda rows: _traced_prefill(config, dtype, rows, width, cache_len)

@@ -9,8 +9,9 @@ request settings as runtime arrays and its own iteration count (its keys fold it
 every slot idle.
 
 step_program: a `lax.while_loop` of at most `StepProgram.iterations` iterations of `loop.iteration` over R rows
-(gathered from the slots when R < S, written back in place; on a mesh each `data` group's own rows), then the new
-tokens of every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
+(gathered from the slots when R < S, written back in place but for the cache arrays the loop returns as it got
+them, such as T5's cross-attention keys and values; on a mesh each `data` group's own rows), then the new tokens of
+every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
 estimates (the verification budget's; per-row draft limits go in) packed in ONE [R, W + 6 + 2G] int32 array.
 insert_program: the batch-1 prefill and the row's first (resting, width-1) iteration, written into one slot.
 wake_program: a deferred draft model's prefill written into one slot (served_draft.py).
@@ -123,9 +124,14 @@ def _take_rows(program: StepProgram, state: SlotState, index: jax.Array) -> Slot
   return jax.tree_util.tree_map(take, state, _slot_axes(program, state), is_leaf=lambda a: a is None)
 
 
-def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: jax.Array) -> SlotState:
-  """`state` with rows `index` replaced by `rows` (in place: the state is donated)."""
-  def put(x, r, axis):
+def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: jax.Array,
+              unchanged: SlotState) -> SlotState:
+  """`state` with rows `index` replaced by `rows` (in place: the state is donated), but for the leaves the step
+  never changed (`unchanged`, per leaf of SlotState: True where the rows are the ones taken, e.g. T5's
+  cross-attention keys and values), which are left as they are instead of written back unchanged."""
+  def put(x, r, axis, same):
+    if same:
+      return x
     if axis is None:
       return r
     if program.groups == 1:
@@ -136,7 +142,8 @@ def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: ja
                                                                          unique_indices=True),
                    in_axes=(axis, axis, 0), out_axes=axis)(groups, r, local)
     return new.reshape(x.shape)
-  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), is_leaf=lambda a: a is None)
+  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), unchanged,
+                                is_leaf=lambda a: a is None)
 
 
 def step_program(program: StepProgram, target_params, draft_params, state: SlotState, stop: jax.Array,
@@ -154,11 +161,11 @@ def step_program(program: StepProgram, target_params, draft_params, state: SlotS
       shardings = tuple(jax.tree_util.tree_leaves(dataclasses.replace(tree, draft_state=None)))
     state = dataclasses.replace(state, draft_state=None)
   if program.rows == state.lengths.shape[0]:
-    new, packed = _decode_rows(program, target_params, draft_params, state, limits)
+    new, packed, _ = _decode_rows(program, target_params, draft_params, state, limits)
   else:  # the R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place
     rows = _placed(_take_rows(program, state, index), shardings)
-    rows, packed = _decode_rows(program, target_params, draft_params, rows, limits)
-    new = _put_rows(program, state, rows, index)
+    rows, packed, unchanged = _decode_rows(program, target_params, draft_params, rows, limits)
+    new = _put_rows(program, state, rows, index, unchanged)
   if program.draft_outside:
     new = dataclasses.replace(new, draft_state=outside)
   return _placed(new, program.shardings), _everywhere(packed, program.shardings)
@@ -166,15 +173,21 @@ def step_program(program: StepProgram, target_params, draft_params, state: SlotS
 
 def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState,
                  limits: jax.Array | None = None):
-  """The bounded while_loop over the rows of `state` (all of them): (their new state, packed)."""
+  """The bounded while_loop over the rows of `state` (all of them): (their new state, packed, unchanged: per leaf
+  of SlotState, whether the loop's iteration returns that leaf of the caches as it got it (found while tracing:
+  the very same value), so the rows' new state holds it as `state` did)."""
   settings = program.settings
   knobs = SamplingKnobs(temperature=state.temperature, top_k=state.top_k, top_p=state.top_p)
   spec = schedules.SpeculationKnobs.create()
   start = _state_of(program, state, limits)
+  caches = lambda s: jax.tree_util.tree_leaves((s.target_cache, s.draft_state))
+  forwarded = []  # per leaf of (target cache, draft state), set while the body is traced
 
   def body(s):
-    return loop.iteration(settings, target_params, draft_params, knobs, spec, None,
-                           program.kind, s)
+    out = loop.iteration(settings, target_params, draft_params, knobs, spec, None,
+                         program.kind, s)
+    forwarded[:] = [a is b for a, b in zip(caches(s), caches(out), strict=True)]
+    return out
 
   end = jax.lax.while_loop(lambda s: jnp.any(~s.done) & (s.step < program.iterations), body, start)
   positions = jnp.clip(start.lengths[:, None] + jnp.arange(program.width)[None], 0, end.sequences.shape[1] - 1)
@@ -194,7 +207,10 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
                             iterations=end.stats.iterations)
   if end.estimates is not None:
     new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count)
-  return new, packed
+  treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
+  cache, draft = jax.tree_util.tree_unflatten(treedef, forwarded)
+  fields = {f.name: False for f in dataclasses.fields(SlotState)}
+  return new, packed, SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
 
 
 def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
