@@ -208,7 +208,8 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
   if end.estimates is not None:
     new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count)
   treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
-  cache, draft = jax.tree_util.tree_unflatten(treedef, forwarded)
+  # A loop that never called its body (under jax.disable_jit, no iteration ran): everything is written back.
+  cache, draft = jax.tree_util.tree_unflatten(treedef, forwarded or [False] * treedef.num_leaves)
   fields = {f.name: False for f in dataclasses.fields(SlotState)}
   return new, packed, SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
 
