@@ -145,6 +145,17 @@ def test_a_step_of_fewer_rows_writes_back_only_the_cache_arrays_it_changes(engin
       assert cache.cross_k and cache.cross_v and cache.encoder_mask, (key, cache)
       assert engine.table.entries[key[0]].plain or not any(cache.self_k), (key, cache)
     assert not any([unchanged.sequences, unchanged.lengths, unchanged.done, unchanged.keys, unchanged.est_sum]), key
+  # Under jax.disable_jit() a loop whose rows are all done never calls its body, so nothing is known unchanged and
+  # every array is written back (the empty flags once failed: "Too few leaves for PyTreeDef").
+  program, rows = engine._programs[keys[0]], keys[0][2]  # pylint: disable=protected-access
+  with jax.disable_jit():
+    state = engine._state  # pylint: disable=protected-access
+    if program.draft_outside:
+      state = dataclasses.replace(state, draft_state=None)
+    taken = take(program, state, jnp.arange(rows, dtype=jnp.int32))
+    taken = dataclasses.replace(taken, done=jnp.ones_like(taken.done))
+    unchanged = decode(program, engine.target_params, engine.draft_params, taken, jnp.zeros((rows,), jnp.int32))[2]
+  assert not any(jax.tree.leaves(unchanged)), unchanged
 
 
 def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy_refs):

@@ -4,6 +4,9 @@ side by side (sharing the models), their order alternating per round, no HTTP (i
     .venv/bin/python docs/bench/serving/arms_in_process.py --output=docs/bench/serving/arms_ende
     .venv/bin/python docs/bench/serving/arms_in_process.py --pair=qwen --target=DIR --draft=DIR --concurrency=4 \
         --slots=4 --requests=16 --rounds=2 --arms=budget,fixed --output=docs/bench/serving/arms_qwen_c4
+    .venv/bin/python docs/bench/serving/arms_in_process.py --pair=qwen --target=DIR --draft=DIR --concurrency=16,32 \
+        --slots=32 --row_buckets=16,32 --requests=32 --rounds=2 --arms=budget,plain \
+        --output=docs/bench/serving/arms_qwen_c16_c32
 
 A served grid (grid.sh, final_restarts.sh) compares server processes, whose speeds differ by a few per cent from
 process to process and run to run; here every arm runs in the same process, so what differs is the engines' own
@@ -35,6 +38,8 @@ CONCURRENCY = flags.DEFINE_list("concurrency", ["1", "4", "8", "16", "32", "64"]
 SLOTS = flags.DEFINE_integer("slots", 64, "the engines' slots")
 REQUESTS = flags.DEFINE_integer("requests", 128, "requests per arm and round")
 ROUNDS = flags.DEFINE_integer("rounds", 4, "rounds (the arms' order reversed every other round)")
+ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (None: the engine's default); e.g. "
+                                "16,32 for levels 16 and 32 alone: fewer programs to compile and time in warm-up")
 ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"], "budget, fixed (gamma 4), plain; the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 
@@ -58,7 +63,8 @@ def main(_):
   speculation = jaxspec.Speculation(draft, gamma=4)
   kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False)}
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
-                             max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1])
+                             max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
+                             row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
              for arm in ARMS.value}
   for arm, engine in engines.items():
     engine.warmup()
@@ -90,7 +96,8 @@ def main(_):
               "ratio": (tokens[arm] / seconds[arm]) / (tokens[base] / seconds[base]),
               "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
              for arm in engines]
-  table = [f"{PAIR.value} pair, {SLOTS.value} slots, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
+  buckets = "" if ROW_BUCKETS.value is None else f" (row buckets {','.join(ROW_BUCKETS.value)})"
+  table = [f"{PAIR.value} pair, {SLOTS.value} slots{buckets}, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
            f"level, one process", ""]
   table += markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "steps by draft length"],
                           [[r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
@@ -98,7 +105,8 @@ def main(_):
   print("\n".join(table))
   if OUTPUT.value:
     atomic_write(OUTPUT.value + ".md", "\n".join(table) + "\n")
-    atomic_write_json(OUTPUT.value + ".json", {"pair": PAIR.value, "slots": SLOTS.value, "requests": REQUESTS.value,
+    atomic_write_json(OUTPUT.value + ".json", {"pair": PAIR.value, "slots": SLOTS.value,
+                                               "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
                                                "rounds": ROUNDS.value, "jax": jax.__version__, "rows": rows}, indent=1)
 
 

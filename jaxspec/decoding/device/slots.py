@@ -95,9 +95,15 @@ def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
   axes = program.axes
   if state.draft_state is None:
     axes = axes[:len(jax.tree_util.tree_leaves(state.target_cache))]
+  return _per_leaf(state, 0, axes)
+
+
+def _per_leaf(state: SlotState, default, cache_leaves: list) -> SlotState:
+  """A SlotState of one value per leaf: `default` for every per-slot array, `cache_leaves` (one per leaf of
+  (state.target_cache, state.draft_state), in that order) for the caches."""
   treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
-  cache, draft = jax.tree_util.tree_unflatten(treedef, axes)
-  fields = {f.name: 0 for f in dataclasses.fields(SlotState)}
+  cache, draft = jax.tree_util.tree_unflatten(treedef, cache_leaves)
+  fields = {f.name: default for f in dataclasses.fields(SlotState)}
   return SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
 
 
@@ -207,11 +213,8 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
                             iterations=end.stats.iterations)
   if end.estimates is not None:
     new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count)
-  treedef = jax.tree_util.tree_structure((state.target_cache, state.draft_state))
   # A loop that never called its body (under jax.disable_jit, no iteration ran): everything is written back.
-  cache, draft = jax.tree_util.tree_unflatten(treedef, forwarded or [False] * treedef.num_leaves)
-  fields = {f.name: False for f in dataclasses.fields(SlotState)}
-  return new, packed, SlotState(**{**fields, "target_cache": cache, "draft_state": draft})
+  return new, packed, _per_leaf(state, False, forwarded or [False] * len(caches(state)))
 
 
 def _placed(state: SlotState, shardings: tuple | None) -> SlotState:
