@@ -1,4 +1,5 @@
-r"""Issue 32 on a lent GPU in one prepared call: the oracle loop, the draft step's kernels, XLA's autotune level,
+r"""Issue 32 on a lent GPU in one prepared call: the oracle loop, the slot engine's step (issue 41 item 3), the draft
+step's kernels, XLA's autotune level,
 then the pair's training with what is left (docs/accelerator.md has how to run it and what each part answers).
 
     python launch/gpu_round3.py --out=$OUT                     # oracle, kernels, autotune (~4-5 min on an H100)
@@ -35,6 +36,8 @@ flags.DEFINE_integer("repeats", D.repeats, "Timed runs per measurement (median).
 flags.DEFINE_integer("train_steps", D.train_steps, "Timed train steps per program in the autotune stage.")
 flags.DEFINE_list("oracle_cases", list(D.oracle_cases), "Oracle targets: ende (t5-11b), llama (8B shape).")
 flags.DEFINE_list("kernel_variants", list(D.kernel_variants), "XLA flag variants (kernels).")
+flags.DEFINE_list("slot_levels", [str(v) for v in D.slot_levels], "Row buckets of the slots stage (the largest "
+                  "is the engine's slots).")
 flags.DEFINE_list("autotune_levels", [str(v) for v in D.autotune_levels], "--xla_gpu_autotune_level values "
                   "(autotune).")
 

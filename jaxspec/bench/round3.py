@@ -13,6 +13,8 @@ minimum, MIN_S, is left of `budget_s`):
             copied and slim) and a Llama-3.1-8B-shaped target with an EAGLE-3 head at 6.1 tokens per iteration
             (tree and chain): ms per token against plain greedy decoding, measured acceptance against the design
             (`ende_cases`, `llama_cases`, `run_cases`);
+  slots     the slot engine's step programs on the 8B shape with an EAGLE-3 head at 1 / 4 / 16 / 64 rows: plain,
+            chains of 2 / 4 / 7, and the verification budget's choice at tau 6.1 (`slot_steps`);
   kernels   the t5-small step's kernels and ms, and the 8B head's ms, with XLA's command buffers as they are, off,
             and on for every kind (a process each: XLA reads its flags once; `kernel_variants`);
   autotune  the v2 target's two train programs compiled at --xla_gpu_autotune_level 4 (default) and 0: compile
@@ -238,6 +240,47 @@ def llama_cases(tiny: bool) -> tuple[jaxspec.Model, list[Case]]:
            paper=paper)]
 
 
+# --- The slot engine's step on the 8B shape (issue 41 item 3) ---------------------------------------------------
+
+def slot_steps(tiny: bool, levels=(1, 4, 16, 64), gamma: int = 7, tau: float = 6.1, repeats: int = 3,
+               tiers=(0, 2, 4, 7)) -> dict:
+  """The slot engine's step programs on the 8B-shaped target (`successor_weights`) with an EAGLE-3 head: one engine
+  with the verification budget over `tiers` (draft lengths, 0 = plain) at row buckets `levels` (slots: the
+  largest), whose warm-up times every (rows R, draft length k) step program as the server's does (`CostCurves`,
+  the median of `repeats`; a step is the engine's 4 loop iterations). Tokens per second per level and tier follow
+  from those measured seconds and a designed acceptance: a chain at the per-position alpha that gives `tau` tokens
+  per iteration at `gamma` (`chain_alpha_for`: random head weights accept nothing, so the acceptance is designed,
+  as in the oracle stage); the budget's choice is `budget.choose` on those estimates and the measured curves."""
+  from jaxspec.serving import Budget, SlotEngine
+  from jaxspec.serving.budget import choose
+  dtype = _dtype()
+  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
+  target = successor_weights(jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape"),
+                             low=3, high=min(cfg.vocab_size, 32000))
+  hcfg = head_config(cfg, 64 if tiny else 32000)
+  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+  budget = Budget(tiers=tuple(tiers), repeats=repeats)
+  started = time.time()
+  engine = SlotEngine(target, jaxspec.Speculation(head, gamma=gamma), slots=max(levels), max_input_length=16,
+                      max_new_tokens=64, modes=("greedy",), budget=budget, row_buckets=list(levels))
+  engine.warmup()
+  iterations, ks = 4, budget.tiers_for(gamma)
+  alpha = chain_alpha_for(tau, gamma)
+  per_iteration = {k: (1 - alpha ** (k + 1)) / (1 - alpha) for k in ks}  # a chain of k drafts at alpha
+  rows = []
+  for r in engine.row_buckets:
+    seconds = [engine.costs.get(r, k) for k in ks]
+    rates = {k: r * iterations * per_iteration[k] / s for k, s in zip(ks, seconds)}
+    pick = choose(np.full((r, gamma), alpha), ks, seconds, budget.theta, iterations=iterations)
+    rows.append({"rows": r, "step_ms": {k: s * 1e3 for k, s in zip(ks, seconds)},
+                 "tokens_per_s": rates, "budget_k": pick.k, "budget_tokens_per_s": rates[pick.k],
+                 "best_k": max(rates, key=rates.get), "budget_over_plain": rates[pick.k] / rates[0]})
+    print(json.dumps(rows[-1]), flush=True)
+  return {"gamma": gamma, "tau": tau, "alpha": alpha, "iterations_per_step": iterations, "tiers": list(ks),
+          "programs": len(engine.programs), "engine_s": round(time.time() - started, 1),
+          "curves": engine.costs.lines(), "levels": rows}
+
+
 # --- Kernels per draft step (command buffers, fusion flags) -------------------------------------------------------
 
 KERNEL_OPS = ("fusion", "custom-call", "copy", "dot", "convolution", "all-reduce", "sort", "scatter", "gather",
@@ -348,7 +391,7 @@ def autotune_levels(tiny: bool, steps: int, timeout: float, levels=(4, 0)) -> di
 
 # --- The run: stages under one budget, round3.json and round3.md ---------------------------------------------------
 
-MIN_S = {"oracle": 120, "kernels": 60, "autotune": 90, "pair": 240}  # skipped with less than this left
+MIN_S = {"oracle": 120, "slots": 150, "kernels": 60, "autotune": 90, "pair": 240}  # skipped with less than this left
 
 
 @dataclasses.dataclass(frozen=True)
@@ -357,11 +400,12 @@ class Round3Settings:
   runs/round3), `tiny` shapes, the `stages` (some of MIN_S, in this order) and `budget_s` for all of them; the
   oracle's `max_new_tokens`, `prompt_len`, `repeats` (timed runs per measurement, median) and `oracle_cases`
   (ende: t5-11b, llama: the 8B shape); the kernels' `kernel_variants` (KERNEL_VARIANTS' names); the autotune
-  stage's `train_steps` (timed per program) and `autotune_levels`."""
+  stage's `train_steps` (timed per program) and `autotune_levels`; the slots stage's `slot_levels` (row buckets,
+  the largest = slots)."""
 
   out: str = ""
   tiny: bool = False
-  stages: tuple[str, ...] = ("oracle", "kernels", "autotune")
+  stages: tuple[str, ...] = ("oracle", "slots", "kernels", "autotune")
   budget_s: float = 570
   max_new_tokens: int = 128
   prompt_len: int = 32
@@ -370,6 +414,7 @@ class Round3Settings:
   oracle_cases: tuple[str, ...] = ("ende", "llama")
   kernel_variants: tuple[str, ...] = tuple(KERNEL_VARIANTS)
   autotune_levels: tuple[int | str, ...] = (4, 0)
+  slot_levels: tuple[int | str, ...] = (1, 4, 16, 64)
 
 
 def environment() -> dict:
@@ -410,6 +455,16 @@ def markdown(results: dict) -> str:
       lines.append(f"| {r['case']} | {d['tokens_per_iteration']:.2f} | {m['tokens_per_iteration']:.2f} | "
                    f"{m['alpha']:.3f} ± {m['alpha_stderr']:.3f} | {r['ms_per_token']:.3f} | {r['speedup']:.2f}x | "
                    f"{r['identical_to_plain']} | {r['programs']} | {json.dumps(r['paper'])} |")
+    lines.append("")
+  if "slots" in results:
+    sl = results["slots"]
+    lines += [f"## The slot engine's step on the 8B shape (EAGLE-3 head, chain at alpha {sl['alpha']:.3f}: "
+              f"tau {sl['tau']} at gamma {sl['gamma']}; {sl['iterations_per_step']} iterations a step)", "",
+              "| rows | " + " | ".join(f"k={k} ms / tok/s" for k in sl["tiers"]) + " | budget's k | budget / plain |",
+              "|---|" + "---|" * (len(sl["tiers"]) + 2)]
+    for r in sl["levels"]:
+      cells = " | ".join(f"{r['step_ms'][k]:.1f} / {r['tokens_per_s'][k]:.0f}" for k in sl["tiers"])
+      lines.append(f"| {r['rows']} | {cells} | {r['budget_k']} | {r['budget_over_plain']:.2f}x |")
     lines.append("")
   for stage, title in (("kernels", "Draft step kernels"), ("autotune", "XLA autotune level and the train step"),
                        ("pair", "Pair training")):
@@ -469,6 +524,10 @@ def run(s: Round3Settings) -> dict:
     try:
       if stage == "oracle":
         _oracle(s, results, counter, save)
+      elif stage == "slots":
+        with counter.stage("slots"):
+          results["slots"] = slot_steps(tiny, levels=tuple(int(v) for v in s.slot_levels), repeats=s.repeats)
+        results["slots"].update(counter.stages["slots"])
       elif stage == "kernels":
         results["kernels"] = kernel_variants(tiny, s.repeats, timeout=max(min(left() / 4, 150), 30),
                                              variants=list(s.kernel_variants))
