@@ -277,7 +277,7 @@ def slot_steps(tiny: bool, levels=(1, 4, 16, 64), gamma: int = 7, tau: float = 6
                  "best_k": max(rates, key=rates.get), "budget_over_plain": rates[pick.k] / rates[0]})
     print(json.dumps(rows[-1]), flush=True)
   return {"gamma": gamma, "tau": tau, "alpha": alpha, "iterations_per_step": iterations, "tiers": list(ks),
-          "programs": len(engine.programs), "engine_s": round(time.time() - started, 1),
+          "step_programs": len(engine.programs), "engine_s": round(time.time() - started, 1),
           "curves": engine.costs.lines(), "levels": rows}
 
 
