@@ -56,7 +56,10 @@ def allocate(alloc: loop.LoopSettings, target_params, draft_params, slots: int, 
                           f"axis names.")
   axes = contract.batch_axes(declared)
   leaves, cache_tree = jax.tree_util.tree_flatten(one)
-  layout = Layout(axes=axes, shapes=tuple(tuple(s.shape) for s in leaves))
+  seq_axes = tuple(names.index("cache_seq") if "cache_seq" in names else None
+                   for names in jax.tree_util.tree_leaves(declared[0], is_leaf=contract.is_axes))
+  seq_axes += (None,) * (len(leaves) - len(seq_axes))  # the drafter's state is always gathered whole
+  layout = Layout(axes=axes, shapes=tuple(tuple(s.shape) for s in leaves), seq_axes=seq_axes)
   full = [jax.ShapeDtypeStruct(tuple(slots if d == axis else n for d, n in enumerate(s.shape)), s.dtype)
           for s, axis in zip(leaves, axes)]
   n, seq_len, pad = slots, alloc.seq_len, alloc.pad_id

@@ -379,10 +379,14 @@ class SlotEngine:
     if self.budget is not None:  # the budget may pick any tier at any load
       reachable = {i: set().union(*reachable.values()) for i in range(len(table.entries))}
     for (i, mode), settings, kind, outside in planned:
+      # A step of fewer rows than slots gathers their caches: one that needs less slack than the allocation (a
+      # plain tier beside drafting ones) gathers only the positions its loop reaches, as a plain engine's.
+      trim = self._alloc.slack - settings.slack
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
                                                       self._layout.axes, self._layout.shardings, data,
-                                                      estimates=self.budget is not None, draft_outside=outside)
+                                                      estimates=self.budget is not None, draft_outside=outside,
+                                                      keep=self._layout.kept(trim) if rows < self.slots else ())
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
     self._requests: list[RequestSettings | None] = [None] * self.slots

@@ -158,6 +158,42 @@ def test_a_step_of_fewer_rows_writes_back_only_the_cache_arrays_it_changes(engin
   assert not any(jax.tree.leaves(unchanged)), unchanged
 
 
+def test_a_step_of_fewer_rows_decodes_only_the_positions_its_tier_reaches(engine, prompts, greedy_refs):
+  """A step of fewer rows than slots whose draft length needs less slack than the allocation's (gamma 2's: the
+  plain tier and gamma 1 here) gathers and writes back only the self-attention positions its loop can reach, as
+  a plain engine's caches hold (4 slack positions were 6 % of a plain step's cache at 16 rows: docs/serving.md);
+  the widest tier, and a step of every slot, take them whole. Forced tiers alternating on 2 rows of 3 slots
+  (each drafting step writes into the slack the next plain one leaves out) still give plain greedy tokens."""
+  state, alloc = engine._state, engine._alloc.slack  # pylint: disable=protected-access
+  full = state.target_cache.self_k[0].shape[2]  # [S, heads, C, kv]
+  encoder = state.target_cache.cross_k.shape[3]
+  for key in engine.programs:
+    program = engine._programs[key]  # pylint: disable=protected-access
+    rows, trim = key[2], alloc - program.settings.slack
+    # a plain step that leaves a lagging draft out (as step_program does)
+    given = dataclasses.replace(state, draft_state=None) if program.draft_outside else state
+    taken = jax.eval_shape(lambda s, p=program, r=rows: slot_programs._take_rows(  # pylint: disable=protected-access
+        p, s, jnp.arange(r, dtype=jnp.int32)).target_cache, given)
+    want = full - trim if rows < engine.slots else full
+    assert [k.shape[2] for k in taken.self_k + taken.self_v] == [want] * 2 * len(taken.self_k), (key, trim)
+    assert taken.cross_k.shape[3] == encoder, key  # the encoder's positions are never cut
+  assert any(alloc - engine._programs[k].settings.slack > 0 and k[2] < engine.slots  # pylint: disable=protected-access
+             for k in engine.programs), engine.programs
+  tokens = {}
+  for slot, i in ((0, 1), (1, 3)):
+    tokens[slot] = list(engine.insert(slot, prompts[i], RequestSettings(MAX_NEW)).tokens)
+  tiers, running = [0, 2, 1, 2, 0, 0, 1], {0, 1}
+  for n in range(200):
+    if not running:
+      break
+    out = engine.step(program=(tiers[n % len(tiers)], "greedy", 2))
+    for slot in sorted(running):
+      tokens[slot] += out.tokens[slot]
+      if out.finished[slot]:
+        running.discard(slot)
+  assert [tokens[0], tokens[1]] == [greedy_refs[1], greedy_refs[3]]
+
+
 def test_plain_engine_and_a_tree_engine_equal_plain_greedy(pair, prompts, greedy_refs):
   for speculation in (None, jaxspec.Speculation(pair[1], gamma=2, tree=jaxspec.Tree(top_k=2, nodes=4))):
     e = SlotEngine(pair[0], speculation, slots=2, max_input_length=32, max_new_tokens=MAX_NEW,

@@ -10,8 +10,9 @@ every slot idle.
 
 step_program: a `lax.while_loop` of at most `StepProgram.iterations` iterations of `loop.iteration` over R rows
 (gathered from the slots when R < S, written back in place but for the cache arrays the loop returns as it got
-them, such as T5's cross-attention keys and values; on a mesh each `data` group's own rows), then the new tokens of
-every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
+them, such as T5's cross-attention keys and values; on a mesh each `data` group's own rows; a tier that needs
+less slack than the allocation's gathers only the cache positions its loop reaches: `StepProgram.keep`), then
+the new tokens of every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
 estimates (the verification budget's; per-row draft limits go in) packed in ONE [R, W + 6 + 2G] int32 array.
 insert_program: the batch-1 prefill and the row's first (resting, width-1) iteration, written into one slot.
 wake_program: a deferred draft model's prefill written into one slot (served_draft.py).
@@ -76,6 +77,11 @@ class StepProgram:
   # A plain step that leaves the drafter's state out (its settings' drafter is PlainDrafter): a draft model lags
   # through plain steps with its state unchanged, so the step neither gathers nor writes back its cache.
   draft_outside: bool = False
+  # Per leaf of (target cache, draft state): (its sequence axis, the positions this step decodes over) for a
+  # cache the step reads and writes only a leading part of, or None: whole; () every leaf whole. A step of
+  # fewer rows than slots whose draft length needs less slack than the allocation's (a plain tier beside
+  # drafting ones) gathers and writes back only those positions (`Layout.kept`): what its loop can reach.
+  keep: tuple = ()
 
 
 def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None = None) -> loop.LoopState:
@@ -117,38 +123,59 @@ def _grouped(program: StepProgram, x: jax.Array, axis: int, index: jax.Array):
   return x.reshape(x.shape[:axis] + (d, s // d) + x.shape[axis + 1:]), local
 
 
+def _kept(program: StepProgram, state: SlotState) -> SlotState:
+  """`program.keep` per leaf of SlotState: (sequence axis, positions) for the cache leaves a step decodes a leading
+  part of, None for every other leaf (a state without its draft: the target's leaves alone, as `_slot_axes`)."""
+  leaves = jax.tree_util.tree_leaves((state.target_cache, state.draft_state))
+  return _per_leaf(state, None, list(program.keep[:len(leaves)]) or [None] * len(leaves))
+
+
+def _region(x: jax.Array, axis: int, rows, keep: tuple[int, int] | None) -> tuple:
+  """The index of rows `rows` (on `axis`) of x, and, with keep = (sequence axis, n), only its first n positions."""
+  index = [slice(None)] * x.ndim
+  index[axis] = rows
+  if keep is not None:
+    index[keep[0]] = slice(0, keep[1])
+  return tuple(index)
+
+
 def _take_rows(program: StepProgram, state: SlotState, index: jax.Array) -> SlotState:
-  """The R rows `index` ([R] int32, distinct, sorted; R / D of each group on a mesh) of every slot array."""
-  def take(x, axis):
+  """The R rows `index` ([R] int32, distinct, sorted; R / D of each group on a mesh) of every slot array, each
+  cache leaf cut to the positions the step decodes (`program.keep`)."""
+  def take(x, axis, keep):
     if axis is None:
       return x
+    if keep is not None:
+      x = jax.lax.slice_in_dim(x, 0, keep[1], axis=keep[0])
     if program.groups == 1:
       return jnp.take(x, index, axis=axis)
     groups, local = _grouped(program, x, axis, index)
     rows = jax.vmap(lambda g, i: jnp.take(g, i, axis=axis), in_axes=(axis, 0), out_axes=axis)(groups, local)
     return rows.reshape(x.shape[:axis] + (index.shape[0],) + x.shape[axis + 1:])
-  return jax.tree_util.tree_map(take, state, _slot_axes(program, state), is_leaf=lambda a: a is None)
+  return jax.tree_util.tree_map(take, state, _slot_axes(program, state), _kept(program, state),
+                                is_leaf=lambda a: a is None)
 
 
 def _put_rows(program: StepProgram, state: SlotState, rows: SlotState, index: jax.Array,
               unchanged: SlotState) -> SlotState:
   """`state` with rows `index` replaced by `rows` (in place: the state is donated), but for the leaves the step
   never changed (`unchanged`, per leaf of SlotState: True where the rows are the ones taken, e.g. T5's
-  cross-attention keys and values), which are left as they are instead of written back unchanged."""
-  def put(x, r, axis, same):
+  cross-attention keys and values), which are left as they are instead of written back unchanged; a cache leaf
+  the step decoded a leading part of (`program.keep`) is written back there alone."""
+  def put(x, r, axis, same, keep):
     if same:
       return x
     if axis is None:
       return r
     if program.groups == 1:
-      return x.at[(slice(None),) * axis + (index,)].set(r, indices_are_sorted=True, unique_indices=True)
+      return x.at[_region(x, axis, index, keep)].set(r, indices_are_sorted=True, unique_indices=True)
     groups, local = _grouped(program, x, axis, index)
     r = r.reshape(r.shape[:axis] + (program.groups, -1) + r.shape[axis + 1:])
-    new = jax.vmap(lambda g, v, i: g.at[(slice(None),) * axis + (i,)].set(v, indices_are_sorted=True,
-                                                                         unique_indices=True),
+    new = jax.vmap(lambda g, v, i: g.at[_region(g, axis, i, keep)].set(v, indices_are_sorted=True,
+                                                                       unique_indices=True),
                    in_axes=(axis, axis, 0), out_axes=axis)(groups, r, local)
     return new.reshape(x.shape)
-  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), unchanged,
+  return jax.tree_util.tree_map(put, state, rows, _slot_axes(program, state), unchanged, _kept(program, state),
                                 is_leaf=lambda a: a is None)
 
 
@@ -245,6 +272,14 @@ class Layout:
   axes: tuple
   shapes: tuple
   shardings: tuple | None = None
+  seq_axes: tuple = ()  # per leaf: the target cache's declared "cache_seq" axis, None elsewhere (the drafter's)
+
+  def kept(self, trim: int) -> tuple:
+    """StepProgram.keep for a step whose loop reaches `trim` fewer positions than the allocation's: every target
+    cache leaf with a sequence axis cut by `trim` at its end, every other leaf whole (() when trim is 0)."""
+    if trim <= 0:
+      return ()
+    return tuple(None if s is None else (s, shape[s] - trim) for s, shape in zip(self.seq_axes, self.shapes))
 
 
 def _write_row(row, state, axes, shapes, slot: jax.Array):
