@@ -1,14 +1,16 @@
-r"""Issue 32 on a lent GPU in one prepared call: the oracle loop, the slot engine's step (issue 41 item 3), the draft
-step's kernels, XLA's autotune level,
-then the pair's training with what is left (docs/accelerator.md has how to run it and what each part answers).
+r"""Issue 32 on a lent GPU in one prepared call: the oracle loop, the slot engine's step (issue 41 item 3), the
+draft step's kernels, XLA's autotune level, then the pair's training with what is left (docs/accelerator.md has
+how to run it and what each part answers).
 
-    python launch/gpu_round3.py --out=$OUT                     # oracle, kernels, autotune (~4-5 min on an H100)
+    python launch/gpu_round3.py --out=$OUT                     # oracle, slots, kernels (7.8 min on an H200
+                                                               # with --oracle_cases=llama); autotune is skipped
+    python launch/gpu_round3.py --out=$OUT --stages=autotune   # autotune levels 4 and 0 (~3 min on an H200)
     python launch/gpu_round3.py --out=$OUT --stages=pair       # the pair alone (launch/train_pair_gpu.sh)
     python launch/gpu_round3.py --out=/tmp/r3 --tiny           # tiny shapes: the CPU test of this script
 
 The flags, one a `jaxspec.bench.round3.Round3Settings` field of the same name, and `round3.run`: the stages in
-order of value (--stages picks some of oracle, kernels, autotune, pair; each is skipped when less than its minimum
-is left of --budget_s; the pair needs runs/corpus and runs/wheels carried). Writes $OUT/round3.json (machine,
+order of value (--stages picks some of oracle, slots, kernels, autotune, pair; each is skipped when less than its
+minimum is left of --budget_s; the pair needs runs/corpus and runs/wheels carried). Writes $OUT/round3.json (machine,
 versions, command, every result, compiled programs per stage) and $OUT/round3.md (the tables), both rewritten
 after every stage, and the pair's files under $OUT/pair/ (jaxspec/bench/round3.py says what each stage measures).
 """
