@@ -1,6 +1,7 @@
 """launch/gpu_round3.py with tiny shapes on the CPU (the script a lent GPU runs; issue 32 item 5): one oracle
 target (a tiny Llama with an EAGLE-3 head: tree and chain at 6.1 tokens per iteration), the slot engine's step at
-one row bucket, one kernel variant, one autotune level; round3.json and round3.md carry the machine, the command and every result."""
+one row bucket, one kernel variant, one autotune level; round3.json and round3.md carry the machine, the command
+and every result."""
 
 import json
 
