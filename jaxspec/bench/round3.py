@@ -220,16 +220,22 @@ def successor_weights(model: jaxspec.Model, low: int, high: int) -> jaxspec.Mode
   return dataclasses.replace(model, params={**params, "layers": layers, "lm_head": lm_head})
 
 
+def llama_with_head(tiny: bool) -> tuple[jaxspec.Model, jaxspec.FeatureHead]:
+  """The Llama-3.1-8B-shaped target (`successor_weights` over the prompts' ids, [3, 32000): run_cases) and an
+  EAGLE-3 head for it (32k draft vocabulary; tiny shapes with `tiny`), random weights in `_dtype()`."""
+  dtype = _dtype()
+  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
+  target = successor_weights(jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape"),
+                             low=3, high=min(cfg.vocab_size, 32000))
+  hcfg = head_config(cfg, 64 if tiny else 32000)
+  return target, jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+
+
 def llama_cases(tiny: bool) -> tuple[jaxspec.Model, list[Case]]:
   """A Llama-3.1-8B-shaped target with an EAGLE-3 head (32k draft vocabulary) at EAGLE-3's accepted length:
   its tree (top_k 8, 60 nodes, depth 7) and a chain at the alpha that gives the same tokens per iteration. The
   target's weights are `successor_weights`: random ones tie in bfloat16 and leave the oracle's answer key."""
-  dtype = _dtype()
-  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
-  target = successor_weights(jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape"),
-                             low=3, high=min(cfg.vocab_size, 32000))  # the prompts' ids: run_cases
-  hcfg = head_config(cfg, 64 if tiny else 32000)
-  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+  target, head = llama_with_head(tiny)
   drafter, params = registry.head_drafter(target, head)
   gamma = 7
   paper = {"tau": EAGLE3_TAU, "speedup": EAGLE3_SPEEDUP, "source": "EAGLE-3, Llama-3.1-8B, MT-bench, T=0"}
@@ -253,12 +259,7 @@ def slot_steps(tiny: bool, levels=(1, 4, 16, 64), gamma: int = 7, tau: float = 6
   as in the oracle stage); the budget's choice is `budget.choose` on those estimates and the measured curves."""
   from jaxspec.serving import Budget, SlotEngine
   from jaxspec.serving.budget import choose
-  dtype = _dtype()
-  cfg = LlamaConfig(**(LLAMA_TINY if tiny else LLAMA_8B))
-  target = successor_weights(jaxspec.Model.random(cfg, 0, dtype, name="llama-tiny" if tiny else "llama-3.1-8b-shape"),
-                             low=3, high=min(cfg.vocab_size, 32000))
-  hcfg = head_config(cfg, 64 if tiny else 32000)
-  head = jaxspec.FeatureHead(hcfg, eagle3.init_params(hcfg, jax.random.key(2), dtype), name="eagle3")
+  target, head = llama_with_head(tiny)
   budget = Budget(tiers=tuple(tiers), repeats=repeats)
   started = time.time()
   engine = SlotEngine(target, jaxspec.Speculation(head, gamma=gamma), slots=max(levels), max_input_length=16,
