@@ -15,6 +15,15 @@ from jaxspec.serving.server import free_port
 from script_helpers import ROOT, script_env
 
 
+# The embedded pair's server as test_server.py, test_soak_server.py and test_guidellm.py start it: one set of
+# compiled programs (slots, lengths, draft length, row bucket and modes decide them), so that the modules after
+# the first load theirs from the run's compilation cache instead of compiling them again.
+EMBEDDED_SLOTS, EMBEDDED_MAX_NEW = 3, 16
+EMBEDDED_SERVER = [f"--slots={EMBEDDED_SLOTS}", "--max_input_length=16", f"--max_new_tokens={EMBEDDED_MAX_NEW}",
+                   "--iterations_per_step=1", "--gamma=2", "--budget_repeats=1", f"--row_buckets={EMBEDDED_SLOTS}",
+                   "--modes=greedy", "--modes=sampled"]
+
+
 def _tail(log) -> str:
   log.flush()
   log.seek(0)

@@ -22,7 +22,7 @@ import pytest
 
 from jaxspec.bench import serving as bench
 from script_helpers import EMBEDDED_TOKENIZER
-from serve_helpers import serve
+from serve_helpers import EMBEDDED_SERVER, serve
 
 GUIDELLM = ("guidellm==0.8.1", "torch==2.13.0")  # torch: the CPU build (pyproject's test extra), not CUDA's
 REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 6, 8, 12
@@ -51,9 +51,9 @@ def _guidellm() -> list[str]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
   """(url, the guidellm command): the server compiles while guidellm's venv is checked (or made)."""
-  args = ["--slots=2", "--max_input_length=32", "--max_new_tokens=16", "--iterations_per_step=2", "--gamma=2",
-          "--budget_repeats=1", "--row_buckets=2", "--modes=sampled"]  # guidellm sends no temperature: OpenAI's default, 1
-  with serve(args, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_guidellm) as (url, _, command):
+  # test_server.py's programs (from the run's compilation cache); guidellm sends no temperature (OpenAI's default,
+  # 1: the sampled programs) and prompts of PROMPT_TOKENS, under --max_input_length.
+  with serve(EMBEDDED_SERVER, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_guidellm) as (url, _, command):
     yield url, command
 
 

@@ -23,18 +23,17 @@ import jaxspec
 from jaxspec.bench import serving as bench
 from jaxspec.serving.server import free_port
 from script_helpers import assert_one_line_error, run_script, run_scripts
-from serve_helpers import serve
+from serve_helpers import EMBEDDED_MAX_NEW, EMBEDDED_SERVER, EMBEDDED_SLOTS, serve
 
 MODEL = "ende-target"
-SLOTS, MAX_NEW = 3, 16
+SLOTS, MAX_NEW = EMBEDDED_SLOTS, EMBEDDED_MAX_NEW
 PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?", "The weather is nice today.",
            "We read a book.", "Click on the button to install the package on your computer."]  # the last: 16 tokens
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-  args = [f"--slots={SLOTS}", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--iterations_per_step=1",
-          "--gamma=2", "--budget_repeats=1", "--queue=4", f"--row_buckets={SLOTS}", "--modes=greedy", "--modes=sampled"]
+  args = [*EMBEDDED_SERVER, "--queue=4"]
   log = tmp_path_factory.mktemp("serve") / "log.txt"
   with serve(args, log, while_compiling=_greedy_reference) as live:
     yield (*live, log)  # (url, health codes, greedy references, the server's log)

@@ -8,14 +8,13 @@ import json
 import os
 
 from script_helpers import run_script
-from serve_helpers import serve
+from serve_helpers import EMBEDDED_SERVER, serve
 
 PROMPTS = ["The house is small.", "I like green tea.", "Where is the station?"]
 
 
 def test_a_short_soak_passes_and_writes_its_report(tmp_path):
-  args = ["--slots=2", "--max_input_length=16", "--max_new_tokens=8", "--iterations_per_step=1", "--gamma=2", "--budget_repeats=1",
-          "--queue=16", "--row_buckets=2", "--modes=greedy", "--modes=sampled"]
+  args = [*EMBEDDED_SERVER, "--queue=16"]  # test_server.py's programs (from the run's compilation cache)
   workload = tmp_path / "w.jsonl"
   workload.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS))
   with serve(args, tmp_path / "log.txt") as (url, _, _):
