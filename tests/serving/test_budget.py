@@ -623,7 +623,7 @@ def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
   else:
     target, speculation = _case(name)
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=2,
-                 modes=("greedy",), budget=AS_SET)
+                 modes=("greedy",), row_buckets=(3,), budget=AS_SET)  # one bucket: the module engine has two
   assert [t.gamma for t in e.table.entries] == ([0, 2] if name == "tree" else [0, 1, 2, 3])
   e.costs = _costs(e, per_token=0.3)
   outputs = _serve_prompts(e, refs)
