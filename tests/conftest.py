@@ -84,31 +84,57 @@ def hf_dirs(tmp_path_factory):
   return {name: write_hf_t5(str(root / name), name) for name in FAMILIES}
 
 
-# The slowest test files, slowest first (tests/README.md's table holds their measured seconds: keep both current).
-# Two xdist workers take a file each at a time in collection order (`--dist loadfile --no-loadscope-reorder`), so
-# these run first and the run ends on short files, not on one worker finishing a long file alone while the other
-# idles. A file not listed keeps its place after them.
+# The test files of at least 20 s in the last full run, slowest first (tests/README.md's table holds the first 20
+# with their measured seconds: keep both current). Two xdist workers take a file each at a time in collection order
+# (`--dist loadfile --no-loadscope-reorder`): longest first, so the run ends on short files, not on one worker
+# finishing a long file alone while the other idles. A file not listed keeps its place after them.
 HEAVY_FILES = (
-    "tests/decoding/test_decoder_only_generate.py",
-    "tests/bench/test_tune.py",
-    "tests/test_notebook.py",
-    "tests/serving/test_slot_engine.py",
     "tests/serving/test_budget.py",
+    "tests/bench/test_tune.py",
+    "tests/decoding/test_decoder_only_generate.py",
     "tests/sharding/test_sharding.py",
+    "tests/test_notebook.py",
     "tests/serving/test_slot_engine_drafters.py",
-    "tests/decoding/test_head_trees.py",
     "tests/serving/test_server_hosts.py",
-    "tests/training/test_ende_pipeline.py",
-    "tests/decoding/test_adaptive.py",
-    "tests/decoding/test_sampling_lossless.py",
+    "tests/serving/test_slot_engine.py",
     "tests/decoding/test_head_drafter.py",
+    "tests/decoding/test_adaptive.py",
+    "tests/training/test_ende_pipeline.py",
+    "tests/decoding/test_head_trees.py",
+    "tests/decoding/test_sampling_lossless.py",
+    "tests/serving/test_slot_engine_sampling.py",
     "tests/decoding/test_generate.py",
     "tests/cli/test_launch_generate.py",
     "tests/models/test_tree_step.py",
-    "tests/training/test_launch_train.py",
-    "tests/serving/test_slot_engine_mesh.py",
     "tests/bench/test_benchmark.py",
     "tests/serving/test_server.py",
+    "tests/bench/test_gpu_round3.py",
+    # from here: not in tests/README.md's table
+    "tests/serving/test_slot_engine_mesh.py",
+    "tests/serving/test_slot_engine_hosts.py",
+    "tests/cli/test_cli_safety.py",
+    "tests/training/test_launch_train.py",
+    "tests/serving/test_slot_engine_eos.py",
+    "tests/decoding/test_cross_head_drafter.py",
+    "tests/training/test_pair_v2_pipeline.py",
+    "tests/cli/test_launch_translate.py",
+    "tests/serving/test_hostile.py",
+    "tests/serving/test_drafter_stays_current.py",
+    "tests/cli/test_launch_tools.py",
+    "tests/decoding/test_tree_generate.py",
+    "tests/serving/test_guidellm.py",
+    "tests/training/test_train_head.py",
+    "tests/serving/test_slot_memory.py",
+    "tests/test_reliability.py",
+    "tests/decoding/test_streaming.py",
+    "tests/serving/test_soak_server.py",
+    "tests/bench/test_oracle_drafter.py",
+    "tests/models/test_decoder_only_parity.py",
+    "tests/bench/test_benchmark_decoder_only.py",
+    "tests/serving/test_chat.py",
+    "tests/models/test_features.py",
+    "tests/models/test_eagle3_tree_step.py",
+    "tests/cli/test_launch_inputs.py",
 )
 
 

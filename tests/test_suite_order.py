@@ -1,5 +1,5 @@
 """The suite's own order (issue 40 item 16): conftest.HEAVY_FILES go first, slowest first, and tests/README.md's
-table of the slowest files lists the same files in the same order."""
+table of the slowest files lists the first of them in the same order."""
 
 import os
 import re
@@ -16,7 +16,7 @@ def test_heavy_files_exist_once_each_and_match_the_readme_table():
     assert os.path.isfile(os.path.join(os.path.dirname(TESTS), path)), path
   with open(os.path.join(TESTS, "README.md"), encoding="utf-8") as f:
     rows = re.findall(r"^\| `([^`]+)` \| (\d+)\*? \|", f.read(), re.M)
-  assert [f"tests/{name}" for name, _ in rows] == list(conftest.HEAVY_FILES)
+  assert len(rows) >= 10 and [f"tests/{name}" for name, _ in rows] == list(conftest.HEAVY_FILES[:len(rows)])
   seconds = [int(s) for _, s in rows]
   assert seconds == sorted(seconds, reverse=True), seconds  # slowest first
 
