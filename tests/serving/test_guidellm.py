@@ -53,7 +53,8 @@ def server(tmp_path_factory):
   """(url, the guidellm command): the server compiles while guidellm's venv is checked (or made)."""
   # test_server.py's programs (from the run's compilation cache); guidellm sends no temperature (OpenAI's default,
   # 1: the sampled programs) and prompts of PROMPT_TOKENS, under --max_input_length.
-  with serve(EMBEDDED_SERVER, tmp_path_factory.mktemp("serve") / "log.txt", while_compiling=_guidellm) as (url, _, command):
+  log = tmp_path_factory.mktemp("serve") / "log.txt"
+  with serve(EMBEDDED_SERVER, log, while_compiling=_guidellm) as (url, _, command):
     yield url, command
 
 
