@@ -1,5 +1,5 @@
 """Driving a SlotEngine in tests: requests join at given steps, take the first free slot, leave when finished
-(or are freed early), and their tokens are collected per request."""
+(or are freed early), and their tokens are collected per request; cost curves set by a test (`cost_curves`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 
 import jaxspec
 from jaxspec.serving import RequestSettings, SlotEngine
+from jaxspec.serving.budget import CostCurves
 
 
 @dataclasses.dataclass
@@ -21,6 +22,13 @@ class Request:
   tokens: list[int] = dataclasses.field(default_factory=list)
   reason: str | None = None
   slots_used: list[int] = dataclasses.field(default_factory=list)
+
+
+def cost_curves(engine: SlotEngine, per_token: float) -> CostCurves:
+  """The verification budget's step costs as a test sets them, not as warmup timed them (those follow the
+  machine's load): c(R, k) = 1 + per_token * k at every row bucket R and tier k, no catch-up or wake charged."""
+  return CostCurves({(r, e.gamma): 1.0 + per_token * e.gamma for r in engine.row_buckets
+                     for e in engine.table.entries})
 
 
 def drive(engine: SlotEngine, requests: list[Request], max_steps: int = 400, outputs: list | None = None

@@ -27,7 +27,7 @@ from jaxspec.serving.budget import (Ahead, Budget, CostCurves, EndRate, choose, 
                                     survival, within)
 from jaxspec.serving.budget import from_flags as budget_flags
 
-from engine_helpers import Request, drive, generate_tokens
+from engine_helpers import Request, cost_curves, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
 
 # The choice is E / c alone, from the costs a test sets (the margin, the learning and the empty slots: own tests).
@@ -474,11 +474,6 @@ def engine():
   return e
 
 
-def _costs(engine, per_token: float) -> CostCurves:
-  return CostCurves({(r, e.gamma): 1.0 + per_token * e.gamma for r in engine.row_buckets
-                     for e in engine.table.entries})
-
-
 def _serve_prompts(engine, refs) -> list:
   """Every prompt through `engine` (arriving one a step), its greedy tokens checked against plain decoding; the
   engine's step outputs."""
@@ -504,7 +499,7 @@ def test_warmup_measures_every_cost_and_compiles_a_bounded_set(engine, refs):
 
 
 def test_forced_costs_make_it_plain_everywhere(engine, refs, monkeypatch):
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=5.0))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))
   outputs = _serve_prompts(engine, refs)
   ran = [o for o in outputs if o.entry is not None]
   assert ran and all(o.entry.gamma == 0 and not o.limits.any() and not o.drafted.any() for o in ran)
@@ -514,7 +509,7 @@ def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
   """Budget.ahead: a step of enough rows has the next step's tier chosen during its device work; the next plan
   takes that tier with each row's limit from the estimates then, and calls `choose` only when the rows changed.
   Greedy output stays plain decoding's; with ahead=0 every plan chooses afresh and none is made during a step."""
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   calls = []
   real = engine_module.choose
   monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
@@ -558,7 +553,7 @@ def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
 
 
 def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, refs, monkeypatch):
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   outputs = _serve_prompts(engine, refs)
   tiers = {o.entry.gamma for o in outputs if o.entry is not None}
   assert len(tiers) >= 2, tiers  # the estimates moved the choice
@@ -570,7 +565,7 @@ def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, ref
 def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
   """One iteration per step, greedy: beta is 1 for accepted positions and 0 at the first rejection, so each step's
   drafted / accepted counts give the estimates' update exactly."""
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   prompts = PROMPTS[:3]
   g = engine.estimates().shape[1]
   s = np.full((3, g), est.PRIOR_COUNT * est.PRIOR_ALPHA)
@@ -597,7 +592,7 @@ def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
   target = _llama(0)
   e = SlotEngine(target, jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
                  max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",), budget=AS_SET)
-  e.costs = _costs(e, per_token=0.4)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
+  e.costs = cost_curves(e, per_token=0.4)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
   outputs = []
   requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
   drive(e, requests, outputs=outputs)
@@ -625,7 +620,7 @@ def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
   e = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW, iterations_per_step=2,
                  modes=("greedy",), row_buckets=(3,), budget=AS_SET)  # one bucket: the module engine has two
   assert [t.gamma for t in e.table.entries] == ([0, 2] if name == "tree" else [0, 1, 2, 3])
-  e.costs = _costs(e, per_token=0.3)
+  e.costs = cost_curves(e, per_token=0.3)
   outputs = _serve_prompts(e, refs)
   assert any(o.entry is not None and o.entry.gamma > 0 for o in outputs)
 
@@ -678,7 +673,7 @@ def _same_steps(a, b) -> None:
 
 
 def test_a_forced_plan_decodes_as_the_engines_own_choice(engine, refs, monkeypatch):
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   runs = []
   for driven in (engine, _Planned(engine, lambda e: e.plan_step())):
     monkeypatch.setattr(engine, "ends", EndRate())  # each run from the same end rate (the requests' EOS move it)
@@ -764,11 +759,11 @@ def test_the_leader_publishes_its_choice_and_a_follower_runs_it(engine, refs, mo
   decoding everywhere (test_forced_costs_make_it_plain_everywhere), yet it runs the leader's tiers and limits."""
   store = _Store()
   monkeypatch.setattr(distributed.global_state, "client", store)
-  monkeypatch.setattr(engine, "costs", _costs(engine, per_token=0.3))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   target, speculation = _case("draft")
   follower = SlotEngine(target, speculation, slots=3, max_input_length=32, max_new_tokens=MAX_NEW,
                         iterations_per_step=1, modes=("greedy",), row_buckets=(1, 3))
-  follower.costs = _costs(follower, per_token=5.0)
+  follower.costs = cost_curves(follower, per_token=5.0)
   led, followed = [], []
   with monkeypatch.context() as m:  # a leader of two processes (its watch asks the store for process 1's beat)
     m.setattr(jax, "process_count", lambda: 2)

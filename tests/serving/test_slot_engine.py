@@ -20,9 +20,8 @@ from jaxspec.decoding.device import slots as slot_programs
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.models.t5 import T5Cache
 from jaxspec.serving import RequestSettings, SlotEngine
-from jaxspec.serving.budget import CostCurves
 
-from engine_helpers import Request, drive, generate_tokens
+from engine_helpers import Request, cost_curves, drive, generate_tokens
 
 TEXTS = ["translate English to German: The house is small.",
          "translate English to German: I like green tea very much because it is good.",
@@ -67,9 +66,9 @@ def _mixed_load(prompts, settings_of):
 
 def test_greedy_equals_plain_generate_under_load(engine, prompts, greedy_refs, monkeypatch):
   # The budget's choice follows the step costs warmup timed, which follow this machine's load: cost curves set here
-  # (a draft token at a tenth of a plain step, no catch-up or wake charged, nothing learnt from the steps served)
-  # make it draft whatever the load, so that the equality below is speculative decoding's.
-  monkeypatch.setattr(engine, "costs", CostCurves({key: 1.0 + 0.1 * key[1] for key in engine.costs.seconds}))
+  # (a draft token at a tenth of a plain step, nothing learnt from the steps served) make it draft whatever the
+  # load, so that the equality below is speculative decoding's.
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.1))
   monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, learn=0.0))
   before = engine.compiled_programs()
   budgets = [MAX_NEW, 5, MAX_NEW, MAX_NEW, 9, MAX_NEW, MAX_NEW]
