@@ -57,9 +57,9 @@ _BUDGET_THETA = flags.DEFINE_float("budget_theta", 0.2, "The budget drafts a req
 _BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.0, "The share a drafting step's cost is raised by when the "
                                     "budget chooses (what one step's ratio omits: docs/serving.md).",
                                     lower_bound=0.0, upper_bound=9.0)
-_BUDGET_REPEATS = flags.DEFINE_integer("budget_repeats", REPEATS, "Timed runs of each step program "
-                                       "in the warm-up's step-cost curves (after an untimed one, in each of two "
-                                       "passes): fewer start the server sooner, with noisier curves.", lower_bound=1)
+_BUDGET_REPEATS = flags.DEFINE_integer("budget_repeats", REPEATS, "The warm-up's step-cost curves time "
+                                       "every step program in 2 x this many interleaved rounds: fewer start the "
+                                       "server sooner, with noisier curves.", lower_bound=1)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), "
                           "and --slots. A seeded "

@@ -99,7 +99,7 @@ from jaxspec.errors import SettingsError
 
 DEFAULT_TIERS = (0, 1, 2, 4)  # and the speculation's gamma
 THETA = 0.2  # a row drafts position j only while its survival s(b, j) is at least this
-REPEATS = 3  # timed runs of each step program in warmup (after one untimed)
+REPEATS = 3  # warmup: 2 REPEATS interleaved rounds over the step programs; REPEATS timed wakes and catch-ups
 MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (module docstring)
 IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
@@ -114,7 +114,8 @@ class Budget:
 
   tiers: the draft lengths compiled (0 is plain decoding, always added; each <= the speculation's gamma, which is
     always added); None: DEFAULT_TIERS. theta: in [0, 1], the survival a row's draft position needs to be
-    drafted. repeats: >= 1 timed runs per step program in warmup (the cost curves). margin: >= 0, the share a
+    drafted. repeats: >= 1, warmup times each step program in 2 repeats interleaved rounds (the cost
+    curves: `curves_from_rounds`) and the wakes and catch-ups repeats times. margin: >= 0, the share a
     drafting tier's cost is raised by in the choice (the module docstring). learn: in [0, 1], each served step's
     weight in its program's cost (CostCurves.observe; 0: warmup's curves stay as measured). idle: in [0, 1], the
     share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
@@ -164,8 +165,9 @@ class Budget:
 
 @dataclasses.dataclass
 class CostCurves:
-  """c(R, k): seconds of one step at row bucket R and draft length k (0: plain), as warmup timed them (the median
-  of `Budget.repeats` runs). A pair not measured gets DEFAULT_COST_PER_TOKEN's relative model."""
+  """c(R, k): seconds of one step at row bucket R and draft length k (0: plain), as warmup timed them (2
+  `Budget.repeats` interleaved rounds: `curves_from_rounds`). A pair not measured gets DEFAULT_COST_PER_TOKEN's
+  relative model."""
 
   seconds: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)
   # catchup[R]: seconds a drafting step at row bucket R costs beyond c(R, k) right after plain steps (its drafts
@@ -206,6 +208,28 @@ class CostCurves:
     if (rows, k) in self.seconds and seconds > 0:
       now = self.seconds[(rows, k)]
       self.seconds[(rows, k)] = now + weight * (min(max(seconds, 0.5 * now), 2.0 * now) - now)
+
+
+def curves_from_rounds(rounds: dict[int, Sequence[float | None]]) -> dict[int, float]:
+  """c(R, k) per draft length k from one row bucket's warm-up rounds: rounds[k][r] the seconds of tier k's timed
+  step in round r (None: not timed). Plain's (k = 0) is the median of its timings; a drafting tier's is that times
+  the median over the rounds of its ratio to the same round's plain step (its own median where no round timed
+  both). The steps of one round run within a second or so, so a slow spell of the machine shifts them together and
+  leaves their ratio: timed in blocks of one tier after another (3 steps each, two passes), the embedded pair's
+  ratio of a gamma-2 to a plain step at 8 rows read 2.1 in one warm-up and 3.4 in the next on this project's CPU,
+  and a plain step at 32 rows cost more than one at 64. Tiers without a timing are left out."""
+  def median(values):
+    return float(statistics.median(values))
+  plain = rounds.get(0, ())
+  base = [t for t in plain if t is not None]
+  out = {0: median(base)} if base else {}
+  for k, times in rounds.items():
+    own = [t for t in times if t is not None]
+    if k == 0 or not own:
+      continue
+    ratios = [t / p for t, p in zip(times, plain) if t is not None and p is not None and p > 0]
+    out[k] = median(base) * median(ratios) if base and ratios else median(own)
+  return out
 
 
 @dataclasses.dataclass

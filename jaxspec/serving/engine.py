@@ -130,8 +130,8 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, per_row_rate, survival,
-                                    tier_limits, within)
+from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, curves_from_rounds,
+                                    per_row_rate, survival, tier_limits, within)
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -797,42 +797,42 @@ class SlotEngine:
   def _measure_costs(self) -> None:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
-    when they have too few tokens left for the next tier), then two passes over the tiers, the second in reverse
-    order: per tier k one untimed step of its program (the draft's wake or catch-up on a drafting one) and
-    Budget.repeats timed ones. c(R, k) is the lower of the two passes' medians (a slow spell of the machine
-    during one pass made single-pass curves up to 30 % off, and a tier the budget then never runs is never
-    refined by the steps served). Then the catch-up at R (`_measure_catchup`). Rows that run out of tokens end a
-    measurement early (an engine of a few max_new_tokens). What runs depends on the engine's settings and the
-    steps' token counts only, never on a timing: over several processes every process runs the same programs in
-    the same order (each times its own; only process 0's curves choose: `plan_step` runs there alone)."""
+    when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers, forward
+    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): one timed step of each tier a round, after an untimed one
+    of it where the rows' drafts are not current (a drafting step after plain steps or an insert: its catch-up or
+    wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
+    the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
+    round's steps together, leaves the ratios the choice weighs at R. Then the catch-up at R (`_measure_catchup`).
+    Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends
+    on the engine's settings and the steps' token counts only, never on a timing: over several processes every
+    process runs the same programs in the same order (each times its own; only process 0's curves choose:
+    `plan_step` runs there alone)."""
     mode, repeats = self.modes[0], self.budget.repeats
     settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
-    tiers = list(enumerate(self.table.entries))
     for rows in self.row_buckets:
-      slots, left, medians = [], 0, {}
-      for order in (tiers, tiers[::-1]):
-        for i, entry in order:
-          key = (i, mode, rows)
-          if key not in self._programs:
-            continue
-          if not slots or left < (repeats + 1) * self.iterations_per_step * (entry.gamma + 1):
+      tiers = [(i, e) for i, e in enumerate(self.table.entries) if (i, mode, rows) in self._programs]
+      slots, left, current = [], 0, False  # current: the rows' drafts are up to date (they drafted last)
+      rounds = {entry.gamma: [None] * (2 * repeats) for _, entry in tiers}
+      for r in range(2 * repeats):
+        for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
+          runs = 1 if entry.plain or current else 2  # the first an untimed catch-up or wake
+          if not slots or left < runs * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:
               self.free(slot)
-            slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
+            slots, left, current = self.free_slots()[:rows], self.max_new_tokens - 1, False
             for slot in slots:
               self.insert(slot, [self.pad_id], settings)
-          times = []
-          for n in range(repeats + 1):
+            runs = 1 if entry.plain else 2
+          for n in range(runs):
             if not self._active[slots].all():
               break
             started = time.perf_counter()
-            out = self.step(program=key)
-            if n:
-              times.append(time.perf_counter() - started)
+            out = self.step(program=(i, mode, rows))
+            if n == runs - 1:
+              rounds[entry.gamma][r] = time.perf_counter() - started
             left -= max(len(out.tokens[s]) for s in slots)
-          if times:
-            medians.setdefault((rows, entry.gamma), []).append(float(np.median(times)))
-      self.costs.seconds.update({key: min(values) for key, values in medians.items()})
+          current = not entry.plain
+      self.costs.seconds.update({(rows, k): v for k, v in curves_from_rounds(rounds).items()})
       for slot in slots:
         self.free(slot)
       self._measure_catchup(rows, mode, settings)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import pickle
+import types
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,8 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving import engine as engine_module
-from jaxspec.serving.budget import (Ahead, Budget, CostCurves, EndRate, choose, expected_tokens, row_limits,
-                                    survival, within)
+from jaxspec.serving.budget import (Ahead, Budget, CostCurves, EndRate, choose, curves_from_rounds, expected_tokens,
+                                    row_limits, survival, within)
 from jaxspec.serving.budget import from_flags as budget_flags
 
 from engine_helpers import Request, cost_curves, drive, generate_tokens
@@ -267,6 +268,43 @@ def test_served_steps_refine_the_costs():
   assert costs.seconds[(8, 0)] == pytest.approx(0.015)
   costs.observe(16, 0, 0.5, weight=0.5)  # not measured in warmup: left alone
   assert (16, 0) not in costs.seconds
+
+
+def test_warmup_rounds_make_each_tier_plains_median_times_its_median_ratio():
+  """Round r's timings of every tier make c(R, k): plain's median, times the median over the rounds of the tier's
+  ratio to that round's plain step; a tier no round timed beside plain keeps its own median; untimed ones go."""
+  curves = curves_from_rounds({0: [0.010, 0.020, None], 2: [0.025, 0.050, 0.090], 4: [None, None, None]})
+  assert curves == pytest.approx({0: 0.015, 2: 0.0375})  # ratios 2.5, 2.5 (own median: 0.050)
+  assert curves_from_rounds({1: [0.03, 0.01, 0.02]}) == pytest.approx({1: 0.02})
+
+
+def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkeypatch):
+  """Warm-up interleaves the tiers round by round, so a machine 2.5x slower for 8 steps times every tier of most
+  rounds at one speed: the curves' ratio of each tier to plain is the true one. (Timed tier after tier in two
+  passes, the second reversed, the lower median, as warm-up did before: the spell covers the widest tier's steps
+  in both passes, and its curve reads 2.5x dearer.)"""
+  true = {0: 1.0, 1: 1.7, 2: 2.3, 3: 2.9}
+  clock, steps = [0.0], [0]
+  real_step = engine.step
+
+  def step(program=None, limits=None):
+    out = real_step(program=program, limits=limits)
+    steps[0] += 1
+    clock[0] += true[engine.table.entries[program[0]].gamma] * (2.5 if 13 <= steps[0] <= 20 else 1.0)
+    return out
+
+  monkeypatch.setattr(engine, "step", step)
+  monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, repeats=3))
+  monkeypatch.setattr(engine, "costs", CostCurves())
+  engine._measure_costs()  # pylint: disable=protected-access
+  assert steps[0] > 40  # the spell falls inside the first row bucket's rounds
+  for rows in engine.row_buckets:
+    base = engine.costs.seconds[(rows, 0)]
+    assert 1.0 - 1e-9 <= base <= 2.5 + 1e-9
+    for k, cost in true.items():
+      assert engine.costs.seconds[(rows, k)] / base == pytest.approx(cost), (rows, k)
+  assert not engine.active_slots()
 
 
 def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch):
