@@ -45,16 +45,21 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     Without it the Qwen pair drafted at 8 rows (19 of 27 steps, in one process) where a fixed gamma 4 was 0.92x
     plain: its 0.5B draft's prefill of a chat prompt is a large share of a request's drafting.
 
-The curves are warmup's, then refined by the steps served (Budget.learn, 0.1: each step the plan chose that ran
-all its iterations, re-fed no rested draft and followed a step of the same row bucket and side (plain after
-plain, drafting after drafting at any tier) moves its c(R, k) a tenth of the way to its time): in a server a step
-shares the machine with the HTTP work, and on this project's 2-core CPU the embedded pair's plain steps at 16 rows
-cost 28 ms served against 34 in warmup while a gamma-4 step cost what warmup said, so warmup's ratio alone made
-drafting look 20 % cheaper than it was. A step right after a switch between plain and drafting is not learnt
-from: it pays for the streaming of the previous step's tokens, which after a wide step made plain look 40 %
-dearer and kept the budget drafting. Between drafting tiers that streaming differs little, and served the budget
-moves between them (at 8 rows on the embedded pair gamma-1, 2 and 4 steps in turn, 36.0 / 40.7 / 51.2 ms served
-against warmup's 28.9 / 36.1 / 49.8): learnt from only after their own program, their curves stayed warmup's.
+The curves are warmup's, then moved by the steps served (Budget.learn, 0.1): each step the plan chose that ran all
+its iterations, re-fed no rested draft and followed a step of the same row bucket and side (plain after plain,
+drafting after drafting at any tier) moves its row bucket's curves, every tier's and the catch-up, by the same
+factor, a tenth of the way from its c(R, k) to its time (`CostCurves.observe`). They follow the machine's speed
+(on this project's 2-core VMs a step's time moves up to 2x within minutes, and served steps share the cores with
+the HTTP work) while the ratios between tiers, which the choice weighs at R, stay warm-up's interleaved ones.
+Until the thirteenth session a step moved its own tier's curve alone: the tiers the budget ran then followed the
+machine and the others kept warm-up's speed, so when the machine sped up while it ran one side, that side looked
+cheaper than warm-up measured it and the budget stayed there (a likely part of why, on the embedded pair at c=8,
+it drafted at 133 of 230 steps in one process and 3 of 260 in another, where served plain steps gave 1.21x the
+tokens per second of gamma-4 ones: docs/serving.md). Served against warm-up's interleaved curves a tier's step
+cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so the ratios need no per-tier
+correction there. A step right
+after a switch between plain and drafting is not learnt from: it pays for the streaming of the previous step's
+tokens, which after a wide step made plain look 40 % dearer.
 Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more
 than Budget.stick (0.1) above it: such a switch costs what no score counts (wakes, that streaming), and estimates
 that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as
@@ -117,7 +122,7 @@ class Budget:
     drafted. repeats: >= 1, warmup times each step program in 2 repeats interleaved rounds (the cost
     curves: `curves_from_rounds`) and the wakes and catch-ups repeats times. margin: >= 0, the share a
     drafting tier's cost is raised by in the choice (the module docstring). learn: in [0, 1], each served step's
-    weight in its program's cost (CostCurves.observe; 0: warmup's curves stay as measured). idle: in [0, 1], the
+    weight in its row bucket's costs (CostCurves.observe: the machine's speed; 0: warmup's curves stay as measured). idle: in [0, 1], the
     share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
@@ -200,14 +205,19 @@ class CostCurves:
           f"{bucket} {seconds * 1e3:.2f} ms" for bucket, seconds in sorted(self.wake.items())))
     return out
 
-
   def observe(self, rows: int, k: int, seconds: float, weight: float) -> None:
-    """Moves c(rows, k) toward a step's measured `seconds` by `weight` (an exponential average of the steps
-    served; a timing beyond half or twice the curve counts as that bound: one slow step, a pause, moves it
-    little). A pair warmup did not measure is left alone."""
+    """Moves row bucket `rows`' curves (every tier's c(rows, .) and its catch-up) by one factor, that which takes
+    c(rows, k) `weight` of the way to a step's measured `seconds` (an exponential average of the steps served; a
+    timing beyond half or twice the curve counts as that bound: one slow step, a pause, moves them little). The
+    machine's speed is learnt and the ratios between tiers stay warm-up's (the module docstring). A pair warmup
+    did not measure is left alone."""
     if (rows, k) in self.seconds and seconds > 0:
       now = self.seconds[(rows, k)]
-      self.seconds[(rows, k)] = now + weight * (min(max(seconds, 0.5 * now), 2.0 * now) - now)
+      factor = 1.0 + weight * (min(max(seconds, 0.5 * now), 2.0 * now) / now - 1.0)
+      for key in [key for key in self.seconds if key[0] == rows]:
+        self.seconds[key] *= factor
+      if rows in self.catchup:
+        self.catchup[rows] *= factor
 
 
 def curves_from_rounds(rounds: dict[int, Sequence[float | None]]) -> dict[int, float]:
@@ -216,7 +226,7 @@ def curves_from_rounds(rounds: dict[int, Sequence[float | None]]) -> dict[int, f
   the median over the rounds of its ratio to the same round's plain step (its own median where no round timed
   both). The steps of one round run within a second or so, so a slow spell of the machine shifts them together and
   leaves their ratio: timed in blocks of one tier after another (3 steps each, two passes), the embedded pair's
-  ratio of a gamma-2 to a plain step at 8 rows read 2.1 in one warm-up and 3.4 in the next on this project's CPU,
+  ratio of a gamma-2 to a plain step at 8 rows read 2.1 in one warm-up and 3.5 in the next on this project's CPU,
   and a plain step at 32 rows cost more than one at 64. Tiers without a timing are left out."""
   def median(values):
     return float(statistics.median(values))

@@ -260,14 +260,32 @@ def test_the_end_rate_counts_early_ends_per_token():
   assert rate.rate == pytest.approx(1 / 40, rel=0.02)
 
 
-def test_served_steps_refine_the_costs():
-  costs = CostCurves({(8, 0): 0.010, (8, 4): 0.020})
-  costs.observe(8, 4, 0.030, weight=0.1)
-  assert costs.seconds[(8, 4)] == pytest.approx(0.021)
+def test_served_steps_move_their_row_buckets_curves_together():
+  """A served step moves its bucket's curves (every tier's, the catch-up) by the factor that takes its own tier a
+  `weight` of the way to its time: the machine's speed is learnt, the ratios the choice weighs stay warm-up's."""
+  costs = CostCurves({(8, 0): 0.010, (8, 4): 0.020, (16, 0): 0.030}, catchup={8: 0.004, 16: 0.008})
+  costs.observe(8, 4, 0.030, weight=0.1)  # 1.5x its curve: a tenth of the way, 1.05
+  assert costs.seconds == pytest.approx({(8, 0): 0.0105, (8, 4): 0.021, (16, 0): 0.030})
+  assert costs.catchup == pytest.approx({8: 0.0042, 16: 0.008})
   costs.observe(8, 0, 1.0, weight=0.5)  # a pause: counted as twice the curve
-  assert costs.seconds[(8, 0)] == pytest.approx(0.015)
-  costs.observe(16, 0, 0.5, weight=0.5)  # not measured in warmup: left alone
-  assert (16, 0) not in costs.seconds
+  assert costs.seconds[(8, 0)] == pytest.approx(0.01575) and costs.seconds[(8, 4)] == pytest.approx(0.0315)
+  costs.observe(32, 0, 0.5, weight=0.5)  # not measured in warmup: left alone
+  assert (32, 0) not in costs.seconds
+
+
+def test_a_speed_change_on_the_side_it_runs_leaves_the_choice_as_it_was():
+  """The machine 1.5x faster while plain steps run (a plain step at 8 rows learnt down from 30 to 20 ms) leaves
+  the choice between plain and a gamma-4 tier at 8 rows as warm-up's curves made it; moving plain's curve alone (the
+  rule before) would flip it to plain."""
+  alpha, tiers = np.full((8, 4), 0.8), (0, 4)  # E(4) / E(0) = 3.36: gamma 4 wins at a cost ratio of 3.2
+  costs = CostCurves({(8, 0): 0.030, (8, 4): 0.096})
+  assert choose(alpha, tiers, [costs.get(8, k) for k in tiers], 0.2).k == 4
+  for _ in range(60):
+    costs.observe(8, 0, 0.020, weight=0.1)
+  assert costs.get(8, 0) == pytest.approx(0.020, rel=0.01)
+  assert costs.get(8, 4) / costs.get(8, 0) == pytest.approx(3.2)
+  assert choose(alpha, tiers, [costs.get(8, k) for k in tiers], 0.2).k == 4
+  assert choose(alpha, tiers, [costs.get(8, 0), 0.096], 0.2).k == 0  # plain's curve alone learnt: plain
 
 
 def test_warmup_rounds_make_each_tier_plains_median_times_its_median_ratio():
@@ -308,7 +326,7 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
 
 
 def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch):
-  """A step the plan chose after a step of the same program moves that program's cost toward its time (learn 1:
+  """A step the plan chose after a step of the same program moves its row bucket's costs toward its time (learn 1:
   halfway at most, the clip); a forced one, one after a switch, and an engine that does not learn leave the
   curves alone. Requests that end by EOS raise the end
   rate, ignore_eos ones do not."""
@@ -324,8 +342,8 @@ def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch)
   monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=1.0))
   out = engine.step()  # the program of the step before (same costs, same estimates): learnt
   learnt = (out.rows, out.entry.gamma)
-  assert big.seconds[learnt] == pytest.approx(500.0)
-  assert all(v == 1e3 for key, v in big.seconds.items() if key != learnt)
+  assert big.seconds[learnt] == pytest.approx(500.0)  # and its row bucket's other tiers with it
+  assert all(v == (500.0 if key[0] == out.rows else 1e3) for key, v in big.seconds.items())
   engine.step(program=(0, "greedy", 3) if out.entry.gamma else (1, "greedy", 3))
   engine.step()  # right after another program (whose tokens' streaming a server would charge to it): not learnt
   assert big.seconds[learnt] == pytest.approx(500.0)
