@@ -54,7 +54,7 @@ the HTTP work) while the ratios between tiers, which the choice weighs at R, sta
 Until the thirteenth session a step moved its own tier's curve alone: the tiers the budget ran then followed the
 machine and the others kept warm-up's speed, so when the machine sped up while it ran one side, that side looked
 cheaper than warm-up measured it and the budget stayed there (a likely part of why, on the embedded pair at c=8,
-it drafted at 133 of 230 steps in one process and 3 of 260 in another, where served plain steps gave 1.21x the
+it drafted at 133 of 230 steps in one process and 3 of 258 in another, where served plain steps gave 1.21x the
 tokens per second of gamma-4 ones: docs/serving.md). Served against warm-up's interleaved curves a tier's step
 cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so the ratios need no per-tier
 correction there. A step right

@@ -798,9 +798,9 @@ class SlotEngine:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
     when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers, forward
-    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): one timed step of each tier a round, after an untimed one
-    of it where the rows' drafts are not current (a drafting step after plain steps or an insert: its catch-up or
-    wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
+    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each tier a round, the second timed (the first
+    pays the switch from the program before: a plain step at 8 rows on the embedded pair cost 33.1 ms right after
+    a gamma-4 step and 29.3 after a plain one; and a drafting step's catch-up or wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
     the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
     round's steps together, leaves the ratios the choice weighs at R. Then the catch-up at R (`_measure_catchup`).
     Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends
@@ -811,27 +811,24 @@ class SlotEngine:
     settings = RequestSettings(self.max_new_tokens, Sampling(0.0 if mode == "greedy" else 1.0), ignore_eos=True)
     for rows in self.row_buckets:
       tiers = [(i, e) for i, e in enumerate(self.table.entries) if (i, mode, rows) in self._programs]
-      slots, left, current = [], 0, False  # current: the rows' drafts are up to date (they drafted last)
+      slots, left = [], 0
       rounds = {entry.gamma: [None] * (2 * repeats) for _, entry in tiers}
       for r in range(2 * repeats):
         for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
-          runs = 1 if entry.plain or current else 2  # the first an untimed catch-up or wake
-          if not slots or left < runs * self.iterations_per_step * (entry.gamma + 1):
+          if not slots or left < 2 * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:
               self.free(slot)
-            slots, left, current = self.free_slots()[:rows], self.max_new_tokens - 1, False
+            slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
             for slot in slots:
               self.insert(slot, [self.pad_id], settings)
-            runs = 1 if entry.plain else 2
-          for n in range(runs):
+          for n in range(2):  # the first untimed: a step right after another program costs more
             if not self._active[slots].all():
               break
             started = time.perf_counter()
             out = self.step(program=(i, mode, rows))
-            if n == runs - 1:
+            if n:
               rounds[entry.gamma][r] = time.perf_counter() - started
             left -= max(len(out.tokens[s]) for s in slots)
-          current = not entry.plain
       self.costs.seconds.update({(rows, k): v for k, v in curves_from_rounds(rounds).items()})
       for slot in slots:
         self.free(slot)
