@@ -109,7 +109,7 @@ MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (mo
 IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
 AHEAD = 8  # a step of at least this many active rows has the next one's tier chosen while it runs (0: never)
-LEARN = 0.1  # each served step's weight in its program's cost c(R, k) (CostCurves.observe; 0: warmup's curves stay)
+LEARN = 0.1  # each served step's weight in its row bucket's curves (CostCurves.observe; 0: warmup's curves stay)
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
@@ -118,16 +118,16 @@ class Budget:
   """The verification budget's settings (static: its tiers are compiled programs).
 
   tiers: the draft lengths compiled (0 is plain decoding, always added; each <= the speculation's gamma, which is
-    always added); None: DEFAULT_TIERS. theta: in [0, 1], the survival a row's draft position needs to be
-    drafted. repeats: >= 1, warmup times each step program in 2 repeats interleaved rounds (the cost
-    curves: `curves_from_rounds`) and the wakes and catch-ups repeats times. margin: >= 0, the share a
-    drafting tier's cost is raised by in the choice (the module docstring). learn: in [0, 1], each served step's
-    weight in its row bucket's costs (CostCurves.observe: the machine's speed; 0: warmup's curves stay as measured). idle: in [0, 1], the
-    share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
+    always added); None: DEFAULT_TIERS. theta: in [0, 1], the survival a row's draft position needs to be drafted.
+    repeats: >= 1, warmup times each step program in 2 repeats interleaved rounds (the cost curves:
+    `curves_from_rounds`) and the wakes and catch-ups repeats times. margin: >= 0, the share a drafting tier's cost
+    is raised by in the choice (the module docstring). learn: in [0, 1], each served step's weight in its row
+    bucket's costs (CostCurves.observe: the machine's speed; 0: warmup's curves stay as measured). idle: in [0, 1],
+    the share of the next step a row's slot is taken to stay empty after the step it ends in, when no request waits
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
-    at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0:
-    never): its plan then costs the step nothing, one step behind the estimates."""
+    at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
+    its plan then costs the step nothing, one step behind the estimates."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA

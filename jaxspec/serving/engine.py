@@ -799,8 +799,9 @@ class SlotEngine:
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
     when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers, forward
     and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each tier a round, the second timed (the first
-    pays the switch from the program before: a plain step at 8 rows on the embedded pair cost 33.1 ms right after
-    a gamma-4 step and 29.3 after a plain one; and a drafting step's catch-up or wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
+    pays the switch from the program before: a plain step at 8 rows on the embedded pair cost 7-13 % more right
+    after a gamma-4 step than after a plain one, docs/bench/serving/switch_cost.md; and a drafting step's catch-up
+    or wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
     the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
     round's steps together, leaves the ratios the choice weighs at R. Then the catch-up at R (`_measure_catchup`).
     Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends

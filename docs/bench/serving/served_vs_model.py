@@ -51,7 +51,8 @@ def _serve_tier(engine, tier: int, prompts, start: int, totals: collections.Coun
     hazard = np.full((len(slots),), engine.ends.rate)
     rate = budget_rule.per_row_rate(budget_rule.survival(alpha), limits)
     left = engine._left[slots].astype(np.float64)  # pylint: disable=protected-access  (tokens each may still give)
-    expected, share = budget_rule._per_row(rate, left, engine.iterations_per_step, hazard)  # pylint: disable=protected-access
+    # pylint: disable-next=protected-access
+    expected, share = budget_rule._per_row(rate, left, engine.iterations_per_step, hazard)
     forced = np.zeros((engine.slots,), np.int32)
     forced[slots] = limits
     started = time.perf_counter()
