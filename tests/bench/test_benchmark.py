@@ -4,31 +4,49 @@ No timing is asserted: timings belong to the benchmark's reports, not to tests.
 """
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from conftest import write_hf_t5
-from script_helpers import run_forked, script_env
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository
+from script_helpers import run_forked
 
 
-def test_benchmark_smoke_run(tmp_path):
-  write_hf_t5(str(tmp_path / "target"), "t5_v1_1", d_model=32)
-  write_hf_t5(str(tmp_path / "draft"), "t5_v1_0", seed=1)
-  inputs = tmp_path / "in.txt"
+# t5-small's name (its paper row: alpha 0.75, and so the loop run) on a 1-layer shape of width 32: the
+# script's whole path at a fraction of the real shape's compile and run time (64 s of CPU on the 2-core machine).
+TINY_T5_SMALL = ("from jaxspec.models.t5.shapes import T5_SHAPES\n"
+                 "T5_SHAPES['t5-small'] = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, "
+                 "num_heads=4)\n")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  """The three smoke runs, forked together from one interpreter that imported JAX and jaxspec once (`run_forked`,
+  as many at a time as there are CPUs; its prelude, TINY_T5_SMALL, is for hardware_costs.py: benchmark.py reads its
+  models from the directories written here and loop_profile.py uses the embedded pair, neither a T5 shape name).
+  {script: (CompletedProcess, its directory)}."""
+  tmp = {name: tmp_path_factory.mktemp(name) for name in ("benchmark", "hardware_costs", "loop_profile")}
+  bench = tmp["benchmark"]
+  write_hf_t5(str(bench / "target"), "t5_v1_1", d_model=32)
+  write_hf_t5(str(bench / "draft"), "t5_v1_0", seed=1)
+  inputs = bench / "in.txt"
   inputs.write_text("\n".join(" ".join(str(5 + (i * j) % 80) for j in range(6)) for i in range(3)))
   # The tiny checkpoints have no tokenizer: the input file holds token ids.
+  args = {"benchmark": ["launch/benchmark.py", f"--target={bench / 'target'}", f"--draft={bench / 'draft'}",
+                        f"--input={inputs}", "--input_is_token_ids", "--gammas=2", "--temperatures=0,1",
+                        "--batch_sizes=1", "--sentences=3", "--repeats=1", "--max_new_tokens=6",
+                        f"--output_dir={bench / 'bench'}"],
+          "hardware_costs": ["launch/hardware_costs.py", "--target=t5-small", "--drafts=t5-small", "--gammas=2",
+                             "--batch_sizes=1", "--dtype=float32", "--repeats=1",
+                             f"--output={tmp['hardware_costs'] / 'costs'}"],
+          "loop_profile": ["launch/loop_profile.py", "--gammas=2", "--sentences=2", "--rounds=1",
+                           "--max_new_tokens=8", f"--output={tmp['loop_profile'] / 'profile'}"]}
+  results = run_forked(list(args.values()), timeout=900, prelude=TINY_T5_SMALL)
+  return {name: (res, tmp[name]) for name, res in zip(args, results)}
+
+
+def test_benchmark_smoke_run(runs):
+  res, tmp_path = runs["benchmark"]
   out = tmp_path / "bench"
-  env = script_env()
-  res = subprocess.run([sys.executable, "launch/benchmark.py", f"--target={tmp_path / 'target'}",
-                        f"--draft={tmp_path / 'draft'}", f"--input={inputs}", "--input_is_token_ids",
-                        "--gammas=2", "--temperatures=0,1", "--batch_sizes=1", "--sentences=3",
-                        "--repeats=1", "--max_new_tokens=6", f"--output_dir={out}"],
-                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
   assert res.returncode == 0, res.stderr[-3000:]
   results = json.loads((out / "results.json").read_text())
   assert len(results["jaxspec"]) == 2
@@ -46,19 +64,9 @@ def test_benchmark_smoke_run(tmp_path):
   assert "| Temp | Batch | gamma |" in (out / "results.md").read_text()
 
 
-# t5-small's name (its paper row: alpha 0.75, and so the loop run) on a 1-layer shape of width 32: the
-# script's whole path at a fraction of the real shape's compile and run time (64 s of CPU on the 2-core machine).
-TINY_T5_SMALL = ("from jaxspec.models.t5.shapes import T5_SHAPES\n"
-                 "T5_SHAPES['t5-small'] = dict(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, "
-                 "num_heads=4)\n")
-
-
-def test_hardware_costs_smoke_run(tmp_path):
+def test_hardware_costs_smoke_run(runs):
   """launch/hardware_costs.py with t5-small's name on a tiny shape (random weights): valid ratios, loop timings."""
-  out = tmp_path / "costs"
-  (res,) = run_forked([["launch/hardware_costs.py", "--target=t5-small", "--drafts=t5-small", "--gammas=2",
-                        "--batch_sizes=1", "--dtype=float32", "--repeats=1", f"--output={out}"]],
-                      timeout=900, prelude=TINY_T5_SMALL)
+  res, tmp_path = runs["hardware_costs"]
   assert res.returncode == 0, res.stderr[-3000:]
   results = json.loads((tmp_path / "costs.json").read_text())
   (row,) = results["rows"]
@@ -73,12 +81,8 @@ def test_hardware_costs_smoke_run(tmp_path):
   assert [c.strip() for c in header.strip("|").split("|")][:3] == ["batch", "draft", "gamma"]
 
 
-def test_loop_profile_smoke_run(tmp_path):
-  out = tmp_path / "profile"
-  env = script_env()
-  res = subprocess.run([sys.executable, "launch/loop_profile.py", "--gammas=2", "--sentences=2", "--rounds=1",
-                        "--max_new_tokens=8", f"--output={out}"],
-                       cwd=ROOT, capture_output=True, text=True, env=env, timeout=900)
+def test_loop_profile_smoke_run(runs):
+  res, tmp_path = runs["loop_profile"]
   assert res.returncode == 0, res.stderr[-3000:]
   rows = json.loads((tmp_path / "profile.json").read_text())["rows"]
   assert [r["gamma"] for r in rows] == [0, 2]

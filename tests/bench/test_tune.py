@@ -223,9 +223,12 @@ def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
   inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
   out = tmp_path / "out.txt"
   # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing (checked below, run alongside).
+  # The calibration's batch size and token budget are test_tune_script_writes_a_complete_table's (same shapes: the
+  # plain and constant-gamma programs load from the run's compilation cache instead of compiling again).
   res, no_draft, bad_gamma = run_scripts([
       ["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto", "--tree=2,3",
-       "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=4", f"--input={inputs}", f"--output={out}"],
+       "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=5", "--batch_size=2", f"--input={inputs}",
+       f"--output={out}"],
       ["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto", f"--input={inputs}"],
       ["launch/translate.py", "--gamma=fast", "--target=no-such-model"]])
   assert res.returncode == 0, res.stderr[-3000:]

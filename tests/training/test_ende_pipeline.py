@@ -128,19 +128,56 @@ def tiny_setup(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def training_runs(tiny_setup):
-  """The launch/train.py runs of the two tests below, as many at a time as there are CPUs: a target trained 10
-  steps and, beside it, one trained 12 steps at a high learning rate exporting its best dev loss; then, from the
-  first's workdir and its export (copied: the resume replaces the export), the resume with a longer schedule, a
-  target continued from the export in a new workdir and a draft distilled from it. {name: CompletedProcess}."""
+def translate_setup(tiny_setup, tmp_path_factory):
+  """test_translate_script's files: a random target "t" and draft "d" with the tiny tokenizer, a draft whose
+  tokenizer differs ("other_tok"), an input file and a longer one (a line over --max_input_length=16 more).
+  (directory, the model flags, in.txt, longer.txt)."""
+  root, _, _ = tiny_setup
+  tmp_path = tmp_path_factory.mktemp("translate")
+  tok = load_tokenizer(str(root / "tok"))
+  cfg = t5.T5Config(vocab_size=tok.vocab_size, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
+                    num_heads=2)
+  for name, seed in (("t", 0), ("d", 1)):
+    jaxspec.save(jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), tok), str(tmp_path / name))
+  models = [f"--target={tmp_path / 't'}", f"--draft={tmp_path / 'd'}", "--max_new_tokens=8",
+            "--max_input_length=16"]
+  inputs, longer = tmp_path / "in.txt", tmp_path / "longer.txt"
+  inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\n")
+  longer.write_text(inputs.read_text() + "word " * 200 + "\n")  # one line more, longer than 16 tokens
+  other = tmp_path / "other_tok"  # a draft whose tokenizer differs
+  from transformers import AutoTokenizer
+  shutil.copytree(tmp_path / "d", other)
+  hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
+  hf_tok.add_tokens(["<extra_word>"])
+  hf_tok.save_pretrained(str(other))
+  return tmp_path, models, inputs, longer
+
+
+@pytest.fixture(scope="module")
+def training_runs(tiny_setup, translate_setup):
+  """The launch/train.py runs of the two tests below, forked from one interpreter that imported JAX and jaxspec
+  once, as many at a time as there are CPUs: a target trained 10 steps and, beside it, one trained 12 steps at a
+  high learning rate exporting its best dev loss; then, from the first's workdir and its export (copied: the resume
+  replaces the export), the resume with a longer schedule, a target continued from the export in a new workdir and
+  a draft distilled from it. The first batch also forks test_translate_script's independent runs ("translate",
+  "refused", "unknown", "differs"). {name: CompletedProcess}."""
   root, common, tiny = tiny_setup
+  directory, models, inputs, longer = translate_setup
   target = ["launch/train.py", "--config=configs/ende.py:target"]
-  first, best = run_scripts([
-      target + [f"--workdir={root / 'target'}", "--config.train_steps=10"] + common + tiny
+  first_batch = {
+      "first": target + [f"--workdir={root / 'target'}", "--config.train_steps=10"] + common + tiny
       + ["--config.dev_bleu_sentences=4"],
-      target + [f"--workdir={root / 'best'}", "--config.train_steps=12", "--config.export_best=true",
-                "--config.learning_rate=0.05"] + common + tiny + ["--config.eval_every=3"]])
-  runs = {"first": first, "best": best}
+      "best": target + [f"--workdir={root / 'best'}", "--config.train_steps=12", "--config.export_best=true",
+                        "--config.learning_rate=0.05"] + common + tiny + ["--config.eval_every=3"],
+      # test_translate_script's: the run to resume, and bad input (a too-long line refused, an unknown model, a
+      # draft whose tokenizer differs).
+      "translate": ["launch/translate.py", f"--input={inputs}", f"--output={directory / 'out.txt'}",
+                    "--gamma=2"] + models,
+      "refused": ["launch/translate.py", f"--input={longer}", "--long_inputs=refuse"] + models,
+      "unknown": ["launch/translate.py", "--target=no-such-model"],
+      "differs": ["launch/translate.py", f"--target={directory / 't'}", f"--draft={directory / 'other_tok'}"]}
+  runs = dict(zip(first_batch, run_scripts(list(first_batch.values()))))
+  first = runs["first"]
   if first.returncode == 0:
     shutil.copytree(root / "target" / "export", root / "first_export")
     # The continued target keeps the first's schedule (10 steps): its train program is the first's, compiled.
@@ -192,32 +229,12 @@ def test_training_exports_the_best_dev_loss(tiny_setup, training_runs):
   assert jaxspec.load(str(workdir / "export")).config.d_model == 16
 
 
-def test_translate_script(tiny_setup, tmp_path):
-  root, _, _ = tiny_setup
-  tok = load_tokenizer(str(root / "tok"))
-  cfg = t5.T5Config(vocab_size=tok.vocab_size, d_model=16, d_kv=4, d_ff=32, num_layers=1, num_decoder_layers=1,
-                    num_heads=2)
-  for name, seed in (("t", 0), ("d", 1)):
-    jaxspec.save(jaxspec.Model(cfg, t5.init_params(cfg, jax.random.key(seed)), tok), str(tmp_path / name))
-  models = [f"--target={tmp_path / 't'}", f"--draft={tmp_path / 'd'}", "--max_new_tokens=8",
-            "--max_input_length=16"]
-  inputs, longer = tmp_path / "in.txt", tmp_path / "longer.txt"
-  inputs.write_text("The house is small.\n\nThe dog is big.\nOpen the file.\n")
-  longer.write_text(inputs.read_text() + "word " * 200 + "\n")  # one line more, longer than 16 tokens
-  other = tmp_path / "other_tok"  # a draft whose tokenizer differs
-  from transformers import AutoTokenizer
-  shutil.copytree(tmp_path / "d", other)
-  hf_tok = AutoTokenizer.from_pretrained(str(root / "tok"))
-  hf_tok.add_tokens(["<extra_word>"])
-  hf_tok.save_pretrained(str(other))
-  out = tmp_path / "out.txt"
-  # Side by side: the run to resume, and bad input (a too-long line refused, an unknown model, a draft whose
-  # tokenizer differs).
-  res, refused, unknown, differs = run_scripts([
-      ["launch/translate.py", f"--input={inputs}", f"--output={out}", "--gamma=2"] + models,
-      ["launch/translate.py", f"--input={longer}", "--long_inputs=refuse"] + models,
-      ["launch/translate.py", "--target=no-such-model"],
-      ["launch/translate.py", f"--target={tmp_path / 't'}", f"--draft={other}"]])
+def test_translate_script(translate_setup, training_runs):
+  directory, models, _, longer = translate_setup
+  out = directory / "out.txt"
+  # Forked beside the first training runs (`training_runs`): the run to resume, and bad input (a too-long line
+  # refused, an unknown model, a draft whose tokenizer differs).
+  res, refused, unknown, differs = (training_runs[k] for k in ("translate", "refused", "unknown", "differs"))
   assert res.returncode == 0, res.stderr[-3000:]
   lines = out.read_text().split("\n")
   assert len(lines) == 5 and lines[1] == ""  # one output line per input line, the empty one kept empty

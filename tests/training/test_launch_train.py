@@ -32,22 +32,49 @@ def data(tmp_path_factory):
   return root
 
 
-def _train(workdir, train, data, *extra):
-  return run_script(["launch/train.py", f"--workdir={workdir}", f"--config.train={train}",
-                     f"--config.dev={data / 'dev.tsv'}", "--config.train_steps=2"] + TINY + list(extra))
+def _train_args(workdir, train, data) -> list[str]:
+  return ["launch/train.py", f"--workdir={workdir}", f"--config.train={train}", f"--config.dev={data / 'dev.tsv'}",
+          "--config.train_steps=2"] + TINY
 
 
-def test_token_cache_follows_the_training_file_and_survives_truncation(data, tmp_path):
+def _train(workdir, train, data):
+  return run_script(_train_args(workdir, train, data))
+
+
+@pytest.fixture(scope="module")
+def runs(data, tmp_path_factory):
+  """The file's independent launch/train.py runs, forked together from one interpreter that imported JAX and
+  jaxspec once (`run_scripts`): the token-cache test's first training run (its workdir: "cache_workdir"), every
+  BAD_CONFIGS case ("bad0", ...) and the bad training files' runs. {name: CompletedProcess or path}."""
+  root = tmp_path_factory.mktemp("runs")
+  headless, empty = root / "train.tsv", root / "empty.tsv"
+  headless.write_text("The house is small.\tDas Haus ist klein.\n")
+  empty.write_text("en\tde\tsource\n\tDas Haus.\tx\n")  # a header, and a row without its 'en'
+  named = {
+      "first": _train_args(root / "cache", data / "a.tsv", data),
+      "named": ["launch/train.py", f"--workdir={root / 'w'}", f"--config.train={headless}"],
+      "empty_train": ["launch/train.py", f"--workdir={root / 'w2'}", f"--config.train={empty}",
+                      f"--config.dev={data / 'dev.tsv'}"],
+      "empty_dev": ["launch/train.py", f"--workdir={root / 'w3'}", f"--config.train={data / 'a.tsv'}",
+                    f"--config.dev={empty}"],
+      "no_workdir": ["launch/train.py"],
+      **{f"bad{i}": ["launch/train.py", f"--workdir={root / f'bad{i}'}"] + args
+         for i, (args, _) in enumerate(BAD_CONFIGS)}}
+  return {**dict(zip(named, run_scripts(list(named.values())))), "cache_workdir": root / "cache",
+          "headless": headless, "empty": empty}
+
+
+def test_token_cache_follows_the_training_file_and_survives_truncation(data, runs):
   """Item 6: a new --config.train in the same workdir trained on the old data; a cut cache failed forever."""
-  first = _train(tmp_path, data / "a.tsv", data)
+  workdir, first = runs["cache_workdir"], runs["first"]
   assert first.returncode == 0, first.stderr[-3000:]
   assert "12 training pairs" in first.stdout and "step 2/2" in first.stdout
-  second = _train(tmp_path, data / "b.tsv", data)
+  second = _train(workdir, data / "b.tsv", data)
   assert second.returncode == 0, second.stderr[-3000:]
   assert "6 training pairs" in second.stdout
-  cache = tmp_path / "train_tokens.json"
+  cache = workdir / "train_tokens.json"
   cache.write_text(cache.read_text()[:40])  # a write cut short (the old cache was written in place)
-  third = _train(tmp_path, data / "b.tsv", data)
+  third = _train(workdir, data / "b.tsv", data)
   assert third.returncode == 0, third.stderr[-3000:]
   assert "6 training pairs" in third.stdout and "cannot be read" in third.stderr
   assert len(json.loads(cache.read_text())["src"]) == 6
@@ -82,29 +109,16 @@ BAD_CONFIGS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def bad_config_runs(tmp_path_factory):
-  """Every BAD_CONFIGS case's run (a workdir each), as many at a time as there are CPUs."""
-  return run_scripts([["launch/train.py", f"--workdir={tmp_path_factory.mktemp('bad')}"] + args
-                      for args, _ in BAD_CONFIGS])
-
-
 @pytest.mark.parametrize("args, needle", BAD_CONFIGS)
-def test_bad_configs_end_in_one_line(args, needle, bad_config_runs):
-  assert_one_line_error(bad_config_runs[BAD_CONFIGS.index((args, needle))], needle)
+def test_bad_configs_end_in_one_line(args, needle, runs):
+  assert_one_line_error(runs[f"bad{BAD_CONFIGS.index((args, needle))}"], needle)
 
 
-def test_a_training_tsv_without_its_header_or_rows_is_named(tmp_path, data):
+def test_a_training_tsv_without_its_header_or_rows_is_named(runs):
   """A TSV without its header; one with a header and no rows (issue 40 item 12: a raw IndexError from the
-  tokenizer, then an abort), as training data or as the dev split; no --workdir."""
-  headless, empty = tmp_path / "train.tsv", tmp_path / "empty.tsv"
-  headless.write_text("The house is small.\tDas Haus ist klein.\n")
-  empty.write_text("en\tde\tsource\n\tDas Haus.\tx\n")  # a header, and a row without its 'en'
-  named, empty_train, empty_dev, no_workdir = run_scripts([
-      ["launch/train.py", f"--workdir={tmp_path / 'w'}", f"--config.train={headless}"],
-      ["launch/train.py", f"--workdir={tmp_path / 'w2'}", f"--config.train={empty}", f"--config.dev={data / 'dev.tsv'}"],
-      ["launch/train.py", f"--workdir={tmp_path / 'w3'}", f"--config.train={data / 'a.tsv'}", f"--config.dev={empty}"],
-      ["launch/train.py"]])
+  tokenizer, then an abort), as training data or as the dev split; no --workdir. (The runs: `runs`.)"""
+  headless, empty = runs["headless"], runs["empty"]
+  named, empty_train, empty_dev, no_workdir = (runs[k] for k in ("named", "empty_train", "empty_dev", "no_workdir"))
   assert_one_line_error(named, f"{headless}: expected a header 'en<TAB>de")
   assert_one_line_error(empty_train, f"config.train={empty}", "holds no usable pair")
   assert_one_line_error(empty_dev, f"config.dev={empty}", "holds no usable pair")
