@@ -28,7 +28,7 @@ import sys
 from absl import flags
 
 from jaxspec.cli import flags as cli_flags, jobs
-from jaxspec.serving.budget import REPEATS
+from jaxspec.serving.budget import PROBE, REPEATS
 
 cli_flags.define_models(target="ende-target", draft="ende-draft")
 cli_flags.define_decoding(gamma=4, max_new_tokens=128, max_input_length=128)
@@ -60,6 +60,10 @@ _BUDGET_MARGIN = flags.DEFINE_float("budget_margin", 0.0, "The share a drafting 
 _BUDGET_REPEATS = flags.DEFINE_integer("budget_repeats", REPEATS, "The warm-up's step-cost curves time "
                                        "every step program in 2 x this many interleaved rounds: fewer start the "
                                        "server sooner, with noisier curves.", lower_bound=1)
+_BUDGET_PROBE = flags.DEFINE_float("budget_probe", PROBE, "The share of the serving time the budget's probes may "
+                                   "lose: now and then two steps of the side it does not run (drafting when it "
+                                   "decodes plain, plain when it drafts), which measure that side's cost against "
+                                   "the running side's; 0: no probes.", lower_bound=0.0, upper_bound=0.5)
 _ROWS = flags.DEFINE_list("row_buckets", [], "Batch sizes a step may decode (the active slots gathered into the "
                           "smallest that holds them); [] = powers of two below --slots (from 2 on one CPU device), "
                           "and --slots. A seeded "
@@ -140,7 +144,7 @@ def _serve(argv) -> int:
                       budget=budget.from_flags(speculation=_SPECULATION.value, drafts=draft is not None,
                                                table=table is not None, tiers=_BUDGET_TIERS.value,
                                                theta=_BUDGET_THETA.value, margin=_BUDGET_MARGIN.value,
-                                               repeats=_BUDGET_REPEATS.value))
+                                               repeats=_BUDGET_REPEATS.value, probe=_BUDGET_PROBE.value))
   drafting = "plain" if draft is None else f"draft {spec}"
   if table is not None:
     drafting += f", table {_TABLE.value}"

@@ -57,9 +57,12 @@ cheaper than warm-up measured it and the budget stayed there (a likely part of w
 it drafted at 133 of 230 steps in one process and 3 of 258 in another, where served plain steps gave 1.21x the
 tokens per second of gamma-4 ones: docs/serving.md). Served against warm-up's interleaved curves a tier's step
 cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so the ratios need no per-tier
-correction there. A step right
-after a switch between plain and drafting is not learnt from: it pays for the streaming of the previous step's
-tokens, which after a wide step made plain look 40 % dearer.
+correction there. A step right after a switch between plain and drafting is not learnt from: it pays for the
+streaming of the previous step's tokens, which after a wide step made plain look 40 % dearer. The sides' levels,
+one against the other, are warm-up's until a switch: the first learnt step of a side after one moves its side's
+curves alone (SIDE_LEARN), and the side not run is probed now and then, two steps of its best tier at a cost
+Budget.probe bounds (probes.py): warm-up's ratio of a gamma-4 step to a plain one at 4 rows read 2.0-3.2 from one
+warm-up to the next on the embedded pair, where the choice at concurrency 4 turns on a sixth.
 Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more
 than Budget.stick (0.1) above it: such a switch costs what no score counts (wakes, that streaming), and estimates
 that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as
@@ -110,6 +113,8 @@ IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay 
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
 AHEAD = 8  # a step of at least this many active rows has the next one's tier chosen while it runs (0: never)
 LEARN = 0.1  # each served step's weight in its row bucket's curves (CostCurves.observe; 0: warmup's curves stay)
+PROBE = 0.02  # the share of the serving time the probes of the other side may lose, by the choice's own scores
+SIDE_LEARN = 0.25  # the weight of a side's first learnt step after a switch in its side's curves (probes.py)
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
@@ -127,7 +132,9 @@ class Budget:
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
-    its plan then costs the step nothing, one step behind the estimates."""
+    its plan then costs the step nothing, one step behind the estimates. probe: in [0, 1), the share of the serving
+    time that runs of the other side (drafting when plain decodes, plain when drafting), which measure its cost
+    against the running side's, may lose by the choice's own scores (`probes.SideRuns`; 0: no probes)."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
@@ -137,6 +144,7 @@ class Budget:
   idle: float = IDLE
   stick: float = STICK
   ahead: int = AHEAD
+  probe: float = PROBE
 
   def __post_init__(self):
     if self.tiers is not None:
@@ -158,6 +166,8 @@ class Budget:
     if isinstance(self.stick, bool) or not isinstance(self.stick, (int, float)) or not 0 <= self.stick < 10:
       raise SettingsError(f"Budget.stick must be a number in [0, 10), got {self.stick!r}.")
     check_int(self.ahead, "Budget.ahead", 0)
+    if isinstance(self.probe, bool) or not isinstance(self.probe, (int, float)) or not 0 <= self.probe < 1:
+      raise SettingsError(f"Budget.probe must be a number in [0, 1), got {self.probe!r}.")
 
   def tiers_for(self, gamma: int) -> tuple[int, ...]:
     """The sorted draft lengths compiled for a speculation of `gamma`: 0, gamma and the tiers in between;
@@ -205,18 +215,19 @@ class CostCurves:
           f"{bucket} {seconds * 1e3:.2f} ms" for bucket, seconds in sorted(self.wake.items())))
     return out
 
-  def observe(self, rows: int, k: int, seconds: float, weight: float) -> None:
+  def observe(self, rows: int, k: int, seconds: float, weight: float, side: bool = False) -> None:
     """Moves row bucket `rows`' curves (every tier's c(rows, .) and its catch-up) by one factor, that which takes
     c(rows, k) `weight` of the way to a step's measured `seconds` (an exponential average of the steps served; a
     timing beyond half or twice the curve counts as that bound: one slow step, a pause, moves them little). The
-    machine's speed is learnt and the ratios between tiers stay warm-up's (the module docstring). A pair warmup
-    did not measure is left alone."""
+    machine's speed is learnt and the ratios between tiers stay warm-up's (the module docstring). side: move the
+    curves of k's side alone (plain decoding, or every drafting tier), not its catch-up: the side's cost against
+    the other's, measured right after a switch (probes.py). A pair warmup did not measure is left alone."""
     if (rows, k) in self.seconds and seconds > 0:
       now = self.seconds[(rows, k)]
       factor = 1.0 + weight * (min(max(seconds, 0.5 * now), 2.0 * now) / now - 1.0)
-      for key in [key for key in self.seconds if key[0] == rows]:
+      for key in [key for key in self.seconds if key[0] == rows and (not side or (key[1] > 0) == (k > 0))]:
         self.seconds[key] *= factor
-      if rows in self.catchup:
+      if rows in self.catchup and not side:
         self.catchup[rows] *= factor
 
 
@@ -226,8 +237,8 @@ def curves_from_rounds(rounds: dict[int, Sequence[float | None]]) -> dict[int, f
   the median over the rounds of its ratio to the same round's plain step (its own median where no round timed
   both). The steps of one round run within a second or so, so a slow spell of the machine shifts them together and
   leaves their ratio: timed in blocks of one tier after another (3 steps each, two passes), the embedded pair's
-  ratio of a gamma-2 to a plain step at 8 rows read 2.1 in one warm-up and 3.5 in the next on this project's CPU,
-  and a plain step at 32 rows cost more than one at 64. Tiers without a timing are left out."""
+  ratio of a gamma-2 to a plain step at 8 rows read 2.1 in one warm-up and 3.5 in the next on this project's CPU.
+  Tiers without a timing are left out."""
   def median(values):
     return float(statistics.median(values))
   plain = rounds.get(0, ())
@@ -275,6 +286,7 @@ class Choice:
   limits: np.ndarray  # [A] int32 per active row, in [0, k]
   expected: float  # E(k): expected tokens of the step over the active rows (per iteration without `left`)
   cost: float  # c'(R, k): the step cost the choice weighed (a drafting tier's raised by the margin)
+  other: "Choice | None" = None  # the other side's best tier (plain against drafting; None: it has none)
 
 
 def survival(alpha: np.ndarray) -> np.ndarray:
@@ -455,19 +467,22 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   if current is not None and 0 <= current < len(ks) and len(best) == 2:
     kept = best[ks[current] > 0]  # the previous step's side
     if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
-      return kept
+      winner = kept
+  if len(best) == 2:
+    winner = dataclasses.replace(winner, other=best[winner.k == 0])
   return winner
 
 
 def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,
-               margin: float = MARGIN, repeats: int = REPEATS) -> Budget | bool:
+               margin: float = MARGIN, repeats: int = REPEATS, probe: float = PROBE) -> Budget | bool:
   """SlotEngine's `budget` argument from launch/serve.py's flags: a Budget with --speculation=budget, a draft
   (`drafts`) and no --speculation_table (`table`), else False (off). tiers: --budget_tiers' texts ([] = the
-  defaults); SettingsError naming the flag when one is not an integer. repeats: --budget_repeats."""
+  defaults); SettingsError naming the flag when one is not an integer. repeats: --budget_repeats. probe:
+  --budget_probe."""
   if not drafts or table or speculation == "fixed":
     return False
   try:
     chosen = tuple(int(v) for v in tiers) or None
   except ValueError:
     raise SettingsError(f"--budget_tiers takes integers, got {','.join(tiers)}.") from None
-  return Budget(tiers=chosen, theta=theta, margin=margin, repeats=repeats)
+  return Budget(tiers=chosen, theta=theta, margin=margin, repeats=repeats, probe=probe)

@@ -54,7 +54,8 @@ is off), or under the verification budget (budget.py, the default with a specula
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
 copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
-from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead);
+from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead; now and then two steps
+probe the side it does not run, plain or drafting: probes.py);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
 "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
 `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes temperature, top_k and top_p
@@ -130,8 +131,9 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, curves_from_rounds,
-                                    per_row_rate, survival, tier_limits, within)
+from jaxspec.serving.budget import (SIDE_LEARN, Ahead, Budget, Choice, CostCurves, EndRate, choose,
+                                    curves_from_rounds, per_row_rate, survival, tier_limits, within)
+from jaxspec.serving.probes import PROBE_HOLD, SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -400,6 +402,8 @@ class SlotEngine:
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
     self._planned = None  # the program key plan_step() chose last (a step that runs it may refine its cost)
     self._ahead: Ahead | None = None  # the next step's tier, chosen while the last step ran (`_plan_ahead`)
+    # Each row bucket's runs of plain decoding and drafting, and the probes of the side not run (probes.py).
+    self._runs = SideRuns(share=self.budget.probe if self.budget is not None else 0.0)
     # Requests waiting for a slot (a server sets it: `set_queue`): with none, the slot of a row that ends in a step
     # stays empty through the next one, which the budget counts against long steps.
     self.queued = 0
@@ -563,16 +567,23 @@ class SlotEngine:
       return (self.table.index(len(active)), mode, rows), None
     # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
     slots = np.flatnonzero(self._active)
-    ahead, self._ahead = self._ahead, None
-    if ahead is not None and ahead.holds(slots, rows):  # chosen while the last step ran: the limits, now
+    ahead, self._ahead, runs = self._ahead, None, self._runs
+    if runs.probing:  # a probe's next step: its side's best tier (`current` there, beyond the stick's reach)
+      runs.probing -= 1
+      choice = self._choose(slots, rows, self._left[slots], self._behind[slots], runs.tier, stick=PROBE_HOLD)
+      tier, chosen = choice.tier, choice.limits
+    elif ahead is not None and runs.home is None and ahead.holds(slots, rows):  # chosen while the last step ran
       tier, entry = ahead.tier, self.table.entries[ahead.tier]
       chosen = (np.zeros((len(slots),), np.int32) if entry.plain else
                 tier_limits(self.estimates(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None))
       if not chosen.any() and not entry.plain and self.table.entries[0].plain:
         tier = 0  # a chain tier nobody would draft in is plain at a higher cost (as `choose` skips it)
-    else:
-      choice = self._choose(slots, rows, self._left[slots], self._behind[slots],
-                            None if self._last is None else self._last[0])
+    else:  # after a probe the stick weighs against the tier before it
+      current = runs.home if runs.home is not None else None if self._last is None else self._last[0]
+      runs.home = None
+      choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current)
+      if runs.due(rows, choice, time.perf_counter()):
+        choice = runs.start(choice, current)
       tier, chosen = choice.tier, choice.limits
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = chosen
@@ -580,10 +591,10 @@ class SlotEngine:
     return self._planned, limits
 
   def _choose(self, slots: np.ndarray, rows: int, left: np.ndarray, behind: np.ndarray,
-              current: int | None) -> Choice:
+              current: int | None, stick: float | None = None) -> Choice:
     """The budget's choice (`budget.choose`) over the rows of `slots` [A] at row bucket `rows`: left [A] the
     tokens each may still give, behind [A] whose draft rested longer than gamma, current the tier of the step
-    before the one planned (None: none)."""
+    before the one planned (None: none), stick Budget.stick's stand-in (None: Budget.stick)."""
     entries = self.table.entries
     rate = self.ends.rate
     hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
@@ -593,7 +604,8 @@ class SlotEngine:
                   iterations=self.iterations_per_step, margin=self.budget.margin, behind=behind,
                   catchup=self.costs.catchup.get(rows, 0.0), hazard=hazard,
                   idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
-                  current=current, stick=self.budget.stick, per_token=self._prefill_per_token(slots, left, hazard))
+                  current=current, stick=self.budget.stick if stick is None else stick,
+                  per_token=self._prefill_per_token(slots, left, hazard))
 
   def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
     """The next step's tier, chosen while this step (`key`, `limits` [S]) runs on the device: over the active rows
@@ -714,8 +726,9 @@ class SlotEngine:
                    and self.budget.ahead and np.count_nonzero(self._active) >= self.budget.ahead else None)
     packed_rows = np.asarray(jax.device_get(packed))
     seconds = time.perf_counter() - started
-    last, self._last = self._last, key
+    self._last = key
     planned, self._planned = self._planned, None
+    run = self._runs.ran(key[2], not self.table.entries[key[0]].plain, time.perf_counter())
     if prog.estimates:  # the rows' acceptance estimates, after the step's tokens and counts (the budget's)
       g = self._positions
       estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
@@ -728,14 +741,15 @@ class SlotEngine:
       # A step the plan chose that ran every iteration, re-fed no rested draft and followed a step of the same
       # row bucket and side (plain after plain, drafting after drafting, any tier): its time is the program's
       # cost as served (beside the server's other work: the streaming of the previous step's tokens, which a
-      # switch from plain to drafting or back would charge to this one), which refines warmup's curve
-      # (Budget.learn).
+      # switch from plain to drafting or back would charge to this one), which moves the bucket's curves
+      # (Budget.learn: the machine's speed), or its side's alone as the first after a run of the other side (the
+      # sides' levels: probes.Run.levels_side).
       caught_up = bool(np.any((limits > 0) & self._behind & self._active))
-      entries = self.table.entries
-      if (key == planned and self.budget.learn and not caught_up and last is not None and last[2] == key[2]
-          and entries[last[0]].plain == entries[key[0]].plain
+      if (key == planned and self.budget.learn and not caught_up and run.steps >= 2
           and packed[:, w + 5].max(initial=0) >= self.iterations_per_step):
-        self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds - woken, self.budget.learn)
+        side = run.levels_side
+        self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds - woken,
+                           SIDE_LEARN if side else self.budget.learn, side=side)
       # Rows that drafted caught up; active rows that did not fell behind.
       self._behind = np.where(limits > 0, False, self._behind | self._active)
     self._left -= np.where(self._active, counts, 0)

@@ -24,15 +24,16 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving import engine as engine_module
-from jaxspec.serving.budget import (Ahead, Budget, CostCurves, EndRate, choose, curves_from_rounds, expected_tokens,
-                                    row_limits, survival, within)
+from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, curves_from_rounds,
+                                    expected_tokens, row_limits, survival, within)
+from jaxspec.serving.probes import Run, SideRuns
 from jaxspec.serving.budget import from_flags as budget_flags
 
 from engine_helpers import Request, cost_curves, drive, generate_tokens
 from test_slot_engine_drafters import PROMPTS, _case, _llama
 
 # The choice is E / c alone, from the costs a test sets (the margin, the learning and the empty slots: own tests).
-AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0, repeats=1)  # warm-up curves: replaced by tests
+AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0, repeats=1, probe=0.0)  # warm-up curves: set by tests
 
 MAX_NEW = 14
 
@@ -328,6 +329,80 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   assert not engine.active_slots()
 
 
+def test_a_switchs_first_learnt_step_moves_its_side_alone():
+  """The first learnt step of a side after a switch (from a run longer than a probe) moves the curves of its side alone (plain, or every drafting
+  tier), not the catch-up: the two sides' levels, one against the other."""
+  costs = CostCurves({(8, 0): 0.010, (8, 2): 0.020, (8, 4): 0.030, (16, 4): 0.060}, catchup={8: 0.004})
+  costs.observe(8, 4, 0.015, weight=0.5, side=True)  # half the curve: halfway, 0.75
+  assert costs.seconds == pytest.approx({(8, 0): 0.010, (8, 2): 0.015, (8, 4): 0.0225, (16, 4): 0.060})
+  assert costs.catchup == {8: 0.004}
+  costs.observe(8, 0, 0.020, weight=0.5, side=True)
+  assert costs.seconds == pytest.approx({(8, 0): 0.015, (8, 2): 0.015, (8, 4): 0.0225, (16, 4): 0.060})
+
+
+def test_side_runs_probe_the_other_side_when_its_loss_allows():
+  """Runs of one side at one row bucket, a switch (the other side, same bucket) told from a change of bucket, the
+  first learnt step after a run of the other side longer than a probe setting its side's level; a probe of the
+  other side due when it last ran longer ago than its expected loss over the share, never when it
+  scores more (the choice switches itself) or with no share."""
+  runs = SideRuns(share=0.02)
+  assert runs.ran(8, False, 0.0) == Run(rows=8, drafting=False, steps=1, after_switch=False)
+  assert runs.ran(8, False, 1.0).steps == 2
+  assert runs.ran(8, True, 2.0) == Run(rows=8, drafting=True, steps=1, after_switch=True, before=2)
+  assert runs.ran(8, True, 2.1).levels_side is False  # after a run as short as a probe: the speed
+  assert runs.ran(8, False, 2.2).steps == 1 and runs.ran(8, False, 2.3).levels_side is False  # a probe's return
+  runs.ran(8, False, 2.4)
+  assert [runs.ran(8, True, 2.5 + i / 10).levels_side for i in range(3)] == [False, True, False]
+  assert runs.ran(4, True, 3.0).after_switch is False  # another row bucket: not a switch
+  limits = np.zeros((8,), np.int32)
+  drafting = Choice(tier=3, k=4, limits=limits, expected=12.0, cost=0.033)
+  plain = Choice(tier=0, k=0, limits=limits, expected=4.0, cost=0.010, other=drafting)
+  # loss: 2 steps of 33 ms for 12 tokens each, which plain gives in 30 (6 ms), and a switch there and back: a tenth
+  # of the two sides' steps (4.3 ms); over 2 %: due 0.515 s after the last.
+  runs.seen[(8, True)] = 2.0  # drafting last ran at 8 rows at 2 s
+  assert not runs.due(8, plain, 2.51) and runs.due(8, plain, 2.52)
+  assert not runs.due(16, plain, 10.0) and runs.due(16, plain, 10.52)  # never ran there: from the first plan
+  assert not SideRuns(share=0.0).due(8, plain, 100.0)
+  better = dataclasses.replace(plain, other=dataclasses.replace(drafting, cost=0.029))
+  assert not runs.due(8, better, 100.0)
+  assert not runs.due(8, dataclasses.replace(plain, other=None), 100.0)
+  assert runs.start(plain, current=0) is drafting and (runs.probing, runs.tier, runs.home) == (1, 3, 0)
+
+
+def test_probes_correct_a_warmup_that_read_drafting_too_dear(engine, refs, monkeypatch):
+  """Warm-up read every drafting tier 3x dearer than its steps take (a fake clock: c(k) = 1 + 0.02 k): the budget
+  starts plain. Probes run drafting now and then, its first learnt steps bring its side's curves toward their
+  times, and the budget drafts at most of the later steps, exactly. Without probes (share 0) it decodes plain
+  throughout: nothing of drafting is served, so nothing corrects it."""
+  clock, keys = [0.0], {id(p): key for key, p in engine._programs.items()}  # pylint: disable=protected-access
+  real_step = engine_module.STEP
+
+  def step(prog, *args):
+    clock[0] += 1.0 + 0.02 * engine.table.entries[keys[id(prog)][0]].gamma
+    return real_step(prog, *args)
+
+  monkeypatch.setattr(engine_module, "STEP", step)
+  monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(engine, "ends", EndRate())
+  served = {}
+  for share in (0.25, 0.0):
+    true = cost_curves(engine, per_token=0.02)
+    monkeypatch.setattr(engine, "costs", CostCurves({key: c * (3.0 if key[1] else 1.0)
+                                                     for key, c in true.seconds.items()}))
+    monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.1, idle=0.0, probe=share))
+    monkeypatch.setattr(engine, "_runs", SideRuns(share=share))
+    monkeypatch.setattr(engine, "_last", None)  # no previous step's side for the stick to keep
+    outputs = []
+    requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS * 8)]
+    drive(engine, requests, outputs=outputs)
+    assert [r.tokens for r in requests] == refs * 8
+    ran = [o.entry.gamma > 0 for o in outputs if o.entry is not None]
+    served[share] = ran
+  later = served[0.25][len(served[0.25]) // 2:]
+  assert sum(later) > 0.5 * len(later), served[0.25]
+  assert not any(served[0.0]), served[0.0]
+
+
 def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch):
   """A step the plan chose after a step of the same program moves its row bucket's costs toward its time (learn 1:
   halfway at most, the clip); a forced one, one after a switch, and an engine that does not learn leave the
@@ -481,6 +556,7 @@ def test_the_servers_flags_make_the_budget():
   kw = dict(speculation="budget", drafts=True, table=False, tiers=[], theta=0.3, margin=0.1)
   assert budget_flags(**kw) == Budget(theta=0.3, margin=0.1)
   assert budget_flags(**{**kw, "tiers": ["1", "3"]}).tiers == (1, 3)
+  assert budget_flags(**kw, probe=0.0).probe == 0.0 and budget_flags(**kw).probe == Budget().probe > 0
   for off in ({"speculation": "fixed"}, {"drafts": False}, {"table": True}):
     assert budget_flags(**{**kw, **off}) is False
   with pytest.raises(SettingsError, match="--budget_tiers takes integers, got 1,x"):
@@ -494,7 +570,7 @@ def test_budget_settings_are_checked():
     Budget(tiers=(1, 4)).tiers_for(3)
   for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}, {"margin": -0.1},
               {"margin": float("nan")}, {"margin": True}, {"learn": 1.5}, {"learn": -0.1}, {"learn": True},
-              {"idle": 2.0}, {"idle": -1}, {"stick": -0.1}, {"stick": True}):
+              {"idle": 2.0}, {"idle": -1}, {"stick": -0.1}, {"stick": True}, {"probe": 1.0}, {"probe": True}):
     with pytest.raises(SettingsError):
       Budget(**bad)
   assert CostCurves().get(8, 2) == pytest.approx(1.2)  # the relative model before warmup measured

@@ -40,7 +40,8 @@ REQUESTS = flags.DEFINE_integer("requests", 128, "requests per arm and round")
 ROUNDS = flags.DEFINE_integer("rounds", 4, "rounds (the arms' order reversed every other round)")
 ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (None: the engine's default); e.g. "
                                 "16,32 for levels 16 and 32 alone: fewer programs to compile and time in warm-up")
-ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"], "budget, fixed (gamma 4), plain; the last is the base")
+ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
+                        "budget, noprobe (the budget without probes), fixed (gamma 4), plain; the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 
 
@@ -61,7 +62,8 @@ def _workload():
 def main(_):
   target, draft, prompts, new_tokens, max_input = _workload()
   speculation = jaxspec.Speculation(draft, gamma=4)
-  kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False)}
+  kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False),
+           "noprobe": (speculation, Budget(probe=0.0))}  # the budget without its probes (probes.py)
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
