@@ -23,8 +23,9 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _CACHE
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  # Compilation dominates the tests on their tiny models: compile for compile time (LLVM at -O0 and the faster
-  # emitters where this XLA has them), as the tests' subprocesses do (script_helpers.xla_test_flags).
+  # Compilation dominates the tests on their tiny models: compile for compile time (LLVM at -O0, and the faster
+  # emitters and one codegen part where this XLA has them), as the tests' subprocesses do
+  # (script_helpers.xla_test_flags).
   from script_helpers import xla_test_flags  # pylint: disable=import-outside-toplevel
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {xla_test_flags()}".strip()
 
