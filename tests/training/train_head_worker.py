@@ -16,8 +16,9 @@ import shutil
 import sys
 
 if __name__ == "__main__":  # Before JAX starts; the test module imports the helpers below without this.
-  os.environ["XLA_FLAGS"] = ("--xla_force_host_platform_device_count=2 --xla_backend_optimization_level=0 "
-                             "--xla_llvm_disable_expensive_passes=true")
+  # The session's compile-time flags (tests/conftest.py's: script_helpers.xla_test_flags), or -O0 run alone.
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS") or "--xla_backend_optimization_level=0 "
+                             "--xla_llvm_disable_expensive_passes=true") + " --xla_force_host_platform_device_count=2"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
