@@ -35,9 +35,10 @@ MAX_NEW = 12
 
 
 @contextlib.contextmanager
-def _job(tmp_path, *flags: str):
+def _job(tmp_path, *flags: str, while_compiling=None):
   """Two serve.py processes (and `flags`), yielded once process 0 answers /health with 200: (processes, url,
-  tail(i, chars)), tail: the last `chars` of process i's output (None: all of it)."""
+  tail(i, chars), while_compiling()'s result, made while they start and compile), tail: the last `chars` of
+  process i's output (None: all of it)."""
   port, coordinator = free_port(), free_port()
   env = script_env(XLA_FLAGS=compile_env()["XLA_FLAGS"] + " --xla_force_host_platform_device_count=2")
   common = ["--slots=4", "--max_input_length=16", f"--max_new_tokens={MAX_NEW}", "--gamma=2", "--modes=greedy",
@@ -55,6 +56,7 @@ def _job(tmp_path, *flags: str):
     return text[-chars:] if chars else text
 
   try:
+    made = None if while_compiling is None else while_compiling()
     deadline = time.monotonic() + 900
     with httpx.Client(timeout=5) as poll:  # one client: each new one loads the CA bundle (0.1 s of CPU)
       while True:
@@ -66,7 +68,7 @@ def _job(tmp_path, *flags: str):
         except httpx.TransportError:
           pass
         time.sleep(0.5)
-    yield procs, f"http://127.0.0.1:{port}", tail
+    yield procs, f"http://127.0.0.1:{port}", tail, made
   finally:
     for p in procs:
       if p.poll() is None:
@@ -75,12 +77,16 @@ def _job(tmp_path, *flags: str):
       log.close()
 
 
-@pytest.mark.slow
-def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
+def _reference() -> list[str]:
+  """`generate`'s greedy answers on one device (made while the job starts)."""
   target = jaxspec.load(MODEL)
   out = jaxspec.generate(target, PROMPTS, max_new_tokens=MAX_NEW, max_input_length=16)
-  reference = [target.tokenizer.decode(out.tokens[i, :out.lengths[i]]) for i in range(len(PROMPTS))]
-  with _job(tmp_path) as (procs, url, tail):
+  return [target.tokenizer.decode(out.tokens[i, :out.lengths[i]]) for i in range(len(PROMPTS))]
+
+
+@pytest.mark.slow
+def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
+  with _job(tmp_path, while_compiling=_reference) as (procs, url, tail, reference):
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
     answers = [client.completions.create(model=MODEL, prompt=p, temperature=0, max_tokens=MAX_NEW).choices[0].text
                for p in PROMPTS]
@@ -98,7 +104,7 @@ def test_two_processes_serve_generates_answers_and_end_on_sigterm(tmp_path):
 
 @pytest.mark.slow
 def test_a_follower_that_dies_ends_the_job(tmp_path):
-  with _job(tmp_path, "--speculation=fixed") as (procs, url, tail):  # no budget to compile and time: not its point
+  with _job(tmp_path, "--speculation=fixed") as (procs, url, tail, _):  # no budget to compile and time: not its point
     client = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=300)
     client.completions.create(model=MODEL, prompt=PROMPTS[0], temperature=0, max_tokens=MAX_NEW)
     procs[1].kill()
