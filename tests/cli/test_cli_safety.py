@@ -228,9 +228,9 @@ DESTINATIONS = [
 
 
 @pytest.fixture(scope="module")
-def destination_runs():
-  """Every DESTINATIONS case's run, as many at a time as there are CPUs."""
-  return run_scripts([(args + ["--target=no-such-model"], b"Hello.\n") for args, _ in DESTINATIONS])
+def destination_runs(refusals):
+  """Every DESTINATIONS case's run (forked with the other refusals: `refusals`)."""
+  return [refusals[("destination", i)] for i in range(len(DESTINATIONS))]
 
 
 @pytest.mark.parametrize("args, needle", DESTINATIONS)
@@ -258,29 +258,40 @@ PLANS = [
 
 
 @pytest.fixture(scope="module")
-def plan_runs():
-  """Every PLANS case's run, as many at a time as there are CPUs."""
-  return run_scripts([["launch/plan.py", "--model=t5-small", "--draft="] + args for args, _ in PLANS])
+def refusals(tmp_path_factory):
+  """The module's one-line refusals, forked together from one interpreter (`run_scripts`: a run that stops on a
+  bad flag then costs a fork, not an interpreter starting): every PLANS case's run (0, 1, ...), every
+  DESTINATIONS case's (("destination", i)), and by name the tests' below (a broken checkpoint's directory,
+  "broken"; "mesh", "gamma_auto", "tree_auto")."""
+  broken = tmp_path_factory.mktemp("broken")
+  (broken / "config.json").write_text("{not json")
+  plan = ["launch/plan.py", "--model=t5-small", "--draft="]
+  named = {**{i: (plan + args, None) for i, (args, _) in enumerate(PLANS)},
+           **{("destination", i): (args + ["--target=no-such-model"], b"Hello.\n")
+              for i, (args, _) in enumerate(DESTINATIONS)},
+           "broken": (["launch/plan.py", f"--model={broken}", "--draft="], None),
+           "mesh": (["launch/generate.py", "--mesh=data:3", "--target=no-such-model"], b"Hello.\n"),
+           "gamma_auto": (["launch/generate.py", "--gamma=auto", "--target=no-such-model"], b"Hello.\n"),
+           "tree_auto": (["launch/generate.py", "--tree=auto", "--target=no-such-model"], b"Hello.\n")}
+  return dict(zip(named, run_scripts(list(named.values()))))
 
 
 @pytest.mark.parametrize("args, needle", PLANS)
-def test_plan_checks_the_mesh_and_numbers(args, needle, plan_runs):
+def test_plan_checks_the_mesh_and_numbers(args, needle, refusals):
   """Item 12: a 32-device mesh 'fit' an 8-chip machine; -1 or NaN GiB gave a verdict."""
-  res = plan_runs[PLANS.index((args, needle))]
+  res = refusals[PLANS.index((args, needle))]
   assert_one_line_error(res, needle)
   assert "fits" not in res.stdout
 
 
-def test_plan_on_a_broken_checkpoint_is_one_line(tmp_path):
-  """Item 10: a --model directory with a broken config.json ended in a traceback."""
-  (tmp_path / "config.json").write_text("{not json")
-  assert_one_line_error(run_script(["launch/plan.py", f"--model={tmp_path}", "--draft="]), "config.json")
+def test_plan_on_a_broken_checkpoint_is_one_line(refusals):
+  """Item 10: a --model directory with a broken config.json ended in a traceback. (The run: `refusals`.)"""
+  assert_one_line_error(refusals["broken"], "config.json")
 
 
-def test_a_mesh_larger_than_the_devices_is_one_line():
+def test_a_mesh_larger_than_the_devices_is_one_line(refusals):
   """Item 10: --mesh=data:3 on one CPU device ended in make_mesh's traceback."""
-  res = run_script(["launch/generate.py", "--mesh=data:3", "--target=no-such-model"], stdin=b"Hello.\n")
-  assert_one_line_error(res, "--mesh=data:3", "does not divide the 1 devices")
+  assert_one_line_error(refusals["mesh"], "--mesh=data:3", "does not divide the 1 devices")
 
 
 def test_a_draft_of_a_smaller_vocabulary_is_refused_on_load(loaded, tmp_path):
@@ -309,10 +320,9 @@ def test_stdin_on_a_terminal_says_how_to_end(monkeypatch, capsys):
   assert "one per line" in err and "Ctrl-D" in err
 
 
-def test_generate_gamma_auto_is_refused_in_one_line():
+def test_generate_gamma_auto_is_refused_in_one_line(refusals):
   """--gamma=auto in generate.py: 'invalid literal for int()'; now it says where the measured choice is."""
-  gamma, tree = run_scripts([(["launch/generate.py", "--gamma=auto", "--target=no-such-model"], b"Hello.\n"),
-                             (["launch/generate.py", "--tree=auto", "--target=no-such-model"], b"Hello.\n")])
+  gamma, tree = refusals["gamma_auto"], refusals["tree_auto"]
   assert_one_line_error(gamma, "--gamma=auto", "translate.py")
   assert_one_line_error(tree, "--tree=auto", "translate.py")
 
