@@ -140,21 +140,55 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
     assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_tune_refuses_a_table_path_before_loading_or_timing(tmp_path):
-  """Issue 40 item 2: --speculation_table replaced any file, its own --input included (exit 0); a sweep without the
-  rows a table is made of was refused only after the timing. Now each is one line before any model loads."""
+def _table_refusals(tmp_path) -> list[tuple[list[str], str]]:
+  """tune.py runs whose --speculation_table is refused (arguments, the refusal's words), and their files."""
   tsv, notes, out = tmp_path / "in.tsv", tmp_path / "notes.json", tmp_path / "out"
   tsv.write_text("en\tde\nHello.\tHallo.\n")
   notes.write_bytes(b"\x89PNG\r\n\x1a\n\x00")
   out.mkdir()
   base = ["launch/tune.py", "--target=no-such-model", f"--input={tsv}", f"--output_dir={out}"]
-  cases = [([f"--speculation_table={tsv}"], "is the --input file"),
-           ([f"--speculation_table={notes}"], "exists and is not a speculation table"),
-           ([f"--speculation_table={out / 'tune.json'}"], "is tune.json of --output_dir"),
-           ([f"--speculation_table={tmp_path / 'new.json'}", "--schedules=adaptive"], "add 'constant' to --schedules")]
-  for (args, needle), res in zip(cases, run_scripts([base + args for args, _ in cases], timeout=300)):
+  return [(base + [f"--speculation_table={tsv}"], "is the --input file"),
+          (base + [f"--speculation_table={notes}"], "exists and is not a speculation table"),
+          (base + [f"--speculation_table={out / 'tune.json'}"], "is tune.json of --output_dir"),
+          (base + [f"--speculation_table={tmp_path / 'new.json'}", "--schedules=adaptive"],
+           "add 'constant' to --schedules")]
+
+
+@pytest.fixture(scope="module")
+def forked(models, tmp_path_factory):
+  """The module's independent script runs after the tune script's, forked together from one interpreter
+  (`run_scripts`): tune.py's --speculation_table refusals ("refusals": [(run, words)], their files under
+  "refusals_dir") and translate.py's pool ("pool", "no_draft", "bad_gamma"; its files under "pool_dir").
+  Requested first by test_tune_refuses_a_table_path_before_loading_or_timing, which runs after
+  test_tune_script_writes_a_complete_table: the pool's calibration loads that run's programs from the cache."""
+  target, draft, _ = models
+  refused_dir, pool_dir = tmp_path_factory.mktemp("refusals"), tmp_path_factory.mktemp("pool")
+  refusals = _table_refusals(refused_dir)
+  head = tiny_head(pool_dir / "head")
+  inputs = pool_dir / "in.txt"
+  inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
+  # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing (checked in the pool's test).
+  # The calibration's batch size and token budget are test_tune_script_writes_a_complete_table's (same shapes: the
+  # plain and constant-gamma programs load from the run's compilation cache instead of compiling again).
+  pool = [
+      ["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto", "--tree=2,3",
+       "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=5", "--batch_size=2", f"--input={inputs}",
+       f"--output={pool_dir / 'out.txt'}"],
+      ["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto", f"--input={inputs}"],
+      ["launch/translate.py", "--gamma=fast", "--target=no-such-model"]]
+  results = run_scripts([args for args, _ in refusals] + pool)
+  return {"refusals": list(zip(refusals, results)), "refusals_dir": refused_dir, "pool_dir": pool_dir,
+          **dict(zip(("pool", "no_draft", "bad_gamma"), results[len(refusals):]))}
+
+
+def test_tune_refuses_a_table_path_before_loading_or_timing(forked):
+  """Issue 40 item 2: --speculation_table replaced any file, its own --input included (exit 0); a sweep without the
+  rows a table is made of was refused only after the timing. Now each is one line before any model loads. (The
+  runs: `forked`.)"""
+  for (_, needle), res in forked["refusals"]:
     assert_one_line_error(res, "--speculation_table=", needle)
     assert "no-such-model" not in res.stderr  # before the target is looked for
+  tsv, notes = forked["refusals_dir"] / "in.tsv", forked["refusals_dir"] / "notes.json"
   assert tsv.read_text() == "en\tde\nHello.\tHallo.\n" and notes.read_bytes() == b"\x89PNG\r\n\x1a\n\x00"
 
 
@@ -214,23 +248,13 @@ def test_tune_refuses_a_head_for_another_target_before_timing(llama):
                  gammas=(2,))
 
 
-def test_translate_pool_calibrates_then_uses_the_choice(models, tmp_path):
+def test_translate_pool_calibrates_then_uses_the_choice(models, forked):
   """A pool of a draft model, an EAGLE-3 head directory (issue 21 item 6) and prompt lookup: every one's rows in
-  the table, then the choice translates everything (the script fails when its greedy output differs from plain)."""
-  target, draft, _ = models
-  head = tiny_head(tmp_path / "head")
-  inputs = tmp_path / "in.txt"
-  inputs.write_text("The house is small.\nHello.\n\nGood morning.\nThank you.\n")
-  out = tmp_path / "out.txt"
-  # --gamma=auto needs a draft to choose from; a bad --gamma stops at parsing (checked below, run alongside).
-  # The calibration's batch size and token budget are test_tune_script_writes_a_complete_table's (same shapes: the
-  # plain and constant-gamma programs load from the run's compilation cache instead of compiling again).
-  res, no_draft, bad_gamma = run_scripts([
-      ["launch/translate.py", f"--target={target}", f"--draft={draft},{head},ngram", "--gamma=auto", "--tree=2,3",
-       "--tune_gammas=2", "--calibration_inputs=3", "--max_new_tokens=5", "--batch_size=2", f"--input={inputs}",
-       f"--output={out}"],
-      ["launch/translate.py", f"--target={target}", "--draft=", "--gamma=auto", f"--input={inputs}"],
-      ["launch/translate.py", "--gamma=fast", "--target=no-such-model"]])
+  the table, then the choice translates everything (the script fails when its greedy output differs from plain).
+  (The runs: `forked`.)"""
+  _, draft, _ = models
+  head, out = str(forked["pool_dir"] / "head"), forked["pool_dir"] / "out.txt"
+  res, no_draft, bad_gamma = forked["pool"], forked["no_draft"], forked["bad_gamma"]
   assert res.returncode == 0, res.stderr[-3000:]
   assert "calibrating on" in res.stderr
   assert "| Temp | Batch | draft" in res.stdout  # the table, then the choice and why
