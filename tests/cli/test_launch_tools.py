@@ -39,17 +39,6 @@ BAD_INPUT = [
 
 
 @pytest.fixture(scope="module")
-def bad_input_runs():
-  """Every BAD_INPUT case's run, as many at a time as there are CPUs."""
-  return run_scripts([args for args, _ in BAD_INPUT])
-
-
-@pytest.mark.parametrize("args, needle", BAD_INPUT)
-def test_bad_input_ends_in_one_line(args, needle, bad_input_runs):
-  assert_one_line_error(bad_input_runs[BAD_INPUT.index((args, needle))], needle)
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
   root = tmp_path_factory.mktemp("corpus")
   pairs = [Pair(en, de, "deb trans-de-en (ding)") for en, de in SENTENCES]
@@ -59,12 +48,40 @@ def corpus(tmp_path_factory):
   return root, target, draft
 
 
-def test_distill_corpus_resumes_after_a_cut_gzip_member(corpus, tmp_path):
+def _distill_args(corpus, out) -> list[str]:
   root, target, _ = corpus
-  out = tmp_path / "distill.tsv.gz"
-  args = ["launch/distill_corpus.py", f"--target={target}", f"--data_dir={root}", f"--output={out}",
+  return ["launch/distill_corpus.py", f"--target={target}", f"--data_dir={root}", f"--output={out}",
           "--batch_size=2", "--max_len=8"]
-  res = run_script(args)
+
+
+def _evaluate_args(corpus, out) -> list[str]:
+  root, target, draft = corpus
+  return ["launch/evaluate.py", f"--target={target}", f"--draft={draft}", f"--data_dir={root}", "--batch_size=2",
+          "--max_new_tokens=4", f"--output={out}"]
+
+
+@pytest.fixture(scope="module")
+def runs(corpus, tmp_path_factory):
+  """The module's independent script runs, forked together from one interpreter (`run_scripts`): every BAD_INPUT
+  case's (0, 1, ...), the first distill_corpus.py run ("distill"; its output: "distill_out") and the evaluate.py
+  run ("evaluate"; "evaluate_out")."""
+  out = tmp_path_factory.mktemp("runs")
+  named = {**{i: args for i, (args, _) in enumerate(BAD_INPUT)},
+           "distill": _distill_args(corpus, out / "distill.tsv.gz"),
+           "evaluate": _evaluate_args(corpus, out / "eval.json")}
+  return {**dict(zip(named, run_scripts(list(named.values())))), "distill_out": out / "distill.tsv.gz",
+          "evaluate_out": out / "eval.json"}
+
+
+@pytest.mark.parametrize("args, needle", BAD_INPUT)
+def test_bad_input_ends_in_one_line(args, needle, runs):
+  assert_one_line_error(runs[BAD_INPUT.index((args, needle))], needle)
+
+
+def test_distill_corpus_resumes_after_a_cut_gzip_member(corpus, runs):
+  out = runs["distill_out"]
+  args = _distill_args(corpus, out)
+  res = runs["distill"]  # the first run (`runs`); the resume below
   assert res.returncode == 0, res.stderr[-3000:]
   full = read_pairs(str(out))
   assert len(full) == 5 and {p.en for p in full} == {en for en, _ in SENTENCES}
@@ -76,11 +93,8 @@ def test_distill_corpus_resumes_after_a_cut_gzip_member(corpus, tmp_path):
   assert gzip.open(out, "rt").read().count("en\tde\tsource") == 1
 
 
-def test_evaluate_reports_bleu_alpha_and_identity(corpus, tmp_path):
-  root, target, draft = corpus
-  out = tmp_path / "eval.json"
-  res = run_script(["launch/evaluate.py", f"--target={target}", f"--draft={draft}", f"--data_dir={root}",
-                    "--batch_size=2", "--max_new_tokens=4", f"--output={out}"])
+def test_evaluate_reports_bleu_alpha_and_identity(runs):
+  out, res = runs["evaluate_out"], runs["evaluate"]
   assert res.returncode == 0, res.stderr[-3000:]
   assert "speculative output identical to the target's on 4/4 sentences" in res.stdout
   assert '"alpha"' in out.read_text() and '"bleu"' in out.read_text()
