@@ -160,7 +160,8 @@ def training_runs(tiny_setup, translate_setup):
   high learning rate exporting its best dev loss; then, from the first's workdir and its export (copied: the resume
   replaces the export), the resume with a longer schedule, a target continued from the export in a new workdir and
   a draft distilled from it. The first batch also forks test_translate_script's independent runs ("translate",
-  "refused", "unknown", "differs"). {name: CompletedProcess}."""
+  "refused", "unknown", "differs"), the second its resume of "translate" ("translate_resume"; "translate_lines":
+  the output's lines before it). {name: CompletedProcess}."""
   root, common, tiny = tiny_setup
   directory, models, inputs, longer = translate_setup
   target = ["launch/train.py", "--config=configs/ende.py:target"]
@@ -177,17 +178,21 @@ def training_runs(tiny_setup, translate_setup):
       "unknown": ["launch/translate.py", "--target=no-such-model"],
       "differs": ["launch/translate.py", f"--target={directory / 't'}", f"--draft={directory / 'other_tok'}"]}
   runs = dict(zip(first_batch, run_scripts(list(first_batch.values()))))
-  first = runs["first"]
-  if first.returncode == 0:
+  out = directory / "out.txt"
+  runs["translate_lines"] = out.read_text().split("\n") if out.exists() else []  # before the resume appends
+  # test_translate_script's resume of the "translate" run: a longer input, its too-long line truncated.
+  second_batch = {"translate_resume": ["launch/translate.py", f"--input={longer}",
+                                       f"--output={directory / 'out.txt'}", "--nocompare"] + models}
+  if runs["first"].returncode == 0:
     shutil.copytree(root / "target" / "export", root / "first_export")
     # The continued target keeps the first's schedule (10 steps): its train program is the first's, compiled.
-    names = ("second", "continued", "draft")
-    runs.update(zip(names, run_scripts([
-        target + [f"--workdir={root / 'target'}", "--config.train_steps=15"] + common + tiny,
-        target + [f"--workdir={root / 'continued'}", f"--config.init_from={root / 'first_export'}",
-                  "--config.train_steps=10"] + common + tiny,
-        ["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
-         f"--config.teacher={root / 'first_export'}", "--config.train_steps=5"] + common + tiny])))
+    second_batch.update({
+        "second": target + [f"--workdir={root / 'target'}", "--config.train_steps=15"] + common + tiny,
+        "continued": target + [f"--workdir={root / 'continued'}", f"--config.init_from={root / 'first_export'}",
+                               "--config.train_steps=10"] + common + tiny,
+        "draft": ["launch/train.py", "--config=configs/ende.py:draft", f"--workdir={root / 'draft'}",
+                  f"--config.teacher={root / 'first_export'}", "--config.train_steps=5"] + common + tiny})
+  runs.update(zip(second_batch, run_scripts(list(second_batch.values()))))
   return runs
 
 
@@ -230,13 +235,13 @@ def test_training_exports_the_best_dev_loss(tiny_setup, training_runs):
 
 
 def test_translate_script(translate_setup, training_runs):
-  directory, models, _, longer = translate_setup
+  directory = translate_setup[0]
   out = directory / "out.txt"
   # Forked beside the first training runs (`training_runs`): the run to resume, and bad input (a too-long line
   # refused, an unknown model, a draft whose tokenizer differs).
   res, refused, unknown, differs = (training_runs[k] for k in ("translate", "refused", "unknown", "differs"))
   assert res.returncode == 0, res.stderr[-3000:]
-  lines = out.read_text().split("\n")
+  lines = training_runs["translate_lines"]
   assert len(lines) == 5 and lines[1] == ""  # one output line per input line, the empty one kept empty
   for key in ("alpha", "tokens per iteration", "acceptance per draft position", "speedup",
               "expected", "identical to plain greedy output: True"):
@@ -246,7 +251,8 @@ def test_translate_script(translate_setup, training_runs):
   assert unknown.returncode != 0 and "Unknown model 'no-such-model'" in unknown.stderr
   assert differs.returncode != 0 and "tokenizer" in differs.stderr and "differs" in differs.stderr
   # Resuming: a run over a longer input appends only the new line, its too-long line truncated (the default).
-  res = run_script(["launch/translate.py", f"--input={longer}", f"--output={out}", "--nocompare"] + models)
+  # (Forked with the second training runs, `training_runs`.)
+  res = training_runs["translate_resume"]
   assert res.returncode == 0 and "resuming: 4 of 5" in res.stderr, res.stderr[-3000:]
   assert "line 5 has" in res.stderr and "truncated to 16" in res.stderr
   assert out.read_text().split("\n")[:4] == lines[:4] and len(out.read_text().split("\n")) == 6
