@@ -59,13 +59,19 @@ tokens per second of gamma-4 ones: docs/serving.md). Served against warm-up's in
 cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so the ratios need no per-tier
 correction there. A step right after a switch between plain and drafting is not learnt from: it pays for the
 streaming of the previous step's tokens, which after a wide step made plain look 40 % dearer. The sides' levels,
-one against the other, are warm-up's until a switch: the first learnt step of a side after one moves its side's
-curves alone (SIDE_LEARN), and the side not run is probed now and then, two steps of its best tier at a cost
-Budget.probe bounds (probes.py): warm-up's ratio of a gamma-4 step to a plain one at 4 rows read 2.0-3.2 from one
-warm-up to the next on the embedded pair, where the choice at concurrency 4 turns on a sixth.
+one against the other, and the tiers' within a side are warm-up's until a switch or a probe: the first learnt step
+of a side after a switch moves its side's curves alone (LEVEL_LEARN), and the tiers not run are probed now and
+then, two steps of one at a cost Budget.probe bounds, the second moving its side's curves (the other side's best
+tier) or its own (another tier of the running side) alone (probes.py): warm-up's ratio of a gamma-4 step to a plain
+one at 4 rows read 2.0-3.2 from one warm-up to the next on the embedded pair, where the choice at concurrency 4
+turns on a sixth, and of a gamma-4 step to a gamma-2 one at 1 row 1.18-1.48.
 Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more
 than Budget.stick (0.1) above it: such a switch costs what no score counts (wakes, that streaming), and estimates
-that move a little flipped the choice back and forth. Budget.idle (0 by default) counts a finished row's slot as
+that move a little flipped the choice back and forth. It holds over about the same rows only (the engine passes
+no `current` when more than a quarter of the rows changed since the previous step): at concurrency 1 each new
+request, at the prior's estimates (0.8 a position, where a gamma-4 step scored within the stick of a plain one),
+otherwise started on the side of the request before, and the budget decoded plain at 1186 of 2175 steps where
+the fixed gamma 4 served 1.06x plain. Budget.idle (0 by default) counts a finished row's slot as
 empty for that share of the next step when no request waits (the next one arrives during it and is inserted after
 it): 0.5 and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain
 (docs/serving.md).
@@ -108,13 +114,15 @@ from jaxspec.errors import SettingsError
 DEFAULT_TIERS = (0, 1, 2, 4)  # and the speculation's gamma
 THETA = 0.2  # a row drafts position j only while its survival s(b, j) is at least this
 REPEATS = 3  # warmup: 2 REPEATS interleaved rounds over the step programs; REPEATS timed wakes and catch-ups
+FEW_ROWS = 4  # warmup: at R < FEW_ROWS rows FEW_ROWS // R times the rounds (steps of a few ms: their ratios spread)
 MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (module docstring)
 IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
 AHEAD = 8  # a step of at least this many active rows has the next one's tier chosen while it runs (0: never)
 LEARN = 0.1  # each served step's weight in its row bucket's curves (CostCurves.observe; 0: warmup's curves stay)
-PROBE = 0.02  # the share of the serving time the probes of the other side may lose, by the choice's own scores
-SIDE_LEARN = 0.25  # the weight of a side's first learnt step after a switch in its side's curves (probes.py)
+PROBE = 0.02  # the share of the serving time the probes of the tiers not run may lose, by the choice's own scores
+LEVEL_LEARN = 0.25  # the weight of a step that sets a side's or a tier's level in its curves (probes.py)
+SIDE, TIER = "side", "tier"  # CostCurves.observe's levels: a side's curves alone, or one tier's
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
@@ -133,8 +141,8 @@ class Budget:
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
     its plan then costs the step nothing, one step behind the estimates. probe: in [0, 1), the share of the serving
-    time that runs of the other side (drafting when plain decodes, plain when drafting), which measure its cost
-    against the running side's, may lose by the choice's own scores (`probes.SideRuns`; 0: no probes)."""
+    time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
+    their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
@@ -215,19 +223,24 @@ class CostCurves:
           f"{bucket} {seconds * 1e3:.2f} ms" for bucket, seconds in sorted(self.wake.items())))
     return out
 
-  def observe(self, rows: int, k: int, seconds: float, weight: float, side: bool = False) -> None:
+  def observe(self, rows: int, k: int, seconds: float, weight: float, levels: str | None = None) -> None:
     """Moves row bucket `rows`' curves (every tier's c(rows, .) and its catch-up) by one factor, that which takes
     c(rows, k) `weight` of the way to a step's measured `seconds` (an exponential average of the steps served; a
     timing beyond half or twice the curve counts as that bound: one slow step, a pause, moves them little). The
-    machine's speed is learnt and the ratios between tiers stay warm-up's (the module docstring). side: move the
-    curves of k's side alone (plain decoding, or every drafting tier), not its catch-up: the side's cost against
-    the other's, measured right after a switch (probes.py). A pair warmup did not measure is left alone."""
+    machine's speed is learnt and the ratios between tiers stay warm-up's (the module docstring). levels: SIDE moves
+    the curves of k's side alone (plain decoding, or every drafting tier), TIER c(rows, k) alone, neither the
+    catch-up: a side's or a tier's cost against the running one's, measured a step after it (probes.py). A pair
+    warmup did not measure is left alone."""
+    if levels not in (None, SIDE, TIER):
+      raise ValueError(f"CostCurves.observe's levels must be None, {SIDE!r} or {TIER!r}, got {levels!r}.")
     if (rows, k) in self.seconds and seconds > 0:
       now = self.seconds[(rows, k)]
       factor = 1.0 + weight * (min(max(seconds, 0.5 * now), 2.0 * now) / now - 1.0)
-      for key in [key for key in self.seconds if key[0] == rows and (not side or (key[1] > 0) == (k > 0))]:
+      moved = [key for key in self.seconds if key[0] == rows and (
+          levels is None or (levels == SIDE and (key[1] > 0) == (k > 0)) or key[1] == k)]
+      for key in moved:
         self.seconds[key] *= factor
-      if rows in self.catchup and not side:
+      if rows in self.catchup and levels is None:
         self.catchup[rows] *= factor
 
 
@@ -287,6 +300,7 @@ class Choice:
   expected: float  # E(k): expected tokens of the step over the active rows (per iteration without `left`)
   cost: float  # c'(R, k): the step cost the choice weighed (a drafting tier's raised by the margin)
   other: "Choice | None" = None  # the other side's best tier (plain against drafting; None: it has none)
+  rivals: "tuple[Choice, ...]" = ()  # its side's other tiers some row would draft in (`probes.SideRuns.due`)
 
 
 def survival(alpha: np.ndarray) -> np.ndarray:
@@ -455,22 +469,22 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
       cost[i] += catchup / max(1.0, spread)
   score = (expected / np.asarray(cost)).tolist()
   drafts_any = drafting.any(axis=1).tolist()
-  best = {}  # per side (True: drafting, False: plain) its best tier: the first (shortest) of the highest score
-  for side in (False, True):
+  def scored(i):
+    return Choice(tier=i, k=ks[i], limits=limits[i].astype(np.int32), expected=float(expected[i]), cost=cost[i])
+
+  best, tiers_of = {}, {}  # per side (True: drafting, False: plain) its best tier: the first (shortest) of the
+  for side in (False, True):  # highest score; and its tiers
     ours = [i for i, k in enumerate(ks) if (k > 0) == side and (not side or trees[i] or drafts_any[i])]
     if ours:  # a chain tier nobody would draft in is plain at a higher cost: skipped
       high = max(score[i] for i in ours)
-      i = next(i for i in ours if score[i] >= high / (1 + 1e-9))
-      best[side] = Choice(tier=i, k=ks[i], limits=limits[i].astype(np.int32), expected=float(expected[i]),
-                          cost=cost[i])
+      best[side], tiers_of[side] = scored(next(i for i in ours if score[i] >= high / (1 + 1e-9))), ours
   winner = max(best.values(), key=lambda c: (c.expected / c.cost, -c.k))
   if current is not None and 0 <= current < len(ks) and len(best) == 2:
     kept = best[ks[current] > 0]  # the previous step's side
     if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
       winner = kept
-  if len(best) == 2:
-    winner = dataclasses.replace(winner, other=best[winner.k == 0])
-  return winner
+  rivals = tuple(scored(i) for i in tiers_of[winner.k > 0] if i != winner.tier)
+  return dataclasses.replace(winner, other=best.get(winner.k == 0), rivals=rivals)
 
 
 def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,

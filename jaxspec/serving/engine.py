@@ -131,9 +131,9 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import (SIDE_LEARN, Ahead, Budget, Choice, CostCurves, EndRate, choose,
+from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, Ahead, Budget, Choice, CostCurves, EndRate, choose,
                                     curves_from_rounds, per_row_rate, survival, tier_limits, within)
-from jaxspec.serving.probes import PROBE_HOLD, SideRuns
+from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
 from jaxspec.sharding import place, shard
@@ -400,9 +400,14 @@ class SlotEngine:
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
+    # Each slot's request by insert number, and those of the rows the previous step decoded: the stick weighs the
+    # previous step's tier over about the same rows only (plan_step).
+    self._serial = np.zeros((self.slots,), np.int64)
+    self._inserts = 0
+    self._last_rows = np.zeros((0,), np.int64)
     self._planned = None  # the program key plan_step() chose last (a step that runs it may refine its cost)
     self._ahead: Ahead | None = None  # the next step's tier, chosen while the last step ran (`_plan_ahead`)
-    # Each row bucket's runs of plain decoding and drafting, and the probes of the side not run (probes.py).
+    # Each row bucket's runs of plain decoding and drafting, and the probes of the tiers not run (probes.py).
     self._runs = SideRuns(share=self.budget.probe if self.budget is not None else 0.0)
     # Requests waiting for a slot (a server sets it: `set_queue`): with none, the slot of a row that ends in a step
     # stays empty through the next one, which the budget counts against long steps.
@@ -525,6 +530,8 @@ class SlotEngine:
     if done and not settings.ignore_eos:
       self.ends.observe(len(tokens), reason == "stop")
     self._behind[slot] = False
+    self._inserts += 1
+    self._serial[slot] = self._inserts
     return InsertOutput(tokens=tokens, reason=reason)
 
   def _insert_mode(self, needed: str) -> str:
@@ -568,33 +575,43 @@ class SlotEngine:
     # -- verification budget hook: the tier and the limits from the previous steps' estimates (budget.py) --
     slots = np.flatnonzero(self._active)
     ahead, self._ahead, runs = self._ahead, None, self._runs
-    if runs.probing:  # a probe's next step: its side's best tier (`current` there, beyond the stick's reach)
-      runs.probing -= 1
-      choice = self._choose(slots, rows, self._left[slots], self._behind[slots], runs.tier, stick=PROBE_HOLD)
-      tier, chosen = choice.tier, choice.limits
+    probed = runs.probing(rows)
+    if probed is not None:  # a probe's later step: its tier again
+      tier, chosen = self._tier_limits(slots, probed)
     elif ahead is not None and runs.home is None and ahead.holds(slots, rows):  # chosen while the last step ran
-      tier, entry = ahead.tier, self.table.entries[ahead.tier]
-      chosen = (np.zeros((len(slots),), np.int32) if entry.plain else
-                tier_limits(self.estimates(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None))
-      if not chosen.any() and not entry.plain and self.table.entries[0].plain:
-        tier = 0  # a chain tier nobody would draft in is plain at a higher cost (as `choose` skips it)
-    else:  # after a probe the stick weighs against the tier before it
-      current = runs.home if runs.home is not None else None if self._last is None else self._last[0]
-      runs.home = None
+      tier, chosen = self._tier_limits(slots, ahead.tier)
+    else:  # after a probe the stick weighs against the tier before it; over other rows, against none
+      current = runs.current(None if self._last is None else self._last[0])
+      if 4 * np.setxor1d(self._serial[slots], self._last_rows, assume_unique=True).size > len(slots):
+        current = None
       choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current)
-      if runs.due(rows, choice, time.perf_counter()):
-        choice = runs.start(choice, current)
+      probe = runs.due(rows, choice)
+      if probe is not None:
+        runs.start(rows, choice, probe, current)
+        choice = probe
       tier, chosen = choice.tier, choice.limits
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = chosen
     self._planned = (tier, mode, rows)
     return self._planned, limits
 
+  def _tier_limits(self, slots: np.ndarray, tier: int) -> tuple[int, np.ndarray]:
+    """(tier, [A] each row's draft limit) of a step of the given tier over the rows of `slots` [A], from their
+    estimates now (`tier_limits`; none for a plain tier); plain (tier 0) when it is a chain tier nobody would draft
+    in (as `choose` skips it: plain at a higher cost)."""
+    entry = self.table.entries[tier]
+    if entry.plain:
+      return tier, np.zeros((len(slots),), np.int32)
+    chosen = tier_limits(self.estimates(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None)
+    if not chosen.any() and self.table.entries[0].plain:
+      return 0, chosen
+    return tier, chosen
+
   def _choose(self, slots: np.ndarray, rows: int, left: np.ndarray, behind: np.ndarray,
-              current: int | None, stick: float | None = None) -> Choice:
+              current: int | None) -> Choice:
     """The budget's choice (`budget.choose`) over the rows of `slots` [A] at row bucket `rows`: left [A] the
     tokens each may still give, behind [A] whose draft rested longer than gamma, current the tier of the step
-    before the one planned (None: none), stick Budget.stick's stand-in (None: Budget.stick)."""
+    before the one planned (None: none)."""
     entries = self.table.entries
     rate = self.ends.rate
     hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
@@ -604,7 +621,7 @@ class SlotEngine:
                   iterations=self.iterations_per_step, margin=self.budget.margin, behind=behind,
                   catchup=self.costs.catchup.get(rows, 0.0), hazard=hazard,
                   idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
-                  current=current, stick=self.budget.stick if stick is None else stick,
+                  current=current, stick=self.budget.stick,
                   per_token=self._prefill_per_token(slots, left, hazard))
 
   def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
@@ -726,9 +743,9 @@ class SlotEngine:
                    and self.budget.ahead and np.count_nonzero(self._active) >= self.budget.ahead else None)
     packed_rows = np.asarray(jax.device_get(packed))
     seconds = time.perf_counter() - started
-    self._last = key
+    self._last, self._last_rows = key, self._serial[index][self._active[index]]
     planned, self._planned = self._planned, None
-    run = self._runs.ran(key[2], not self.table.entries[key[0]].plain, time.perf_counter())
+    run = self._runs.ran(key[2], self.table.entries[key[0]].gamma, seconds)
     if prog.estimates:  # the rows' acceptance estimates, after the step's tokens and counts (the budget's)
       g = self._positions
       estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
@@ -739,17 +756,17 @@ class SlotEngine:
     tokens, counts, finished, failed = packed[:, :w], packed[:, w], packed[:, w + 1] > 0, packed[:, w + 2] > 0
     if limits is not None:
       # A step the plan chose that ran every iteration, re-fed no rested draft and followed a step of the same
-      # row bucket and side (plain after plain, drafting after drafting, any tier): its time is the program's
-      # cost as served (beside the server's other work: the streaming of the previous step's tokens, which a
-      # switch from plain to drafting or back would charge to this one), which moves the bucket's curves
-      # (Budget.learn: the machine's speed), or its side's alone as the first after a run of the other side (the
-      # sides' levels: probes.Run.levels_side).
+      # row bucket and side (plain after plain, drafting after drafting, any tier; not a probe's first): its time
+      # is the program's cost as served (beside the server's other work: the streaming of the previous step's
+      # tokens, which a switch from plain to drafting or back would charge to this one), which moves the bucket's
+      # curves (Budget.learn: the machine's speed), or a side's or a tier's alone (LEVEL_LEARN) as the first after
+      # a run of the other side, or a probe's learnt step (the levels: probes.Run.levels).
       caught_up = bool(np.any((limits > 0) & self._behind & self._active))
-      if (key == planned and self.budget.learn and not caught_up and run.steps >= 2
+      if (key == planned and self.budget.learn and not caught_up and run.learnt
           and packed[:, w + 5].max(initial=0) >= self.iterations_per_step):
-        side = run.levels_side
+        levels = run.levels
         self.costs.observe(prog.rows, self.table.entries[key[0]].gamma, seconds - woken,
-                           SIDE_LEARN if side else self.budget.learn, side=side)
+                           LEVEL_LEARN if levels else self.budget.learn, levels=levels)
       # Rows that drafted caught up; active rows that did not fell behind.
       self._behind = np.where(limits > 0, False, self._behind | self._active)
     self._left -= np.where(self._active, counts, 0)
@@ -811,7 +828,10 @@ class SlotEngine:
   def _measure_costs(self) -> None:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
     inserted (a one-token prompt, max_new_tokens tokens, EOS ignored, in the first compiled mode; inserted again
-    when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers, forward
+    when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers (FEW_ROWS //
+    R times as many at R < FEW_ROWS rows: the ratios of steps of a few milliseconds spread most, a gamma-4 step's
+    to a plain one at 1 row on the embedded pair read 2.79, 3.16 and 3.39 in three warm-ups, and those rounds cost
+    least), forward
     and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each tier a round, the second timed (the first
     pays the switch from the program before: a plain step at 8 rows on the embedded pair cost 7-13 % more right
     after a gamma-4 step than after a plain one, docs/bench/serving/switch_cost.md; and a drafting step's catch-up
@@ -827,8 +847,9 @@ class SlotEngine:
     for rows in self.row_buckets:
       tiers = [(i, e) for i, e in enumerate(self.table.entries) if (i, mode, rows) in self._programs]
       slots, left = [], 0
-      rounds = {entry.gamma: [None] * (2 * repeats) for _, entry in tiers}
-      for r in range(2 * repeats):
+      count = 2 * repeats * max(1, FEW_ROWS // rows)
+      rounds = {entry.gamma: [None] * count for _, entry in tiers}
+      for r in range(count):
         for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
           if not slots or left < 2 * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:

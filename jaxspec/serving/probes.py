@@ -1,36 +1,46 @@
-"""The verification budget's runs of each side and its probes of the side it does not run (issue 39).
+"""The verification budget's runs at each row bucket and its probes of the tiers it does not run (issue 39).
 
     runs = SideRuns(share=budget.probe)
-    run = runs.ran(rows=8, drafting=False, now=time.perf_counter())   # after every step (warmup's too)
-    run.steps, run.after_switch                                        # 3, False: learn the machine's speed
-    if runs.due(rows=8, choice=choice, now=...):                       # the plan, when it chose afresh
-      choice = runs.start(choice)                                      # the other side's best, for PROBE_STEPS
+    run = runs.ran(rows=8, k=0, seconds=0.012)             # after every step (warmup's too); k: its draft length
+    run.learnt, run.levels                                  # True, None: the step's time is the machine's speed
+    probe = runs.due(rows=8, choice=choice)                 # the plan, when it chose afresh: a tier to probe, or None
+    runs.start(rows=8, choice=choice, probe=probe, home=current)   # its first step runs probe; then
+    runs.probing(rows=8)                                    # the tier of the probe's later steps (None: no probe)
 
-The budget weighs plain decoding against drafting with step-cost curves whose ratios warmup measured (budget.py).
-On this project's 2-core VMs warmup's ratio of a gamma-4 step to a plain one at 4 rows read 2.0-3.2 from one
-warmup to the next, where served steps in one process read 2.5 (docs/serving.md), and the choice at concurrency 4
-turns on a sixth: the budget decoded plain where the fixed gamma 4 served 1.22x plain's tokens. A served step
-moves its bucket's curves together (the machine's speed), so the side the budget runs cannot correct the other's
-level: nothing of the other side is served, and its rows' acceptance estimates rest at the prior.
+The budget weighs the tiers with step-cost curves whose ratios warmup measured (budget.py), and a served step
+moves its bucket's curves together (the machine's speed), so the ratios between the tier the budget runs and the
+others stay warm-up's: nothing of the others is served. On this project's 2-core VMs those ratios spread from one
+warm-up to the next beyond what the choice turns on (docs/serving.md):
+  - a gamma-4 step against a plain one at 4 rows read 2.0-3.2, where the choice at concurrency 4 turns on a sixth:
+    the budget decoded plain where the fixed gamma 4 served 1.22x plain's tokens;
+  - a gamma-4 step against a gamma-2 one at 1 and 4 rows read 1.46-1.48 in one engine and 1.18-1.26 in the engine
+    beside it: the first drafted at gamma 2 where the fixed gamma 4 served 1.13x its tokens at concurrency 1.
 
-So, the other side is run now and then, at the same row bucket and in the same minute: a probe of PROBE_STEPS steps
-of its best tier (the first pays the switch and is not learnt from; the second is). The first learnt step of a
-side after a switch at its bucket from a run of the other side longer than a probe (a probe's, or a switch the
-choice made: `Run.levels_side`) moves the curves of its side alone, SIDE_LEARN of the way to its time
-(`CostCurves.observe(side=True)`): the two sides' levels, one against the other, measured a step apart. The
-return from a probe, and later steps of a run, move every curve of the bucket (the speed), as before. A step's
-time at 16 rows spreads by a tenth and more on this project's VMs, so one step's weight is a quarter: at a half
-(and the return from a probe moving its side too) the levels wandered enough that the budget drafted at 54 of
-176 steps at concurrency 16, where plain serves 1.18x the fixed gamma 4 (0.878 of plain; docs/serving.md).
+So the other tiers are run now and then, at the same row bucket and in the same minute: a probe of PROBE_STEPS steps
+of one tier (the first pays the switch and is not learnt from; the second is). The candidates are the other side's
+best tier (drafting when plain decodes, plain when drafting: `Choice.other`) and the running side's other tiers
+(`Choice.rivals`: the other drafting tiers some row would draft in). The learnt step of a probe of a tier of the
+running side moves that tier's curve alone, LEVEL_LEARN of the way to its time (`CostCurves.observe(levels=TIER)`):
+its level against the running tier's, measured a step apart. The first learnt step of a side after a switch at its
+bucket from a run of the other side longer than a probe (a probe's, or a switch the choice made) moves the curves
+of its side alone (levels=SIDE): the two sides' levels. The return from a probe, and later steps of a run, move
+every curve of the bucket (the speed), as before. A step's time at 16 rows spreads by a tenth and more on this
+project's VMs, so one step's weight is a quarter: at a half (and the return from a probe moving its side too) the
+levels wandered enough that the budget drafted at 54 of 176 steps at concurrency 16, where plain serves 1.18x the
+fixed gamma 4 (0.878 of plain; docs/serving.md).
 
-A probe is due at row bucket R when the other side last ran there longer ago than its expected loss over
-`share`: loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o), the seconds its steps take beyond what the
-running side would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected
-tokens; c_o, E_o the other side's best), and the switch there and back. A side far worse is probed seldom, one
-about as good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) / share seconds (with the default share 2 %, about
-every 10 of its steps), and none at all that scores more (the choice switches itself).
-After a probe the next plan weighs Budget.stick against the tier before it: the probe's side takes over only
-when it scores above that by the stick.
+A candidate's probe is due at row bucket R when it last ran there (the other side: any of its tiers) longer ago
+than its expected loss over its share of `share` (split evenly among the candidates), on that bucket's clock: the
+seconds of the steps run at R (not the engine's idle time, nor its steps at other buckets: the drain of a load
+at 64 rows through 32, 16, 8, ... rows found every smaller bucket's last probe far back on a clock of every
+step, and probed there at once, each time; nor, in a benchmark that runs engines in turn, the others'): loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o), the seconds its steps take beyond what the
+running tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected
+tokens; c_o, E_o the candidate's), and the switch there and back. A tier far worse is probed seldom, one about as
+good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds (n candidates; with the default share 2 %
+and one candidate about every 10 of its steps), and none that scores more (the choice switches itself). Of several
+due, the longest overdue runs.
+After a probe the next plan weighs Budget.stick against the tier before it: a probe of the other side takes over
+only when it scores above that by the stick.
 
 Exact in every case: a probe runs a compiled tier with limits from earlier verdicts, like any step.
 """
@@ -39,68 +49,134 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxspec.serving.budget import Choice
+from jaxspec.serving.budget import SIDE, TIER, Choice
 
 PROBE_STEPS = 2  # a probe's steps: the switch, then one learnt from
-# What a switch costs beyond the steps' own times, as a share of the two sides' steps (a step right after another
+# What a switch costs beyond the steps' own times, as a share of the two tiers' steps (a step right after another
 # program, docs/bench/serving/switch_cost.md: 7-13 %): a probe pays it going and coming back.
 SWITCH = 0.1
-PROBE_HOLD = 1e9  # the stick a probe's later steps plan with: its side's best tier, whatever the other side scores
 
 
 @dataclasses.dataclass(frozen=True)
 class Run:
-  """The steps run in a row at one row bucket on one side, the latest included."""
+  """The steps run in a row at one row bucket on one side (plain decoding, or drafting at any tier), the latest
+  included; probe: whether the latest is a probe's (SIDE: of the other side's best tier; TIER: of another tier of
+  the running side; None: not a probe's step), probe_step its place in the probe (1 the switch, PROBE_STEPS the
+  learnt one)."""
 
   rows: int
   drafting: bool
   steps: int
   after_switch: bool  # the run follows one of the other side at the same row bucket
   before: int = 0  # the steps of the run it follows (0: none)
+  probe: str | None = None
+  probe_step: int = 0
 
   @property
-  def levels_side(self) -> bool:
-    """Whether this step is the first learnt one of a side after a run of the other longer than a probe (whose
-    curves follow the machine's speed now): its time sets its side's level against the other's."""
-    return self.steps == 2 and self.after_switch and self.before > PROBE_STEPS
+  def learnt(self) -> bool:
+    """Whether the step's time may move the curves (the engine adds its own conditions): it follows a step of its
+    side at its row bucket and is not a probe's first (which pays the switch to the probed tier)."""
+    return self.steps >= 2 and self.probe_step != 1
+
+  @property
+  def levels(self) -> str | None:
+    """What the step's time moves beyond the machine's speed: TIER (the probed tier's curve alone) for the learnt
+    step of a probe of the running side's other tier; SIDE (its side's curves alone) for the first learnt step of a
+    side after a run of the other longer than a probe, whose curves follow the machine's speed now; None: the row
+    bucket's curves together (the speed)."""
+    if self.probe == TIER and self.probe_step == PROBE_STEPS:
+      return TIER
+    if self.steps == 2 and self.after_switch and self.before > PROBE_STEPS:
+      return SIDE
+    return None
+
+
+@dataclasses.dataclass
+class Probe:
+  """A probe in progress: PROBE_STEPS steps of tier `tier` (draft length k) at row bucket `rows`; levels: what
+  its learnt step moves (SIDE or TIER); ran: its steps run so far."""
+
+  rows: int
+  tier: int
+  k: int
+  levels: str
+  ran: int = 0
 
 
 @dataclasses.dataclass
 class SideRuns:
-  """Per row bucket, when each side last ran; the current run; the probe in progress. share: Budget.probe."""
+  """Per row bucket, when each tier and each side last ran there (on the bucket's clock: the seconds of its steps so
+  far); the current run; the probe in progress. share: Budget.probe."""
 
   share: float
-  seen: dict[tuple[int, bool], float] = dataclasses.field(default_factory=dict)  # (R, drafting) -> its last step
+  clocks: dict[int, float] = dataclasses.field(default_factory=dict)  # R -> the seconds of the steps at R
+  seen: dict[tuple[int, int], float] = dataclasses.field(default_factory=dict)  # (R, k) -> its last step's end
+  sides: dict[tuple[int, bool], float] = dataclasses.field(default_factory=dict)  # (R, drafting) -> the same
+  first: dict[int, float] = dataclasses.field(default_factory=dict)  # R -> its first fresh plan (`due`)
   run: Run | None = None
-  probing: int = 0  # the probe's steps still to plan after its first
-  tier: int | None = None  # the probed tier (its side's best at the probe's first step)
-  home: int | None = None  # the tier before the probe: the next plan after it weighs the stick against it
+  probe: Probe | None = None
+  home: int | None = None  # the tier before the last probe, until the next fresh plan takes it (`current`)
 
-  def ran(self, rows: int, drafting: bool, now: float) -> Run:
-    """Records a step at row bucket `rows` on its side; returns the run it continues or starts."""
+  def ran(self, rows: int, k: int, seconds: float) -> Run:
+    """Records a step of `seconds` at row bucket `rows` of draft length `k` (0: plain); returns the run it continues
+    or starts. A probe whose tier this is not ends here."""
+    drafting, probe, label, place = k > 0, self.probe, None, 0
+    if probe is not None:
+      if (probe.rows, probe.k) == (rows, k):
+        probe.ran += 1
+        label, place = probe.levels, probe.ran
+      if probe.ran >= PROBE_STEPS or label is None:
+        self.probe = None
     run = self.run
     if run is not None and (run.rows, run.drafting) == (rows, drafting):
-      self.run = dataclasses.replace(run, steps=run.steps + 1)
+      self.run = dataclasses.replace(run, steps=run.steps + 1, probe=label, probe_step=place)
     else:
       switched = run is not None and run.rows == rows
-      self.run = Run(rows=rows, drafting=drafting, steps=1, after_switch=switched, before=run.steps if run else 0)
-    self.seen[(rows, drafting)] = now
+      self.run = Run(rows=rows, drafting=drafting, steps=1, after_switch=switched, before=run.steps if run else 0,
+                     probe=label, probe_step=place)
+    now = self.clocks[rows] = self.clocks.get(rows, 0.0) + max(seconds, 0.0)
+    self.seen[(rows, k)] = self.sides[(rows, drafting)] = now
     return self.run
 
-  def due(self, rows: int, choice: Choice, now: float) -> bool:
-    """Whether a fresh plan's `choice` at row bucket `rows` should give way to a probe of its `other` side."""
-    other = choice.other
-    if not self.share or other is None or choice.expected <= 0 or other.expected <= 0:
-      return False
-    lost = other.cost - other.expected * choice.cost / choice.expected
-    if lost <= 0:
-      return False
-    loss = PROBE_STEPS * lost + SWITCH * (choice.cost + other.cost)
-    last = self.seen.setdefault((rows, other.k > 0), now)
-    return now - last >= loss / self.share
+  def probing(self, rows: int) -> int | None:
+    """The tier of the probe's next step when a probe is under way at row bucket `rows` (None: none; a probe at
+    another bucket is dropped)."""
+    probe = self.probe
+    if probe is None or probe.rows != rows:
+      self.probe = None
+      return None
+    return probe.tier
 
-  def start(self, choice: Choice, current: int | None) -> Choice:
-    """Starts a probe of `choice`'s other side (`due`), `current` the tier before it; returns the probe's first
-    step's choice."""
-    self.probing, self.tier, self.home = PROBE_STEPS - 1, choice.other.tier, current
-    return choice.other
+  def current(self, last: int | None) -> int | None:
+    """The tier a fresh plan weighs the stick against: the one before the last probe (taken once), else `last`
+    (the previous step's)."""
+    home, self.home = self.home, None
+    return last if home is None else home
+
+  def due(self, rows: int, choice: Choice) -> Choice | None:
+    """The candidate (`choice.other`, `choice.rivals`) whose probe is due at row bucket `rows` after a fresh plan
+    chose `choice` (the longest overdue; None: none). A bucket's clocks start at its first plan."""
+    candidates = ([] if choice.other is None else [choice.other]) + list(choice.rivals)
+    if not self.share or not candidates or choice.expected <= 0:
+      return None
+    now = self.clocks.get(rows, 0.0)
+    start, share, best, most = self.first.setdefault(rows, now), self.share / len(candidates), None, 1.0
+    for other in candidates:
+      if other.expected <= 0:
+        continue
+      lost = other.cost - other.expected * choice.cost / choice.expected
+      if lost <= 0:
+        continue
+      loss = PROBE_STEPS * lost + SWITCH * (choice.cost + other.cost)
+      side = (other.k > 0) != (choice.k > 0)
+      last = self.sides.get((rows, other.k > 0), start) if side else self.seen.get((rows, other.k), start)
+      overdue = (now - last) * share / loss
+      if overdue >= most:
+        best, most = other, overdue
+    return best
+
+  def start(self, rows: int, choice: Choice, probe: Choice, home: int | None) -> None:
+    """Starts a probe of `probe` (what `due` gave for `choice`) at row bucket `rows`, `home` the tier before it (the
+    next fresh plan's `current`)."""
+    levels = SIDE if (probe.k > 0) != (choice.k > 0) else TIER
+    self.probe, self.home = Probe(rows=rows, tier=probe.tier, k=probe.k, levels=levels), home

@@ -9,6 +9,7 @@ every (rows, tier) cost and compiles every program (tiers x modes x row buckets)
 from __future__ import annotations
 
 import base64
+import collections
 import dataclasses
 import pickle
 import types
@@ -24,8 +25,8 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving import engine as engine_module
-from jaxspec.serving.budget import (Ahead, Budget, Choice, CostCurves, EndRate, choose, curves_from_rounds,
-                                    expected_tokens, row_limits, survival, within)
+from jaxspec.serving.budget import (SIDE, TIER, Ahead, Budget, Choice, CostCurves, EndRate, choose,
+                                    curves_from_rounds, expected_tokens, row_limits, survival, within)
 from jaxspec.serving.probes import Run, SideRuns
 from jaxspec.serving.budget import from_flags as budget_flags
 
@@ -302,14 +303,15 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   rounds at one speed, and it times a step after one of the same program, so what a switch between programs adds
   is left out: the curves' ratio of each tier to plain is the true one. (Timed tier after tier in two passes, the
   second reversed, the lower median, as warm-up did before: the spell covers the widest tier's steps in both
-  passes, and its curve reads 2.5x dearer.)"""
+  passes, and its curve reads 2.5x dearer.) At 1 row (below budget.FEW_ROWS) it runs 4x the rounds."""
   true = {0: 1.0, 1: 1.7, 2: 2.3, 3: 2.9}
-  clock, steps, last = [0.0], [0], [None]
+  clock, steps, last, by_rows = [0.0], [0], [None], collections.Counter()
   real_step = engine.step
 
   def step(program=None, limits=None):
     out = real_step(program=program, limits=limits)
     steps[0] += 1
+    by_rows[program[2]] += 1
     clock[0] += true[engine.table.entries[program[0]].gamma] * (2.5 if 13 <= steps[0] <= 20 else 1.0)
     clock[0] += 0.4 if program != last[0] else 0.0  # a step right after another program costs more
     last[0] = program
@@ -321,6 +323,7 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   monkeypatch.setattr(engine, "costs", CostCurves())
   engine._measure_costs()  # pylint: disable=protected-access
   assert steps[0] > 40  # the spell falls inside the first row bucket's rounds
+  assert engine.row_buckets == (1, 3) and by_rows[1] - by_rows[3] == 3 * 6 * 4 * 2  # rounds x tiers x 2 steps
   for rows in engine.row_buckets:
     base = engine.costs.seconds[(rows, 0)]
     assert 1.0 - 1e-9 <= base <= 2.5 + 1e-9
@@ -329,44 +332,137 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   assert not engine.active_slots()
 
 
-def test_a_switchs_first_learnt_step_moves_its_side_alone():
-  """The first learnt step of a side after a switch (from a run longer than a probe) moves the curves of its side alone (plain, or every drafting
-  tier), not the catch-up: the two sides' levels, one against the other."""
+def test_a_level_step_moves_its_side_or_its_tier_alone():
+  """A step that sets levels moves the curves of its side alone (plain, or every drafting tier: the first learnt
+  step after a switch) or of its tier alone (a probe of another tier of the running side), never the catch-up;
+  anything else for `levels` is refused."""
   costs = CostCurves({(8, 0): 0.010, (8, 2): 0.020, (8, 4): 0.030, (16, 4): 0.060}, catchup={8: 0.004})
-  costs.observe(8, 4, 0.015, weight=0.5, side=True)  # half the curve: halfway, 0.75
+  costs.observe(8, 4, 0.015, weight=0.5, levels=SIDE)  # half the curve: halfway, 0.75
   assert costs.seconds == pytest.approx({(8, 0): 0.010, (8, 2): 0.015, (8, 4): 0.0225, (16, 4): 0.060})
   assert costs.catchup == {8: 0.004}
-  costs.observe(8, 0, 0.020, weight=0.5, side=True)
+  costs.observe(8, 0, 0.020, weight=0.5, levels=SIDE)
   assert costs.seconds == pytest.approx({(8, 0): 0.015, (8, 2): 0.015, (8, 4): 0.0225, (16, 4): 0.060})
+  costs.observe(8, 4, 0.045, weight=0.5, levels=TIER)  # twice the curve: halfway, 1.5, gamma 4's alone
+  assert costs.seconds == pytest.approx({(8, 0): 0.015, (8, 2): 0.015, (8, 4): 0.03375, (16, 4): 0.060})
+  assert costs.catchup == {8: 0.004}
+  with pytest.raises(ValueError, match="levels"):
+    costs.observe(8, 4, 0.045, weight=0.5, levels="bucket")
 
 
-def test_side_runs_probe_the_other_side_when_its_loss_allows():
-  """Runs of one side at one row bucket, a switch (the other side, same bucket) told from a change of bucket, the
-  first learnt step after a run of the other side longer than a probe setting its side's level; a probe of the
-  other side due when it last ran longer ago than its expected loss over the share, never when it
-  scores more (the choice switches itself) or with no share."""
+def test_side_runs_tell_what_a_step_learns():
+  """Runs of one side at one row bucket, a switch (the other side, same bucket) told from a change of bucket; the
+  first learnt step after a run of the other side longer than a probe sets its side's level; a probe's first step
+  is not learnt from and its second sets its side's level (the other side's tier) or its tier's (another tier of
+  the running side); a step of another tier ends the probe. A bucket's clock is its steps' seconds."""
   runs = SideRuns(share=0.02)
-  assert runs.ran(8, False, 0.0) == Run(rows=8, drafting=False, steps=1, after_switch=False)
-  assert runs.ran(8, False, 1.0).steps == 2
-  assert runs.ran(8, True, 2.0) == Run(rows=8, drafting=True, steps=1, after_switch=True, before=2)
-  assert runs.ran(8, True, 2.1).levels_side is False  # after a run as short as a probe: the speed
-  assert runs.ran(8, False, 2.2).steps == 1 and runs.ran(8, False, 2.3).levels_side is False  # a probe's return
-  runs.ran(8, False, 2.4)
-  assert [runs.ran(8, True, 2.5 + i / 10).levels_side for i in range(3)] == [False, True, False]
-  assert runs.ran(4, True, 3.0).after_switch is False  # another row bucket: not a switch
+  assert runs.ran(8, 0, 1.0) == Run(rows=8, drafting=False, steps=1, after_switch=False)
+  assert runs.ran(8, 0, 1.0).steps == 2
+  assert runs.ran(8, 2, 0.5) == Run(rows=8, drafting=True, steps=1, after_switch=True, before=2)
+  assert runs.ran(8, 4, 0.5).levels is None  # after a run as short as a probe: the speed
+  assert runs.ran(8, 0, 0.5).steps == 1 and runs.ran(8, 0, 0.5).levels is None  # a probe's return
+  runs.ran(8, 0, 0.5)
+  assert [runs.ran(8, 2, 0.5).levels for _ in range(3)] == [None, SIDE, None]
+  assert runs.ran(4, 2, 1.0).after_switch is False  # another row bucket: not a switch
+  assert runs.clocks == {8: 6.0, 4: 1.0} and (runs.seen[(8, 2)], runs.seen[(8, 4)], runs.sides[(8, True)]) == (
+      6.0, 3.0, 6.0)  # each bucket's clock: its steps' seconds
+  limits = np.zeros((4,), np.int32)
+  wide, narrow = Choice(3, 4, limits, 10.0, 0.03), Choice(2, 2, limits, 8.0, 0.02)
+  runs.start(4, narrow, wide, home=2)  # a probe of gamma 4 from gamma 2: its second step, gamma 4's level
+  assert runs.probing(4) == 3 and runs.current(2) == 2
+  first, second = runs.ran(4, 4, 1.0), runs.ran(4, 4, 1.0)
+  assert (first.learnt, first.probe_step, second.learnt, second.levels) == (False, 1, True, TIER)
+  assert runs.probing(4) is None and runs.ran(4, 2, 1.0).levels is None  # the probe is over: the speed again
+  runs.start(4, narrow, Choice(0, 0, limits, 4.0, 0.01), home=2)  # of plain from drafting: its side's level
+  assert [runs.ran(4, 0, 1.0).levels for _ in range(2)] == [None, SIDE]
+  runs.start(4, narrow, wide, home=2)
+  runs.ran(4, 4, 1.0)
+  assert runs.ran(4, 1, 1.0).probe is None and runs.probe is None  # another tier: the probe ends
+  runs.start(4, narrow, wide, home=2)
+  assert runs.probing(8) is None and runs.probe is None  # another row bucket: dropped
+  assert runs.current(1) == 2 and runs.current(1) == 1  # the tier before the probe, once
+
+
+def test_side_runs_probe_a_tier_when_its_loss_allows():
+  """A probe of the other side's best tier or of the running side's other tiers is due when it last ran longer ago
+  (on its bucket's clock) than its expected loss over its share of the share (split among the candidates); the
+  longest overdue runs; never one that scores more (the choice switches itself), nor with no share."""
+  runs = SideRuns(share=0.02)
   limits = np.zeros((8,), np.int32)
   drafting = Choice(tier=3, k=4, limits=limits, expected=12.0, cost=0.033)
   plain = Choice(tier=0, k=0, limits=limits, expected=4.0, cost=0.010, other=drafting)
+
+  def due(choice, clock):
+    rows = 8 if choice is not None else 16
+    runs.clocks[rows] = clock
+    return runs.due(rows, choice if choice is not None else plain)
+
   # loss: 2 steps of 33 ms for 12 tokens each, which plain gives in 30 (6 ms), and a switch there and back: a tenth
-  # of the two sides' steps (4.3 ms); over 2 %: due 0.515 s after the last.
-  runs.seen[(8, True)] = 2.0  # drafting last ran at 8 rows at 2 s
-  assert not runs.due(8, plain, 2.51) and runs.due(8, plain, 2.52)
-  assert not runs.due(16, plain, 10.0) and runs.due(16, plain, 10.52)  # never ran there: from the first plan
-  assert not SideRuns(share=0.0).due(8, plain, 100.0)
-  better = dataclasses.replace(plain, other=dataclasses.replace(drafting, cost=0.029))
-  assert not runs.due(8, better, 100.0)
-  assert not runs.due(8, dataclasses.replace(plain, other=None), 100.0)
-  assert runs.start(plain, current=0) is drafting and (runs.probing, runs.tier, runs.home) == (1, 3, 0)
+  # of the two steps (4.3 ms); over 2 %: due 0.515 s after the side last ran at that row bucket.
+  runs.sides[(8, True)], runs.seen[(8, 4)] = 2.0, 1.0  # drafting last ran at 8 rows at 2 s (at gamma 4 at 1 s)
+  assert due(plain, 2.51) is None and due(plain, 2.52) is drafting
+  assert due(None, 10.0) is None and due(None, 10.52) is drafting  # never ran at 16 rows: from the first plan
+  assert SideRuns(share=0.0, clocks={8: 100.0}).due(8, plain) is None
+  assert due(dataclasses.replace(plain, other=dataclasses.replace(drafting, cost=0.029)), 100.0) is None
+  assert due(dataclasses.replace(plain, other=None), 100.0) is None
+  # Drafting at gamma 2 (9 tokens in 20 ms), plain and gamma 4 the candidates, 1 % each. Gamma 4: 2 steps of 33 ms
+  # for 12 tokens, 26.7 ms at gamma 2's rate (12.7 ms), and a tenth of 53 ms: 18.0 ms, due 1.80 s after gamma 4
+  # last ran there. Plain (4 tokens in 10 ms, 8.9 at gamma 2's rate): 2.2 + 3 ms, due 0.52 s after plain last ran.
+  two = Choice(tier=2, k=2, limits=limits, expected=9.0, cost=0.020,
+               other=dataclasses.replace(plain, other=None), rivals=(drafting,))
+  runs.seen[(8, 4)], runs.sides[(8, False)] = 5.0, 6.5
+  assert due(two, 6.79) is None and due(two, 6.80).k == 4
+  assert due(two, 7.03).k == 4  # both due: gamma 4 has waited 1.13 times its time, plain 1.02
+  assert due(two, 7.5).k == 0  # 1.39 against 1.92
+  assert due(dataclasses.replace(two, rivals=()), 6.75) is None  # plain alone, 2 %: due at 6.76 s
+  assert due(dataclasses.replace(two, rivals=()), 6.77).k == 0
+  assert due(dataclasses.replace(two, other=None), 5.89) is None  # gamma 4 alone: due at 5.90 s
+  assert due(dataclasses.replace(two, other=None), 5.90).k == 4
+
+
+def _serve_on_a_fake_clock(engine, refs, monkeypatch, read, per_token, share) -> list:
+  """PROMPTS * 8 through `engine` under a budget with probes of `share`, its steps timed by a fake clock (c(k) =
+  1 + per_token k at every row bucket) and its warm-up curves those times with tier k's multiplied by read[k]
+  (a warm-up that read tiers too dear); greedy tokens checked against plain decoding. The served steps' draft
+  lengths (0: plain)."""
+  clock, keys = [0.0], {id(p): key for key, p in engine._programs.items()}  # pylint: disable=protected-access
+  real_step = engine_module.STEP
+
+  def step(prog, *args):
+    clock[0] += 1.0 + per_token * engine.table.entries[keys[id(prog)][0]].gamma
+    return real_step(prog, *args)
+
+  monkeypatch.setattr(engine_module, "STEP", step)
+  monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+  monkeypatch.setattr(engine, "ends", EndRate())
+  true = cost_curves(engine, per_token=per_token)
+  monkeypatch.setattr(engine, "costs", CostCurves({key: c * read.get(key[1], 1.0)
+                                                   for key, c in true.seconds.items()}))
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.1, idle=0.0, probe=share))
+  monkeypatch.setattr(engine, "_runs", SideRuns(share=share))
+  monkeypatch.setattr(engine, "_last", None)  # no previous step's side for the stick to keep
+  outputs = []
+  requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS * 8)]
+  drive(engine, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == refs * 8
+  return [o.entry.gamma for o in outputs if o.entry is not None]
+
+
+def test_the_stick_weighs_over_the_same_rows_only(engine, monkeypatch):
+  """The stick keeps the previous step's side over about the same rows; when more than a quarter of the rows changed
+  (a request alone ended and the next took its slot) the choice is fresh: at concurrency 1 each request otherwise
+  started on the one before's side."""
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.02))  # drafting nearly free: it wins
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.0, idle=0.0, stick=5.0, probe=0.0))
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
+  (_, mode, rows), _ = engine.plan_step()
+  assert engine.plan_step()[0][0] > 0  # fresh: drafting
+  engine.step(program=(0, mode, rows))
+  assert engine.plan_step()[0][0] == 0  # after a plain step over the same row: the stick keeps plain
+  engine.free(slot)
+  engine.insert(slot, PROMPTS[1], RequestSettings(MAX_NEW, ignore_eos=True))  # the next request, the same slot
+  assert engine.plan_step()[0][0] > 0  # another row: fresh
+  engine.free(slot)
 
 
 def test_probes_correct_a_warmup_that_read_drafting_too_dear(engine, refs, monkeypatch):
@@ -374,33 +470,32 @@ def test_probes_correct_a_warmup_that_read_drafting_too_dear(engine, refs, monke
   starts plain. Probes run drafting now and then, its first learnt steps bring its side's curves toward their
   times, and the budget drafts at most of the later steps, exactly. Without probes (share 0) it decodes plain
   throughout: nothing of drafting is served, so nothing corrects it."""
-  clock, keys = [0.0], {id(p): key for key, p in engine._programs.items()}  # pylint: disable=protected-access
-  real_step = engine_module.STEP
+  read = {k: 3.0 for k in range(1, 4)}
+  probed = _serve_on_a_fake_clock(engine, refs, monkeypatch, read, 0.02, 0.25)
+  later = probed[len(probed) // 2:]
+  assert sum(k > 0 for k in later) > 0.5 * len(later), probed
+  unprobed = _serve_on_a_fake_clock(engine, refs, monkeypatch, read, 0.02, 0.0)
+  assert not any(unprobed), unprobed
 
-  def step(prog, *args):
-    clock[0] += 1.0 + 0.02 * engine.table.entries[keys[id(prog)][0]].gamma
-    return real_step(prog, *args)
 
-  monkeypatch.setattr(engine_module, "STEP", step)
-  monkeypatch.setattr(engine_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-  monkeypatch.setattr(engine, "ends", EndRate())
-  served = {}
-  for share in (0.25, 0.0):
-    true = cost_curves(engine, per_token=0.02)
-    monkeypatch.setattr(engine, "costs", CostCurves({key: c * (3.0 if key[1] else 1.0)
-                                                     for key, c in true.seconds.items()}))
-    monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.1, idle=0.0, probe=share))
-    monkeypatch.setattr(engine, "_runs", SideRuns(share=share))
-    monkeypatch.setattr(engine, "_last", None)  # no previous step's side for the stick to keep
-    outputs = []
-    requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS * 8)]
-    drive(engine, requests, outputs=outputs)
-    assert [r.tokens for r in requests] == refs * 8
-    ran = [o.entry.gamma > 0 for o in outputs if o.entry is not None]
-    served[share] = ran
-  later = served[0.25][len(served[0.25]) // 2:]
-  assert sum(later) > 0.5 * len(later), served[0.25]
-  assert not any(served[0.0]), served[0.0]
+def test_probes_correct_a_warmup_that_read_the_widest_tier_too_dear(engine, refs, monkeypatch):
+  """Warm-up read the widest tier (3) 1.3x dearer than its steps take, where every tier's step takes as long (a
+  fake clock): the budget starts at a narrower tier. Probes of the running side's other tiers run it now and then
+  and their learnt steps bring its curve toward its time: at the busiest row bucket within a tenth of the others'
+  (1.3 before; the other tiers' ratios stay within 5 %), and the widest tier serves a quarter of the later steps,
+  exactly. Without probes its curve stays 1.3x the others' and it never runs."""
+  read, busiest = {3: 1.3}, max(engine.row_buckets)
+
+  def ratios():
+    return [engine.costs.seconds[(busiest, k)] / engine.costs.seconds[(busiest, 2)] for k in (0, 1, 3)]
+
+  probed = _serve_on_a_fake_clock(engine, refs, monkeypatch, read, 0.0, 0.25)
+  plain, one, widest = ratios()
+  assert widest < 1.1 and (plain, one) == pytest.approx((1.0, 1.0), rel=0.05), (plain, one, widest)
+  later = probed[len(probed) // 2:]
+  assert sum(k == 3 for k in later) >= 0.25 * len(later), probed
+  unprobed = _serve_on_a_fake_clock(engine, refs, monkeypatch, read, 0.0, 0.0)
+  assert ratios() == pytest.approx([1.0, 1.0, 1.3]) and 3 not in unprobed and any(unprobed), unprobed
 
 
 def test_the_engine_learns_its_costs_and_its_end_rate(engine, refs, monkeypatch):

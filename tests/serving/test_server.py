@@ -126,7 +126,9 @@ def test_metrics_count_acceptance(server):
   # Whether the budget drafted here follows the timings of this machine (its choice weighs measured step costs;
   # tests/serving/test_budget.py forces the costs to check each choice); what it drafted, the metrics count.
   drafted, accepted = m["jaxspec_draft_tokens_total"], m["jaxspec_accepted_tokens_total"]
-  assert 0 <= accepted <= drafted and (drafted == 0 or accepted > 0)
+  # A probe's few steps may draft a handful of tokens that are all rejected (probes.py); of 16 or more, the embedded
+  # pair (about 0.7 of its drafts accepted) rejecting every one would be a counting error.
+  assert 0 <= accepted <= drafted and (drafted < 16 or accepted > 0), (drafted, accepted)
   assert m["jaxspec_time_to_first_token_seconds_count"] >= 10
   # The verification budget: its cost curve at the one row bucket (--row_buckets=SLOTS) for each tier, the steps
   # each tier ran, and the verify calls (tau = (accepted + verifications) / verifications, >= 1).
