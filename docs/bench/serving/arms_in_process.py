@@ -12,7 +12,12 @@ A served grid (grid.sh, final_restarts.sh) compares server processes, whose spee
 process to process and run to run; here every arm runs in the same process, so what differs is the engines' own
 work: their step programs, the budget's plan and choices. Per level C and arm a closed loop of --requests greedy
 requests (C in flight, each finished one replaced before the next step) per round; tokens per second over the rounds, the
-steps each arm ran per draft length, and each arm's ratio to the last arm listed. The embedded pair: 64 new
+steps each arm ran per draft length, and each arm's ratio to the last arm listed. With --slice=N the arms' loops of
+a round run side by side, N steps of one arm, then N of the next (timed each), in turn: this project's VMs change
+speed by up to 2x within minutes (a plain arm's rounds at concurrency 1 read 344, 345, 200 and 247 tok/s in one
+run), and a round an arm ran alone took its own spell of the machine, which moved the ratios by a tenth from run to
+run; in slices of a second or so every arm shares each spell. A slice's first step follows another engine's
+(about a tenth dearer: docs/bench/serving/switch_cost.md), 1 / N of the steps in every arm alike. The embedded pair: 64 new
 tokens, the served workload's prompts (docs/bench/serving_ende.jsonl); the Qwen pair (--target / --draft: the
 converted Qwen2.5-Coder 1.5B / 0.5B directories): 48 new tokens, the chat prompts of docs/bench/qwen_prompts.jsonl.
 Writes OUTPUT.md and OUTPUT.json. Nothing else should run meanwhile.
@@ -38,6 +43,8 @@ CONCURRENCY = flags.DEFINE_list("concurrency", ["1", "4", "8", "16", "32", "64"]
 SLOTS = flags.DEFINE_integer("slots", 64, "the engines' slots")
 REQUESTS = flags.DEFINE_integer("requests", 128, "requests per arm and round")
 ROUNDS = flags.DEFINE_integer("rounds", 4, "rounds (the arms' order reversed every other round)")
+SLICE = flags.DEFINE_integer("slice", 0, "steps an arm runs before the next arm's turn within a round (0: each arm "
+                             "runs its whole round in turn)")
 ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (None: the engine's default); e.g. "
                                 "16,32 for levels 16 and 32 alone: fewer programs to compile and time in warm-up")
 ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
@@ -57,6 +64,34 @@ def _workload():
   with open("docs/bench/qwen_prompts.jsonl", encoding="utf-8") as f:
     prompts = [tokenizer.encode(tokenizer.apply_chat_template(json.loads(line)["messages"])) for line in f]
   return target, draft, prompts, 48, 128
+
+
+class _Loop:
+  """One arm's closed loop over a round: `requests` greedy requests (REQUESTS of `prompts`, in order), `c` in
+  flight, each finished one replaced before the next step; the tokens it made and the seconds its turns took."""
+
+  def __init__(self, engine: SlotEngine, prompts: list, c: int, settings: RequestSettings):
+    self.engine, self.prompts, self.c, self.settings = engine, prompts, c, settings
+    self.sent = self.made = 0
+    self.seconds = 0.0
+
+  @property
+  def done(self) -> bool:
+    return self.sent >= REQUESTS.value and not self.engine.active_slots()
+
+  def run(self, steps: int | None, counts: collections.Counter) -> None:
+    """Up to `steps` steps (None: to the round's end), inserts before each; counts: steps by draft length."""
+    engine, start, ran = self.engine, time.perf_counter(), 0
+    while not self.done and (steps is None or ran < steps):
+      while self.sent < REQUESTS.value and len(engine.active_slots()) < self.c:
+        prompt = self.prompts[self.sent % len(self.prompts)]
+        self.made += len(engine.insert(engine.free_slots()[0], prompt, self.settings).tokens)
+        self.sent += 1
+      out = engine.step()
+      self.made += sum(len(t) for t in out.tokens)
+      counts[out.entry.gamma if out.entry is not None else 0] += 1
+      ran += 1
+    self.seconds += time.perf_counter() - start
 
 
 def main(_):
@@ -79,28 +114,26 @@ def main(_):
     steps = {arm: collections.Counter() for arm in engines}
     rounds = {arm: [] for arm in engines}
     for r in range(ROUNDS.value):
-      for arm in (ARMS.value if r % 2 == 0 else ARMS.value[::-1]):
-        engine, sent, made, start = engines[arm], 0, 0, time.perf_counter()
-        while sent < REQUESTS.value or engine.active_slots():
-          while sent < REQUESTS.value and len(engine.active_slots()) < c:
-            prompt = prompts[(r * REQUESTS.value + sent) % len(prompts)]
-            made += len(engine.insert(engine.free_slots()[0], prompt, settings).tokens)
-            sent += 1
-          out = engine.step()
-          made += sum(len(t) for t in out.tokens)
-          steps[arm][out.entry.gamma if out.entry is not None else 0] += 1
-        took = time.perf_counter() - start
-        seconds[arm] += took
-        tokens[arm] += made
-        rounds[arm].append(made / took)
-        print(f"c={c} round {r} {arm}: {made / took:.1f} tok/s", flush=True)
+      order = ARMS.value if r % 2 == 0 else ARMS.value[::-1]
+      offset = r * REQUESTS.value % len(prompts)  # each round its own prompts, the same in every arm
+      loops = {arm: _Loop(engines[arm], prompts[offset:] + prompts[:offset], c, settings) for arm in order}
+      while any(not loop.done for loop in loops.values()):
+        for arm in order:
+          loops[arm].run(SLICE.value or None, steps[arm])
+      for arm in order:
+        loop = loops[arm]
+        seconds[arm] += loop.seconds
+        tokens[arm] += loop.made
+        rounds[arm].append(loop.made / loop.seconds)
+        print(f"c={c} round {r} {arm}: {loop.made / loop.seconds:.1f} tok/s", flush=True)
     rows += [{"arm": arm, "concurrency": c, "tokens_per_s": tokens[arm] / seconds[arm],
               "ratio": (tokens[arm] / seconds[arm]) / (tokens[base] / seconds[base]),
               "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
              for arm in engines]
   buckets = "" if ROW_BUCKETS.value is None else f" (row buckets {','.join(ROW_BUCKETS.value)})"
+  sliced = f", in slices of {SLICE.value} steps" if SLICE.value else ""
   table = [f"{PAIR.value} pair, {SLOTS.value} slots{buckets}, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
-           f"level, one process", ""]
+           f"level{sliced}, one process", ""]
   table += markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "steps by draft length"],
                           [[r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
                             r["steps_by_gamma"]] for r in rows])
@@ -109,7 +142,8 @@ def main(_):
     atomic_write(OUTPUT.value + ".md", "\n".join(table) + "\n")
     atomic_write_json(OUTPUT.value + ".json", {"pair": PAIR.value, "slots": SLOTS.value,
                                                "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
-                                               "rounds": ROUNDS.value, "jax": jax.__version__, "rows": rows}, indent=1)
+                                               "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__,
+                                               "rows": rows}, indent=1)
 
 
 if __name__ == "__main__":
