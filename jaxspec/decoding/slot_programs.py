@@ -68,7 +68,7 @@ def allocate(alloc: loop.LoopSettings, target_params, draft_params, slots: int, 
     cache, draft = jax.tree_util.tree_unflatten(cache_tree, full)
     rows = {f.name: ((n,), ("batch",)) for f in dataclasses.fields(SlotState)
             if f.name not in ("target_cache", "draft_state")} | {"sequences": ((n, seq_len), ("batch", "sequence"))}
-    rows |= {name: ((n, positions), ("batch", "draft_position")) for name in ("est_sum", "est_count")}
+    rows |= {name: ((n, positions), ("batch", "draft_position")) for name in ("est_sum", "est_count", "est_prior")}
     target_rows, _ = tree_shardings(({k: a for k, (_, a) in rows.items()}, declared[0]),
                                     ({k: s for k, (s, _) in rows.items()}, cache), where.mesh, where.target_rules)
     draft_shardings, _ = tree_shardings(declared[1], draft, where.mesh, where.draft_rules)

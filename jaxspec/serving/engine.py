@@ -131,7 +131,8 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
-from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, Ahead, Budget, Choice, CostCurves, EndRate, choose,
+from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
+                                    EndRate, choose,
                                     curves_from_rounds, per_row_rate, survival, tier_limits, within)
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
@@ -397,6 +398,9 @@ class SlotEngine:
     # The host's copy of the acceptance estimates (est_sum, est_count), from each step's packed output.
     self._estimates = np.zeros((2, self.slots, self._positions), np.float32)
     self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
+    # A new request's prior: the served requests' acceptance (their verdicts, pooled when each one ends).
+    self.acceptance = AcceptancePrior.start(self._positions)
+    self._priors = self._estimates[0] / self._estimates[1]  # [S, G] each slot's prior (its insert's)
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
@@ -512,7 +516,7 @@ class SlotEngine:
                                             np.uint32(settings.seed), np.float32(sampling.temperature),
                                             np.int32(sampling.top_k), np.float32(sampling.top_p),
                                             np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
-                                            np.int32(settings.min_tokens)))
+                                            np.int32(settings.min_tokens), self.acceptance.alpha))
     token, count, done, failed = (int(x) for x in jax.device_get(out))
     tokens = [token][:count]
     reason = None
@@ -523,7 +527,8 @@ class SlotEngine:
     self._requests[slot] = None if done else settings
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
-    self._estimates[:, slot] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None]
+    self._priors[slot] = self.acceptance.alpha
+    self._estimates[0, slot], self._estimates[1, slot] = PRIOR_COUNT * self._priors[slot], PRIOR_COUNT
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
     self._wake_cost[slot] = self.costs.wake.get(bucket, 0.0) if self._quiet[slot] else 0.0
     self._max_tokens[slot] = settings.max_tokens
@@ -546,8 +551,15 @@ class SlotEngine:
       self._stop[slot] = True
       if not self._requests[slot].ignore_eos:  # a stop string, a client gone: an early end
         self.ends.observe(self._requests[slot].max_tokens - int(self._left[slot]), True)
+      self._served(slot)
     self._active[slot], self._requests[slot] = False, None
     self._quiet[slot], self._prompts[slot] = False, None
+
+  def _served(self, slot: int) -> None:
+    """The request in `slot` ends: its verdicts join the served requests' acceptance (AcceptancePrior; under a
+    budget: the estimates come back with each step only there)."""
+    if self.budget is not None:
+      self.acceptance.observe(self._estimates[0, slot], self._estimates[1, slot], self._priors[slot])
 
   def _bucket(self, active: int) -> int:
     """The smallest row bucket holding `active` (>= 1) rows."""
@@ -781,6 +793,7 @@ class SlotEngine:
         reason = "error" if failed[s] else "stop" if ended_by_eos else "length"
         if not request.ignore_eos:
           self.ends.observe(request.max_tokens - int(self._left[s]), reason == "stop")
+        self._served(s)
         self._active[s], self._requests[s] = False, None
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])
@@ -824,6 +837,7 @@ class SlotEngine:
       self._stop[:] = False
     if self.budget is not None:
       self._measure_costs()
+    self.acceptance = AcceptancePrior.start(self._positions)  # warm-up's requests do not speak for the served
 
   def _measure_costs(self) -> None:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests

@@ -25,7 +25,7 @@ from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
 from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
 from jaxspec.serving import engine as engine_module
-from jaxspec.serving.budget import (SIDE, TIER, Ahead, Budget, Choice, CostCurves, EndRate, choose,
+from jaxspec.serving.budget import (SIDE, TIER, AcceptancePrior, Ahead, Budget, Choice, CostCurves, EndRate, choose,
                                     curves_from_rounds, expected_tokens, row_limits, survival, within)
 from jaxspec.serving.probes import Run, SideRuns
 from jaxspec.serving.budget import from_flags as budget_flags
@@ -39,13 +39,14 @@ AS_SET = Budget(margin=0.0, learn=0.0, idle=0.0, stick=0.0, repeats=1, probe=0.0
 MAX_NEW = 14
 
 
-def _np_update(beta_sum, count, active, drafted, accepted, beta):
-  """numpy's reading of estimates.Estimates.update (the module docstring's rule), for one iteration."""
+def _np_update(beta_sum, count, active, drafted, accepted, beta, prior=est.PRIOR_ALPHA):
+  """numpy's reading of estimates.Estimates.update (the module docstring's rule), for one iteration; prior: the
+  rows' priors (a number or [B, G]), where unverified positions relax."""
   j = np.arange(beta_sum.shape[1])[None]
   beta = np.pad(beta, ((0, 0), (0, beta_sum.shape[1] - beta.shape[1])))
   verified = active[:, None] & (j < np.minimum(accepted + 1, drafted)[:, None])
   relaxed = active[:, None] & ~verified
-  prior_sum, prior_count = est.PRIOR_COUNT * est.PRIOR_ALPHA, est.PRIOR_COUNT
+  prior_sum, prior_count = est.PRIOR_COUNT * np.asarray(prior), est.PRIOR_COUNT
   new_sum = np.where(verified, est.DECAY * beta_sum + beta,
                      np.where(relaxed, est.RELAX * beta_sum + (1 - est.RELAX) * prior_sum, beta_sum))
   new_count = np.where(verified, est.DECAY * count + 1,
@@ -260,6 +261,59 @@ def test_the_end_rate_counts_early_ends_per_token():
     rate.observe(20, ended=True)
     rate.observe(20, ended=False)
   assert rate.rate == pytest.approx(1 / 40, rel=0.02)
+
+
+def test_the_verdicts_come_out_of_the_estimates_exactly():
+  """`observed` takes a row's prior out of its estimates: against the verdicts' own decayed sum and count, tracked
+  beside the device's update over random iterations (verified, relaxed, untouched), rows at different priors."""
+  rng = np.random.default_rng(1)
+  prior = rng.uniform(0.3, 0.95, (6, 4)).astype(np.float32)
+  state = est.Estimates.prior_at(6, 4, prior)
+  own_sum, own_count = np.zeros((6, 4)), np.zeros((6, 4))
+  for _ in range(40):
+    active = rng.random(6) < 0.8
+    drafted = rng.integers(0, 5, 6).astype(np.int32)
+    accepted = np.minimum(rng.integers(0, 5, 6), drafted).astype(np.int32)
+    beta = rng.random((6, 4)).astype(np.float32) * (np.arange(4)[None] < drafted[:, None])
+    verified = active[:, None] & (np.arange(4)[None] < np.minimum(accepted + 1, drafted)[:, None])
+    relaxed = active[:, None] & ~verified
+    own_sum = np.where(verified, est.DECAY * own_sum + beta, np.where(relaxed, est.RELAX * own_sum, own_sum))
+    own_count = np.where(verified, est.DECAY * own_count + 1, np.where(relaxed, est.RELAX * own_count, own_count))
+    state = state.update(jnp.asarray(active), jnp.asarray(drafted), jnp.asarray(accepted), jnp.asarray(beta))
+  seen_sum, seen = est.observed(np.asarray(state.beta_sum, np.float64), np.asarray(state.count, np.float64),
+                                prior.astype(np.float64))
+  assert own_count.min() > 0.5 and own_count.max() > 5  # some verdicts, and different numbers of them
+  np.testing.assert_allclose(seen, own_count, atol=2e-4)
+  np.testing.assert_allclose(seen_sum, own_sum, atol=2e-4)
+  # Negative control: taking the prior out at another prior (the one a fixed-prior engine assumes) misses.
+  wrong_sum, _ = est.observed(np.asarray(state.beta_sum, np.float64), np.asarray(state.count, np.float64),
+                              est.PRIOR_ALPHA)
+  assert np.abs(wrong_sum - own_sum).max() > 0.1
+
+
+def test_the_acceptance_prior_pools_the_served_requests_verdicts():
+  prior = AcceptancePrior.start(3)
+  np.testing.assert_allclose(prior.alpha, est.PRIOR_ALPHA)
+  assert prior.alpha.dtype == np.float32 and prior.alpha.shape == (3,)
+  # A request at the fixed prior that verified position 0 once (accepted), position 1 once (rejected), position 2
+  # never (relaxed once): its estimates, as the device leaves them.
+  row = est.Estimates.prior_at(1, 3)
+  row = row.update(jnp.asarray([True]), jnp.asarray([2], jnp.int32), jnp.asarray([1], jnp.int32),
+                   jnp.asarray([[1.0, 0.0]], jnp.float32))
+  prior.observe(np.asarray(row.beta_sum[0]), np.asarray(row.count[0]), np.full((3,), est.PRIOR_ALPHA))
+  np.testing.assert_allclose(prior.count, [1, 1, 0], atol=1e-5)
+  np.testing.assert_allclose(prior.beta_sum, [1, 0, 0], atol=1e-5)
+  # a(0) = (1 + 2 * 0.8) / 3; a(1) = (0 + 2 a(0)) / 3; a(2), without a verdict, a(1)
+  np.testing.assert_allclose(prior.alpha, [2.6 / 3, 5.2 / 9, 5.2 / 9], rtol=1e-5)
+  for _ in range(300):  # requests that verify every position 4 times at 0.3, 0.6, 0.9 (one verdict each)
+    beta_sum, count = np.zeros(3), np.zeros(3)
+    for _ in range(4):
+      beta_sum, count = est.DECAY * beta_sum + [0.3, 0.6, 0.9], est.DECAY * count + 1
+    m = est.PRIOR_COUNT * est.DECAY ** 4
+    prior.observe(beta_sum + m * prior.alpha, count + m, prior.alpha)
+  # about 34 verdicts a position now: the start's weight of 2 a tenth of the way to the position before
+  np.testing.assert_allclose(prior.alpha, [0.3, 0.6, 0.9], atol=0.04)
+  assert prior.count.min() > 30
 
 
 def test_served_steps_move_their_row_buckets_curves_together():
@@ -673,7 +727,8 @@ def test_budget_settings_are_checked():
 
 def test_device_update_matches_numpy():
   rng = np.random.default_rng(0)
-  state = est.Estimates.prior(5, 4)
+  prior = rng.uniform(0.3, 0.95, (5, 4)).astype(np.float32)  # each row's own (its relaxations' target)
+  state = est.Estimates.prior_at(5, 4, prior)
   s, c = np.asarray(state.beta_sum), np.asarray(state.count)
   for _ in range(6):
     active = rng.random(5) < 0.8
@@ -681,7 +736,7 @@ def test_device_update_matches_numpy():
     accepted = np.minimum(rng.integers(0, 4, 5), drafted).astype(np.int32)
     beta = (rng.random((5, 3)) * (np.arange(3)[None] < drafted[:, None])).astype(np.float32)
     state = state.update(jnp.asarray(active), jnp.asarray(drafted), jnp.asarray(accepted), jnp.asarray(beta))
-    s, c = _np_update(s, c, active, drafted, accepted, beta)
+    s, c = _np_update(s, c, active, drafted, accepted, beta, prior)
   np.testing.assert_allclose(np.asarray(state.beta_sum), s, rtol=1e-5)
   np.testing.assert_allclose(np.asarray(state.count), c, rtol=1e-5)
 
@@ -794,11 +849,13 @@ def test_greedy_under_the_budget_equals_plain_and_uses_several_tiers(engine, ref
 
 def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
   """One iteration per step, greedy: beta is 1 for accepted positions and 0 at the first rejection, so each step's
-  drafted / accepted counts give the estimates' update exactly."""
+  drafted / accepted counts give the estimates' update exactly, from the served requests' mean that the inserts
+  wrote on the device (the module's engine has served requests before: it is not PRIOR_ALPHA)."""
   monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.3))
   prompts = PROMPTS[:3]
   g = engine.estimates().shape[1]
-  s = np.full((3, g), est.PRIOR_COUNT * est.PRIOR_ALPHA)
+  prior = engine.acceptance.alpha.astype(np.float64)
+  s = np.tile(est.PRIOR_COUNT * prior, (3, 1))
   c = np.full((3, g), est.PRIOR_COUNT)
   slots = []
   for p in prompts:
@@ -811,17 +868,25 @@ def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
     out = engine.step()
     drafted, accepted = out.drafted[slots], out.accepted[slots]
     beta = (np.arange(g)[None] < accepted[:, None]).astype(np.float64)
-    s, c = _np_update(s, c, active, drafted, accepted, beta)
+    s, c = _np_update(s, c, active, drafted, accepted, beta, prior)
     np.testing.assert_allclose(engine.estimates()[slots], s / c, rtol=1e-5)
-  assert not np.allclose(s / c, est.PRIOR_ALPHA)  # they moved
+  assert not np.allclose(s / c, prior)  # they moved
   for slot in engine.active_slots():
     engine.free(slot)
 
 
-def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
-  target = _llama(0)
-  e = SlotEngine(target, jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
+@pytest.fixture(scope="module")
+def exact():
+  """A draft equal to the target (every draft accepted) under the budget, 2 slots, not warmed up (tests set the
+  costs); each test starts it at the fixed prior (no request served)."""
+  e = SlotEngine(_llama(0), jaxspec.Speculation(_llama(0), gamma=3), slots=2, max_input_length=32,
                  max_new_tokens=MAX_NEW, iterations_per_step=1, modes=("greedy",), budget=AS_SET)
+  return e
+
+
+def test_a_draft_equal_to_the_target_takes_the_widest_tier(exact, refs):
+  e = exact
+  e.acceptance = AcceptancePrior.start(e.estimates().shape[1])
   e.costs = cost_curves(e, per_token=0.4)  # the prior (0.8) alone picks 2; every draft accepted moves it to 3
   outputs = []
   requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
@@ -837,6 +902,56 @@ def test_a_draft_equal_to_the_target_takes_the_widest_tier(refs):
   drive(e, requests, outputs=outputs)
   assert [r.tokens for r in requests] == [refs[0][:2], refs[2][:2]]
   assert [o.entry.gamma for o in outputs if o.entry is not None] == [0]
+
+
+def test_a_new_request_starts_at_the_served_requests_acceptance(exact, refs):
+  """At these costs the fixed prior (0.8 a position) scores plain above every tier, and a row whose drafts are all
+  accepted scores the widest tier above plain once its estimates pass about 0.83. Requests that drafted (forced
+  steps of the widest tier: every draft accepted) raise the served requests' acceptance, where a new request alone
+  drafts from its first step; one decoded plain alone tells nothing and leaves it. Negative control: at the fixed
+  prior (nothing learnt from the requests served) the same request begins plain."""
+  e = exact
+  g = e.estimates().shape[1]
+  e.costs = CostCurves({(r, k): c for r in e.row_buckets for k, c in zip((0, 1, 2, 3), (1.0, 2.0, 2.6, 3.05))})
+  widest, plain = (3, "greedy", e.row_buckets[0]), (0, "greedy", e.row_buckets[0])
+  settings = RequestSettings(MAX_NEW, ignore_eos=True)
+
+  def serve(prompt, program):  # one request alone, every step forced; its prior and last estimates (sum, count)
+    slot = e.free_slots()[0]
+    prior = e.acceptance.alpha.astype(np.float64)
+    e.insert(slot, prompt, settings)
+    while e.active_slots():
+      e.step(program=program)
+    return prior, jax.device_get((e._state.est_sum[slot], e._state.est_count[slot]))  # pylint: disable=protected-access
+
+  def first_step(prior) -> int:  # the tier the budget picks for a new request alone at this prior
+    e.acceptance = prior
+    slot = e.free_slots()[0]
+    e.insert(slot, PROMPTS[2], settings)
+    np.testing.assert_allclose(e.estimates()[slot], prior.alpha)  # the host's copy and the device's row
+    state = jax.device_get((e._state.est_sum[slot], e._state.est_count[slot], e._state.est_prior[slot]))  # pylint: disable=protected-access
+    np.testing.assert_allclose(state[0] / state[1], prior.alpha, rtol=1e-6)
+    np.testing.assert_allclose(state[2], prior.alpha)  # where its unverified positions relax
+    gamma = e.step().entry.gamma
+    e.free(slot)
+    return gamma
+
+  assert first_step(AcceptancePrior.start(g)) == 0  # the negative control: a fixed prior begins plain
+  e.acceptance = AcceptancePrior.start(g)
+  pooled = np.zeros(g), np.zeros(g)
+  for prompt in PROMPTS[:2]:
+    prior, (beta_sum, count) = serve(prompt, widest)
+    seen_sum, seen = est.observed(beta_sum.astype(np.float64), count.astype(np.float64), prior)
+    np.testing.assert_allclose(seen_sum, seen, rtol=1e-4)  # every draft accepted: every verdict 1
+    assert seen.min() > 1.0
+    pooled = AcceptancePrior.DECAY * pooled[0] + seen_sum, AcceptancePrior.DECAY * pooled[1] + seen
+    np.testing.assert_allclose(e.acceptance.beta_sum, pooled[0], rtol=1e-5)
+    np.testing.assert_allclose(e.acceptance.count, pooled[1], rtol=1e-5)
+  learnt = e.acceptance.alpha.copy()
+  assert learnt.min() > 0.83
+  serve(PROMPTS[3], plain)  # never drafted: its estimates tell nothing
+  np.testing.assert_allclose(e.acceptance.alpha, learnt, rtol=1e-6)
+  assert first_step(e.acceptance) == 3, learnt
 
 
 @pytest.mark.slow
@@ -907,6 +1022,7 @@ def test_a_forced_plan_decodes_as_the_engines_own_choice(engine, refs, monkeypat
   runs = []
   for driven in (engine, _Planned(engine, lambda e: e.plan_step())):
     monkeypatch.setattr(engine, "ends", EndRate())  # each run from the same end rate (the requests' EOS move it)
+    monkeypatch.setattr(engine, "acceptance", AcceptancePrior.start(engine.estimates().shape[1]))  # and priors
     outputs = []
     requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
     drive(driven, requests, outputs=outputs)

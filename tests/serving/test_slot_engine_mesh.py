@@ -74,7 +74,7 @@ padded = np.zeros((1, 16), np.int32)
 insert = slot_programs.INSERT.lower(quarter._first["greedy"], quarter._layout, quarter.target_params, quarter.draft_params,
                                     quarter._state, np.int32(1), padded, np.asarray([3], np.int32), np.uint32(0),
                                     np.float32(0), np.int32(0), np.float32(1), np.int32(5), np.bool_(False),
-                                    np.int32(0)).compile().as_text()
+                                    np.int32(0), quarter.acceptance.alpha).compile().as_text()
 
 def gathered(text):  # the result types of a compiled program's all-gathers, layouts dropped
   return [re.sub(r"\{.*", "", t) for t in re.findall(r"= (\S+) all-gather\(", text)]

@@ -1,7 +1,7 @@
 """Per-row, per-draft-position acceptance estimates, kept on the device and updated by every verification: what
 the slot engine's verification budget (jaxspec/serving/budget.py) chooses draft lengths from.
 
-    est = Estimates.prior(rows, positions)             # every row at the prior (a request's insert)
+    est = Estimates.prior_at(rows, positions, alpha)   # every row at its prior (a request's insert)
     est = est.update(active, drafted, accepted, beta)  # inside the loop's `iteration`, after verification
     est.alpha                                          # [B, G] a(b, j): P(draft j + 1 accepted | the j before were)
 
@@ -11,10 +11,12 @@ positions before it, so that position j is judged: j < min(accepted + 1, drafted
 verified positions); alpha = sum / count. So a(b, j) estimates the conditional acceptance of the row's (j + 1)-th
 draft token, and the survival s(b, k) = a(b, 0) ... a(b, k - 1) the probability that its k-th draft is accepted.
 
-A position an active row did not verify in an iteration (it drafted fewer tokens, a rejection came first, or it
-rested) relaxes toward the prior (RELAX per iteration): a row whose estimates told the budget not to draft comes
-back to drafting after a while and is measured again (vLLM's and this loop's fallback probes, in one rule), so no
-row is shut out for good by a bad start. Rows that are done (frozen) keep their estimates.
+A fresh row starts at the prior its insert gives (the slot engine's: the served requests' acceptance,
+serving/budget.AcceptancePrior; PRIOR_ALPHA before any), at the weight of PRIOR_COUNT verifications. A position an
+active row did not verify in an iteration (it drafted fewer tokens, a rejection came first, or it rested) relaxes
+toward that prior (RELAX per iteration): a row whose estimates told the budget not to draft comes back to drafting
+after a while and is measured again (vLLM's and this loop's fallback probes, in one rule), so no row is shut out for good by a bad start.
+Rows that are done (frozen) keep their estimates.
 
 Exactness: the estimates are read by the host between steps to choose the next step's draft lengths, which are
 fixed before the target scores the tokens they verify: a choice from past verdicts only (schedules.py's argument).
@@ -28,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-PRIOR_ALPHA = 0.8  # a fresh row's a(b, j) at every position: new requests draft (the budget's cost curves permitting)
+PRIOR_ALPHA = 0.8  # a fresh row's a(b, j) before any request was served (the slot engine's prior then)
 # The prior's weight, in verified positions. At 2 one early rejection took a fresh row's a(b, 1) from 0.8 to 0.51
 # and two to 0.35, so the verification budget sent rows of ordinary acceptance to plain decoding, where nothing is
 # verified and they stayed: replayed on the embedded pair's served workload (its exact per-position draft matches,
@@ -44,11 +46,15 @@ class Estimates:
 
   beta_sum: jax.Array  # [B, G] float32
   count: jax.Array  # [B, G] float32
+  prior: jax.Array  # [B, G] float32: the row's prior a(b, j), where its unverified positions relax
 
   @classmethod
-  def prior(cls, batch: int, positions: int) -> "Estimates":
+  def prior_at(cls, batch: int, positions: int, alpha: jax.Array | float = PRIOR_ALPHA) -> "Estimates":
+    """Every row at its prior a(b, j) = alpha (a number, or [B or 1, G]: the slot engine's served requests'
+    acceptance, serving/budget.AcceptancePrior) at the weight of PRIOR_COUNT verifications."""
     count = jnp.full((batch, positions), PRIOR_COUNT, jnp.float32)
-    return cls(beta_sum=count * PRIOR_ALPHA, count=count)
+    prior = jnp.broadcast_to(jnp.asarray(alpha, jnp.float32), (batch, positions))
+    return cls(beta_sum=count * prior, count=count, prior=prior)
 
   @property
   def alpha(self) -> jax.Array:
@@ -65,10 +71,21 @@ class Estimates:
     j = jnp.arange(positions)[None]
     verified = active[:, None] & (j < jnp.minimum(accepted + 1, drafted)[:, None])
     relaxed = active[:, None] & ~verified
-    prior_sum, prior_count = PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT
+    prior_sum, prior_count = PRIOR_COUNT * self.prior, PRIOR_COUNT
     beta_sum = jnp.where(verified, DECAY * self.beta_sum + beta,
                          jnp.where(relaxed, RELAX * self.beta_sum + (1 - RELAX) * prior_sum, self.beta_sum))
     count = jnp.where(verified, DECAY * self.count + 1.0,
                       jnp.where(relaxed, RELAX * self.count + (1 - RELAX) * prior_count, self.count))
-    return Estimates(beta_sum=beta_sum.astype(jnp.float32), count=count.astype(jnp.float32))
+    return Estimates(beta_sum=beta_sum.astype(jnp.float32), count=count.astype(jnp.float32), prior=self.prior)
+
+
+def observed(beta_sum, count, prior):
+  """(sum, count) [..., G] of the verdicts alone in estimates (beta_sum, count [..., G]) that started at `prior`
+  [..., G] and relax toward it (numpy or jax arrays): the prior's share taken out. Exact: the prior's mass m
+  (PRIOR_COUNT at the start, DECAY times itself a verification, RELAX times itself plus (1 - RELAX) PRIOR_COUNT a
+  relaxation) and the verdicts' count o (DECAY o + 1, RELAX o) keep m / PRIOR_COUNT + (1 - DECAY) o = 1, so
+  count = m + o gives o = (count - PRIOR_COUNT) / (1 - PRIOR_COUNT (1 - DECAY)) and the verdicts' sum is
+  beta_sum - m prior. What a finished request tells of the served requests' acceptance (budget.AcceptancePrior)."""
+  seen = (count - PRIOR_COUNT) / (1.0 - PRIOR_COUNT * (1.0 - DECAY))
+  return beta_sum - (count - seen) * prior, seen
 

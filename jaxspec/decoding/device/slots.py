@@ -56,9 +56,11 @@ class SlotState:
   ignore_eos: jax.Array  # [S] bool: an EOS does not end the row (it decodes to its budget)
   min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
   # The verification budget (serving/budget.py): per slot and draft position, decayed sums of beta and counts of
-  # verifications (estimates.Estimates), reset to the prior at insert, updated by every iteration of a step.
+  # verifications (estimates.Estimates), reset to the prior at insert, updated by every iteration of a step; and
+  # that prior, where unverified positions relax.
   est_sum: jax.Array  # [S, G] float32
   est_count: jax.Array  # [S, G] float32
+  est_prior: jax.Array  # [S, G] float32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,7 +93,7 @@ def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None =
                         failed=state.failed, target_cache=state.target_cache, draft_state=state.draft_state,
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
                         ignore_eos=state.ignore_eos, min_tokens=state.min_tokens, limit=limits,
-                        estimates=(Estimates(beta_sum=state.est_sum, count=state.est_count)
+                        estimates=(Estimates(beta_sum=state.est_sum, count=state.est_count, prior=state.est_prior)
                                    if program.estimates else None))
 
 
@@ -310,10 +312,11 @@ class InsertProgram:
 def insert_program(first: InsertProgram, layout: Layout, target_params, draft_params, state: SlotState,
                     slot: jax.Array, ids: jax.Array, length: jax.Array, seed: jax.Array, temperature: jax.Array,
                     top_k: jax.Array, top_p: jax.Array, max_tokens: jax.Array, ignore_eos: jax.Array,
-                    min_tokens: jax.Array):
+                    min_tokens: jax.Array, prior: jax.Array):
   """Prefills one request (ids [1, bucket], length [1]), runs its first loop iteration alone (width 1, the
   drafter resting: the first new token, as a plain step's first iteration draws it) and writes the row into
-  `slot` ([] int32) of `state`: (new state, [4] int32: the token, tokens emitted (0: failed), done, failed)."""
+  `slot` ([] int32) of `state`, its acceptance estimates at `prior` ([G] float32 a(j): the served requests' mean,
+  serving/budget.AcceptancePrior): (new state, [4] int32: the token, tokens emitted (0: failed), done, failed)."""
   cache, draft_state, last = loop.prefill(first.alloc, target_params, draft_params, ids, length)
   row = loop.LoopState(
       sequences=jnp.full((1, state.sequences.shape[1]), first.alloc.pad_id, jnp.int32).at[:, 0].set(last),
@@ -327,7 +330,7 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
   end = loop.iteration(first.settings, target_params, draft_params, knobs, spec, None, first.kind, row)
   cache, draft_state = _write_row((end.target_cache, end.draft_state), (state.target_cache, state.draft_state),
                                   layout.axes, layout.shapes, slot)
-  prior = Estimates.prior(1, state.est_sum.shape[1])
+  prior = Estimates.prior_at(1, state.est_sum.shape[1], prior[None])
 
   def put(array, value):
     return array.at[slot].set(value[0])
@@ -339,8 +342,9 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                   budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
                   top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
                   ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
-                  # the verification budget's estimates start at the prior
-                  est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count))
+                  # the verification budget's estimates start at the served requests' mean
+                  est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count),
+                  est_prior=put(state.est_prior, prior.prior))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
                    end.failed[0].astype(jnp.int32)])
   return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
@@ -372,4 +376,5 @@ def zero_state(n: int, seq_len: int, pad: int, positions: int, cache_tree, full)
                    top_p=jnp.ones((n,), jnp.float32), ignore_eos=jnp.zeros((n,), bool),
                    min_tokens=jnp.zeros((n,), jnp.int32),
                    est_sum=jnp.full((n, positions), PRIOR_COUNT * PRIOR_ALPHA, jnp.float32),
-                   est_count=jnp.full((n, positions), PRIOR_COUNT, jnp.float32))
+                   est_count=jnp.full((n, positions), PRIOR_COUNT, jnp.float32),
+                   est_prior=jnp.full((n, positions), PRIOR_ALPHA, jnp.float32))
