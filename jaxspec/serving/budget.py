@@ -72,10 +72,10 @@ no `current` when more than a quarter of the rows changed since the previous ste
 request, at the prior's estimates (0.8 a position, where a gamma-4 step scored within the stick of a plain one),
 otherwise started on the side of the request before, and the budget decoded plain at 1186 of 2175 steps where
 the fixed gamma 4 served 1.06x plain. A new request's estimates start at the served requests' acceptance
-(AcceptancePrior, from 0.8 a position): a request alone starts where those before it ended. Budget.idle (0 by default) counts a finished row's slot as
-empty for that share of the next step when no request waits (the next one arrives during it and is inserted after
-it): 0.5 and 1 made the budget decode plain at concurrency 4, where a fixed gamma 4 was 1.1-1.2x plain
-(docs/serving.md).
+(AcceptancePrior, from 0.8 a position): a request alone starts where those before it ended. Budget.idle (0 by
+default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
+one arrives during it and is inserted after it): 0.5 and 1 made the budget decode plain at concurrency 4, where a
+fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it

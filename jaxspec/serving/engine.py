@@ -132,8 +132,8 @@ from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
-                                    EndRate, choose,
-                                    curves_from_rounds, per_row_rate, survival, tier_limits, within)
+                                    EndRate, choose, curves_from_rounds, per_row_rate, survival, tier_limits,
+                                    within)
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
@@ -400,7 +400,7 @@ class SlotEngine:
     self._estimates[:] = np.asarray([PRIOR_COUNT * PRIOR_ALPHA, PRIOR_COUNT], np.float32)[:, None, None]
     # A new request's prior: the served requests' acceptance (their verdicts, pooled when each one ends).
     self.acceptance = AcceptancePrior.start(self._positions)
-    self._priors = self._estimates[0] / self._estimates[1]  # [S, G] each slot's prior (its insert's)
+    self._priors = np.full((self.slots, self._positions), PRIOR_ALPHA, np.float32)  # [S, G] each slot's insert's
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
@@ -509,14 +509,14 @@ class SlotEngine:
     bucket = arguments.bucket_length(len(ids), self.max_input_length)
     padded = np.full((1, bucket), self.pad_id, np.int32)
     padded[0, :len(ids)] = ids
-    sampling = settings.sampling
+    sampling, prior = settings.sampling, self.acceptance.alpha  # [G] where the row's estimates start and relax
     self._state, out = INSERT(self._first[self._insert_mode(sampling.mode)], self._layout, self.target_params,
                               self.draft_params, self._state,
                               *self._global(np.int32(slot), padded, np.asarray([len(ids)], np.int32),
                                             np.uint32(settings.seed), np.float32(sampling.temperature),
                                             np.int32(sampling.top_k), np.float32(sampling.top_p),
                                             np.int32(settings.max_tokens), np.bool_(settings.ignore_eos),
-                                            np.int32(settings.min_tokens), self.acceptance.alpha))
+                                            np.int32(settings.min_tokens), prior))
     token, count, done, failed = (int(x) for x in jax.device_get(out))
     tokens = [token][:count]
     reason = None
@@ -527,7 +527,7 @@ class SlotEngine:
     self._requests[slot] = None if done else settings
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
-    self._priors[slot] = self.acceptance.alpha
+    self._priors[slot] = prior
     self._estimates[0, slot], self._estimates[1, slot] = PRIOR_COUNT * self._priors[slot], PRIOR_COUNT
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
     self._wake_cost[slot] = self.costs.wake.get(bucket, 0.0) if self._quiet[slot] else 0.0

@@ -929,7 +929,8 @@ def test_a_new_request_starts_at_the_served_requests_acceptance(exact, refs):
     slot = e.free_slots()[0]
     e.insert(slot, PROMPTS[2], settings)
     np.testing.assert_allclose(e.estimates()[slot], prior.alpha)  # the host's copy and the device's row
-    state = jax.device_get((e._state.est_sum[slot], e._state.est_count[slot], e._state.est_prior[slot]))  # pylint: disable=protected-access
+    state = e._state  # pylint: disable=protected-access
+    state = jax.device_get((state.est_sum[slot], state.est_count[slot], state.est_prior[slot]))
     np.testing.assert_allclose(state[0] / state[1], prior.alpha, rtol=1e-6)
     np.testing.assert_allclose(state[2], prior.alpha)  # where its unverified positions relax
     gamma = e.step().entry.gamma

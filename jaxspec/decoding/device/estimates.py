@@ -15,7 +15,8 @@ A fresh row starts at the prior its insert gives (the slot engine's: the served 
 serving/budget.AcceptancePrior; PRIOR_ALPHA before any), at the weight of PRIOR_COUNT verifications. A position an
 active row did not verify in an iteration (it drafted fewer tokens, a rejection came first, or it rested) relaxes
 toward that prior (RELAX per iteration): a row whose estimates told the budget not to draft comes back to drafting
-after a while and is measured again (vLLM's and this loop's fallback probes, in one rule), so no row is shut out for good by a bad start.
+after a while and is measured again (vLLM's and this loop's fallback probes, in one rule), so no row is shut out
+for good by a bad start.
 Rows that are done (frozen) keep their estimates.
 
 Exactness: the estimates are read by the host between steps to choose the next step's draft lengths, which are

@@ -315,8 +315,9 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                     min_tokens: jax.Array, prior: jax.Array):
   """Prefills one request (ids [1, bucket], length [1]), runs its first loop iteration alone (width 1, the
   drafter resting: the first new token, as a plain step's first iteration draws it) and writes the row into
-  `slot` ([] int32) of `state`, its acceptance estimates at `prior` ([G] float32 a(j): the served requests' mean,
-  serving/budget.AcceptancePrior): (new state, [4] int32: the token, tokens emitted (0: failed), done, failed)."""
+  `slot` ([] int32) of `state`, its acceptance estimates at `prior` ([G] float32 a(j): the served requests'
+  verdicts pooled, serving/budget.AcceptancePrior): (new state, [4] int32: the token, tokens emitted (0: failed),
+  done, failed)."""
   cache, draft_state, last = loop.prefill(first.alloc, target_params, draft_params, ids, length)
   row = loop.LoopState(
       sequences=jnp.full((1, state.sequences.shape[1]), first.alloc.pad_id, jnp.int32).at[:, 0].set(last),
@@ -342,7 +343,7 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                   budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
                   top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
                   ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
-                  # the verification budget's estimates start at the served requests' mean
+                  # the verification budget's estimates start (and relax toward) the served requests' acceptance
                   est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count),
                   est_prior=put(state.est_prior, prior.prior))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
