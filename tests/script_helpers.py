@@ -73,6 +73,10 @@ def tiny_head(directory, target_hidden_size: int = 16) -> str:
 # backend compile time of one part with two compiling processes side by side, 1.3x alone; 2026-11-30, the embedded
 # pair's generate programs); and the launch scripts and kernels of a session share one persistent compilation cache.
 _FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
+# And they run single-threaded: two test workers (or a worker and its script) already keep both cores busy, and the
+# tiny models' matmuls split over Eigen's threads only wait on each other (the sampling tests alone, one process:
+# 94 s against 104 s with Eigen's threads; 2026-11-30).
+_ONE_THREAD = ("--xla_cpu_multi_thread_eigen=false",)
 # An XLA that does not know a flag aborts: they are tried first (all in one probe, then one at a time if it fails).
 _IF_KNOWN = ("--xla_cpu_use_fusion_emitters=false", "--xla_cpu_parallel_codegen_split_count=1")
 # The session's cache (tests/conftest.py's, shared with the in-process tests), or one of our own.
@@ -84,7 +88,8 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
 
 @functools.cache
 def xla_test_flags() -> str:
-  """XLA_FLAGS for the tests' JAX subprocesses: _FAST_COMPILE, then each _IF_KNOWN flag that this XLA accepts."""
+  """XLA_FLAGS for the tests' JAX subprocesses: _FAST_COMPILE, _ONE_THREAD, then each _IF_KNOWN flag that this XLA
+  accepts."""
   def known(*tried: str) -> bool:
     probe = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"], capture_output=True, timeout=300,
                            env=dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=" ".join(tried)))
@@ -93,7 +98,7 @@ def xla_test_flags() -> str:
   # probed already: tests/conftest.py sets the session's
   untried = [f for f in _IF_KNOWN if f not in os.environ.get("XLA_FLAGS", "").split()]
   accepted = set(untried) if untried and known(*untried) else {f for f in untried if known(f)}
-  return " ".join(list(_FAST_COMPILE) + [f for f in _IF_KNOWN if f not in untried or f in accepted])
+  return " ".join(list(_FAST_COMPILE + _ONE_THREAD) + [f for f in _IF_KNOWN if f not in untried or f in accepted])
 
 
 def compile_env() -> dict:

@@ -21,16 +21,25 @@ run; in slices of a second or so every arm shares each spell. A slice's first st
 tokens, the served workload's prompts (docs/bench/serving_ende.jsonl); the Qwen pair (--target / --draft: the
 converted Qwen2.5-Coder 1.5B / 0.5B directories): 48 new tokens, the chat prompts of docs/bench/qwen_prompts.jsonl.
 Writes OUTPUT.md and OUTPUT.json. Nothing else should run meanwhile.
+
+Each arm's ratio to the base comes with a 90 % interval from its rounds: every round serves the same requests in
+every arm, so the per-round ratios are paired, and the interval is Student's t on their logarithms (rounds - 1
+degrees of freedom) around their geometric mean. At concurrency 64, where the budget and plain ran the same plain
+steps, single rounds read 0.90-1.14 of plain: the interval says how far a ratio is from 1 by this machine's
+noise alone. --summarize=RUN.json prints a committed run's table with the intervals, running nothing.
 """
 
 from __future__ import annotations
 
 import collections
 import json
+import math
+import statistics
 import time
 
 import jax
 from absl import app, flags
+from scipy import stats
 
 import jaxspec
 from jaxspec.serving import Budget, RequestSettings, SlotEngine
@@ -48,8 +57,10 @@ SLICE = flags.DEFINE_integer("slice", 0, "steps an arm runs before the next arm'
 ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (None: the engine's default); e.g. "
                                 "16,32 for levels 16 and 32 alone: fewer programs to compile and time in warm-up")
 ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
-                        "budget, noprobe (the budget without probes), fixed (gamma 4), plain; the last is the base")
+                        "budget, noprobe (the budget without probes), ahead1 (the budget planning ahead at any "
+                        "number of rows), fixed (gamma 4), plain; the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
+SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
 
 
 def _workload():
@@ -94,11 +105,46 @@ class _Loop:
     self.seconds += time.perf_counter() - start
 
 
+def interval(ratios: list[float], level: float = 0.9) -> tuple[float, float, float]:
+  """(geometric mean, low, high) of paired per-round ratios: Student's t interval at `level` on their logarithms
+  (one round: no interval, (r, nan, nan))."""
+  logs = [math.log(r) for r in ratios]
+  mean = statistics.fmean(logs)
+  if len(logs) < 2:
+    return math.exp(mean), math.nan, math.nan
+  half = stats.t.ppf(0.5 + level / 2, len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+  return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
+def _table(run: dict, base: str) -> list[str]:
+  """A run's markdown table (`run`: the JSON this script writes), each arm's ratio to `base` with its rounds'
+  interval."""
+  rounds = {(r["concurrency"], r["arm"]): r["round_tokens_per_s"] for r in run["rows"]}
+  cells = []
+  for r in run["rows"]:
+    paired = [a / b for a, b in zip(r["round_tokens_per_s"], rounds[(r["concurrency"], base)])]
+    _, low, high = interval(paired)
+    cells.append([r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
+                  "" if r["arm"] == base or math.isnan(low) else f"{low:.3f}-{high:.3f}", r["steps_by_gamma"]])
+  buckets = "" if run["row_buckets"] is None else f" (row buckets {','.join(run['row_buckets'])})"
+  sliced = f", in slices of {run['slice']} steps" if run["slice"] else ""
+  table = [f"{run['pair']} pair, {run['slots']} slots{buckets}, {run['rounds']} rounds of {run['requests']} requests "
+           f"an arm and level{sliced}, one process", ""]
+  return table + markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "90 % interval (rounds)",
+                                 "steps by draft length"], cells)
+
+
 def main(_):
+  if SUMMARIZE.value:
+    with open(SUMMARIZE.value, encoding="utf-8") as f:
+      run = json.load(f)
+    print("\n".join(_table(run, run["rows"][-1]["arm"])))
+    return
   target, draft, prompts, new_tokens, max_input = _workload()
   speculation = jaxspec.Speculation(draft, gamma=4)
   kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False),
-           "noprobe": (speculation, Budget(probe=0.0))}  # the budget without its probes (probes.py)
+           "noprobe": (speculation, Budget(probe=0.0)),  # the budget without its probes (probes.py)
+           "ahead1": (speculation, Budget(ahead=1))}  # every step's next tier chosen while it runs
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
@@ -130,20 +176,13 @@ def main(_):
               "ratio": (tokens[arm] / seconds[arm]) / (tokens[base] / seconds[base]),
               "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
              for arm in engines]
-  buckets = "" if ROW_BUCKETS.value is None else f" (row buckets {','.join(ROW_BUCKETS.value)})"
-  sliced = f", in slices of {SLICE.value} steps" if SLICE.value else ""
-  table = [f"{PAIR.value} pair, {SLOTS.value} slots{buckets}, {ROUNDS.value} rounds of {REQUESTS.value} requests an arm and "
-           f"level{sliced}, one process", ""]
-  table += markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "steps by draft length"],
-                          [[r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
-                            r["steps_by_gamma"]] for r in rows])
+  run = {"pair": PAIR.value, "slots": SLOTS.value, "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
+         "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__, "rows": rows}
+  table = _table(run, base)
   print("\n".join(table))
   if OUTPUT.value:
     atomic_write(OUTPUT.value + ".md", "\n".join(table) + "\n")
-    atomic_write_json(OUTPUT.value + ".json", {"pair": PAIR.value, "slots": SLOTS.value,
-                                               "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
-                                               "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__,
-                                               "rows": rows}, indent=1)
+    atomic_write_json(OUTPUT.value + ".json", run, indent=1)
 
 
 if __name__ == "__main__":
