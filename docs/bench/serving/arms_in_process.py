@@ -26,7 +26,8 @@ Each arm's ratio to the base comes with a 90 % interval from its rounds: every r
 every arm, so the per-round ratios are paired, and the interval is Student's t on their logarithms (rounds - 1
 degrees of freedom) around their geometric mean. At concurrency 64, where the budget and plain ran the same plain
 steps, single rounds read 0.90-1.14 of plain: the interval says how far a ratio is from 1 by this machine's
-noise alone. --summarize=RUN.json prints a committed run's table with the intervals, running nothing.
+noise alone. --summarize=RUN.json prints a committed run's table with the intervals, running nothing. A budget arm
+also counts the probes it started (probes.SideRuns: two steps each of a tier its choice did not pick).
 """
 
 from __future__ import annotations
@@ -105,6 +106,22 @@ class _Loop:
     self.seconds += time.perf_counter() - start
 
 
+def _count_probes(engines: dict) -> collections.Counter:
+  """Per budget arm, the probes its engine starts from now on (each two steps of a tier the choice did not pick:
+  probes.SideRuns), counted by wrapping its SideRuns.start."""
+  counts = collections.Counter()
+  for arm, engine in engines.items():
+    if engine.budget is None:
+      continue
+    runs = engine._runs  # pylint: disable=protected-access
+    start = type(runs).start
+    def counted(rows, choice, probe, home, arm=arm, runs=runs, start=start):
+      counts[arm] += 1
+      start(runs, rows, choice, probe, home)
+    runs.start = counted
+  return counts
+
+
 def interval(ratios: list[float], level: float = 0.9) -> tuple[float, float, float]:
   """(geometric mean, low, high) of paired per-round ratios: Student's t interval at `level` on their logarithms
   (one round: no interval, (r, nan, nan))."""
@@ -125,13 +142,14 @@ def _table(run: dict, base: str) -> list[str]:
     paired = [a / b for a, b in zip(r["round_tokens_per_s"], rounds[(r["concurrency"], base)])]
     _, low, high = interval(paired)
     cells.append([r["concurrency"], r["arm"], f"{r['tokens_per_s']:.2f}", f"{r['ratio']:.3f}",
-                  "" if r["arm"] == base or math.isnan(low) else f"{low:.3f}-{high:.3f}", r["steps_by_gamma"]])
+                  "" if r["arm"] == base or math.isnan(low) else f"{low:.3f}-{high:.3f}", r["steps_by_gamma"],
+                  r.get("probes", "")])
   buckets = "" if run["row_buckets"] is None else f" (row buckets {','.join(run['row_buckets'])})"
   sliced = f", in slices of {run['slice']} steps" if run["slice"] else ""
   table = [f"{run['pair']} pair, {run['slots']} slots{buckets}, {run['rounds']} rounds of {run['requests']} requests "
            f"an arm and level{sliced}, one process", ""]
   return table + markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "90 % interval (rounds)",
-                                 "steps by draft length"], cells)
+                                 "steps by draft length", "probes"], cells)
 
 
 def main(_):
@@ -158,6 +176,7 @@ def main(_):
   for c in (int(v) for v in CONCURRENCY.value):
     seconds, tokens = collections.Counter(), collections.Counter()
     steps = {arm: collections.Counter() for arm in engines}
+    probes = _count_probes(engines)
     rounds = {arm: [] for arm in engines}
     for r in range(ROUNDS.value):
       order = ARMS.value if r % 2 == 0 else ARMS.value[::-1]
@@ -174,7 +193,8 @@ def main(_):
         print(f"c={c} round {r} {arm}: {loop.made / loop.seconds:.1f} tok/s", flush=True)
     rows += [{"arm": arm, "concurrency": c, "tokens_per_s": tokens[arm] / seconds[arm],
               "ratio": (tokens[arm] / seconds[arm]) / (tokens[base] / seconds[base]),
-              "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items()))}
+              "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items())),
+              "probes": probes[arm]}
              for arm in engines]
   run = {"pair": PAIR.value, "slots": SLOTS.value, "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
          "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__, "rows": rows}
