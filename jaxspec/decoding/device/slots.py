@@ -343,7 +343,7 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                   budget=put(state.budget, max_tokens[None]), temperature=put(state.temperature, temperature[None]),
                   top_k=put(state.top_k, top_k[None]), top_p=put(state.top_p, top_p[None]),
                   ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
-                  # the verification budget's estimates start (and relax toward) the served requests' acceptance
+                  # the verification budget's estimates start at, and relax toward, the served requests' acceptance
                   est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count),
                   est_prior=put(state.est_prior, prior.prior))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
