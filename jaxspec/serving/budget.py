@@ -41,7 +41,10 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
   - a draft model's prefill waits for a request's first drafting step (the wake, served_draft.py), so drafting
     pays it once per request, and in a steady state where every new request is woken that is w_b / L_b per token
     (w_b the prefill timed in warmup at the row's prompt bucket, L_b the request's expected length: the tokens it
-    gave and those `within` its tokens left): a drafting tier's cost is raised by sum_b (w_b / L_b) E(k, b).
+    gave and those `within` its tokens left): a drafting tier's cost is raised by sum_b (w_b / L_b) E(k, b). A row
+    not woken yet pays its wake at the next drafting step for the tokens it has left alone, so its L_b is those
+    (SlotEngine._prefill_per_token): a switch to drafting halfway through the rows' requests pays twice the steady
+    state's share.
     Without it the Qwen pair drafted at 8 rows (19 of 27 steps, in one process) where a fixed gamma 4 was 0.92x
     plain: its 0.5B draft's prefill of a chat prompt is a large share of a request's drafting.
 

@@ -597,7 +597,7 @@ class SlotEngine:
       if 4 * np.setxor1d(self._serial[slots], self._last_rows, assume_unique=True).size > len(slots):
         current = None
       choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current)
-      probe = runs.due(rows, choice)
+      probe = runs.due(rows, choice, self._crossing(slots, rows, choice))
       if probe is not None:
         runs.start(rows, choice, probe, current)
         choice = probe
@@ -636,6 +636,15 @@ class SlotEngine:
                   current=current, stick=self.budget.stick,
                   per_token=self._prefill_per_token(slots, left, hazard))
 
+  def _crossing(self, slots: np.ndarray, rows: int, choice: Choice) -> float:
+    """The seconds a probe of the other side than `choice`'s pays once beyond its steps, over the rows of `slots`
+    [A] at row bucket `rows`: the catch-up at R (the drafts rested through plain steps re-fed, by the probe's first
+    step or by the return from it) and, from plain, the wakes of the quiet rows (any drafting step wakes them)."""
+    crossing = self.costs.catchup.get(rows, 0.0)
+    if choice.k == 0:
+      crossing += float(self._wake_cost[slots][self._quiet[slots]].sum())
+    return crossing
+
   def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
     """The next step's tier, chosen while this step (`key`, `limits` [S]) runs on the device: over the active rows
     expected to decode on after it (each gives its expected tokens of this step: I (1 + s(b, 1) + ... +
@@ -655,13 +664,18 @@ class SlotEngine:
 
   def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
     """[A] the seconds of each row's draft prefill (its wake) per token of its request: CostCurves.wake at its
-    prompt bucket over the request's expected length (the tokens it gave, then those it is expected to give of its
-    `left` [A] before it ends: `within` them at its chance of ending). None without a deferred draft."""
+    prompt bucket over the tokens it buys. A woken row's is spread over its request's expected length (the tokens
+    it gave, then those it is expected to give of its `left` [A] before it ends: `within` them at its chance of
+    ending): the steady state, where each request that takes its slot is woken. A quiet row's wake is paid by the
+    next drafting step and buys only the tokens it has left, so it is spread over those: a row woken halfway
+    through its request pays twice the steady state's share (at 32 rows of the embedded pair a switch to drafting
+    wakes every quiet row at once, 1-2 ms each). None without a deferred draft."""
     if not self._defers or not self.costs.wake:
       return None
     left = np.asarray(left, np.float64)
-    given = self._max_tokens[slots] - left
-    return self._wake_cost[slots] / np.maximum(given + within(left, hazard), 1.0)
+    ahead = within(left, hazard)
+    given = np.where(self._quiet[slots], 0.0, self._max_tokens[slots] - left)
+    return self._wake_cost[slots] / np.maximum(given + ahead, 1.0)
 
   def set_queue(self, waiting: int) -> None:
     """The requests waiting for a free slot (the server's queue, which the scheduler sets before each step), for

@@ -33,9 +33,16 @@ A candidate's probe is due at row bucket R when it last ran there (the other sid
 than its expected loss over its share of `share` (split evenly among the candidates), on that bucket's clock: the
 seconds of the steps run at R (not the engine's idle time, nor its steps at other buckets: the drain of a load
 at 64 rows through 32, 16, 8, ... rows found every smaller bucket's last probe far back on a clock of every
-step, and probed there at once, each time; nor, in a benchmark that runs engines in turn, the others'): loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o), the seconds its steps take beyond what the
-running tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected
-tokens; c_o, E_o the candidate's), and the switch there and back. A tier far worse is probed seldom, one about as
+step, and probed there at once, each time; nor, in a benchmark that runs engines in turn, the others'):
+loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its steps take beyond what the running
+tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected tokens; c_o,
+E_o the candidate's), the switch there and back, and for a probe of the other side its crossing X, paid once
+(SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, or by the
+return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any drafting step prefills
+their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight rounds, each probe waking
+up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the same budget without probes
+drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier far worse is probed
+seldom, one about as
 good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds (n candidates; with the default share 2 %
 and one candidate about every 10 of its steps), and none that scores more (the choice switches itself). Of several
 due, the longest overdue runs.
@@ -153,9 +160,11 @@ class SideRuns:
     home, self.home = self.home, None
     return last if home is None else home
 
-  def due(self, rows: int, choice: Choice) -> Choice | None:
+  def due(self, rows: int, choice: Choice, crossing: float = 0.0) -> Choice | None:
     """The candidate (`choice.other`, `choice.rivals`) whose probe is due at row bucket `rows` after a fresh plan
-    chose `choice` (the longest overdue; None: none). A bucket's clocks start at its first plan."""
+    chose `choice` (the longest overdue; None: none). A bucket's clocks start at its first plan. crossing: the
+    seconds a probe of the other side pays once beyond its steps (SlotEngine._crossing: the catch-up, the quiet
+    rows' wakes), added to its loss."""
     candidates = ([] if choice.other is None else [choice.other]) + list(choice.rivals)
     if not self.share or not candidates or choice.expected <= 0:
       return None
@@ -167,8 +176,8 @@ class SideRuns:
       lost = other.cost - other.expected * choice.cost / choice.expected
       if lost <= 0:
         continue
-      loss = PROBE_STEPS * lost + SWITCH * (choice.cost + other.cost)
       side = (other.k > 0) != (choice.k > 0)
+      loss = PROBE_STEPS * lost + SWITCH * (choice.cost + other.cost) + (crossing if side else 0.0)
       last = self.sides.get((rows, other.k > 0), start) if side else self.seen.get((rows, other.k), start)
       overdue = (now - last) * share / loss
       if overdue >= most:

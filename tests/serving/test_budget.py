@@ -439,21 +439,24 @@ def test_side_runs_tell_what_a_step_learns():
 def test_side_runs_probe_a_tier_when_its_loss_allows():
   """A probe of the other side's best tier or of the running side's other tiers is due when it last ran longer ago
   (on its bucket's clock) than its expected loss over its share of the share (split among the candidates); the
-  longest overdue runs; never one that scores more (the choice switches itself), nor with no share."""
+  longest overdue runs; never one that scores more (the choice switches itself), nor with no share. A probe of the
+  other side also pays its crossing (the catch-up, the quiet rows' wakes); one of the running side's does not."""
   runs = SideRuns(share=0.02)
   limits = np.zeros((8,), np.int32)
   drafting = Choice(tier=3, k=4, limits=limits, expected=12.0, cost=0.033)
   plain = Choice(tier=0, k=0, limits=limits, expected=4.0, cost=0.010, other=drafting)
 
-  def due(choice, clock):
+  def due(choice, clock, crossing=0.0):
     rows = 8 if choice is not None else 16
     runs.clocks[rows] = clock
-    return runs.due(rows, choice if choice is not None else plain)
+    return runs.due(rows, choice if choice is not None else plain, crossing)
 
   # loss: 2 steps of 33 ms for 12 tokens each, which plain gives in 30 (6 ms), and a switch there and back: a tenth
   # of the two steps (4.3 ms); over 2 %: due 0.515 s after the side last ran at that row bucket.
   runs.sides[(8, True)], runs.seen[(8, 4)] = 2.0, 1.0  # drafting last ran at 8 rows at 2 s (at gamma 4 at 1 s)
   assert due(plain, 2.51) is None and due(plain, 2.52) is drafting
+  # A crossing of 10.3 ms (the wakes, the catch-up) doubles the loss: due 1.03 s after.
+  assert due(plain, 3.02, crossing=0.0103) is None and due(plain, 3.04, crossing=0.0103) is drafting
   assert due(None, 10.0) is None and due(None, 10.52) is drafting  # never ran at 16 rows: from the first plan
   assert SideRuns(share=0.0, clocks={8: 100.0}).due(8, plain) is None
   assert due(dataclasses.replace(plain, other=dataclasses.replace(drafting, cost=0.029)), 100.0) is None
@@ -471,6 +474,8 @@ def test_side_runs_probe_a_tier_when_its_loss_allows():
   assert due(dataclasses.replace(two, rivals=()), 6.77).k == 0
   assert due(dataclasses.replace(two, other=None), 5.89) is None  # gamma 4 alone: due at 5.90 s
   assert due(dataclasses.replace(two, other=None), 5.90).k == 4
+  assert due(dataclasses.replace(two, other=None), 5.90, crossing=1.0).k == 4  # the same side: no crossing
+  assert due(dataclasses.replace(two, rivals=()), 6.77, crossing=0.005) is None  # the other side: plain pays it
 
 
 def _serve_on_a_fake_clock(engine, refs, monkeypatch, read, per_token, share) -> list:
@@ -632,15 +637,26 @@ def test_a_draft_prefill_per_token_counts_against_drafting():
 
 def test_the_engine_charges_each_row_its_prefill_over_its_length(engine):
   """warmup timed the draft's prefill at every prompt bucket; a row's share per token is its bucket's prefill
-  over its request's expected length (an ignore-EOS request: its max_tokens)."""
+  over the tokens it buys: a quiet row's over those it has left (its wake is still to pay), a woken row's over its
+  request's expected length (an ignore-EOS request: its max_tokens; the steady state). A probe of drafting from
+  plain counts the quiet rows' wakes and the catch-up in its crossing; one of plain, the catch-up alone."""
   assert sorted(engine.costs.wake) == sorted(engine.buckets) and all(w > 0 for w in engine.costs.wake.values())
   assert "wake" in engine.costs.lines()[-1]
   slot = engine.free_slots()[0]
   engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
   bucket = next(b for b in sorted(engine.buckets) if b >= len(PROMPTS[0]))
-  slots = np.asarray([slot])
-  per_token = engine._prefill_per_token(slots, engine._left[slots], np.zeros(1))  # pylint: disable=protected-access
-  assert per_token == pytest.approx([engine.costs.wake[bucket] / MAX_NEW])
+  slots, wake = np.asarray([slot]), engine.costs.wake[bucket]
+  def per_token():
+    return engine._prefill_per_token(slots, engine._left[slots], np.zeros(1))  # pylint: disable=protected-access
+  assert engine._left[slot] == MAX_NEW - 1 and per_token() == pytest.approx([wake / (MAX_NEW - 1)])
+  (_, mode, rows), _ = engine.plan_step()
+  catchup, drafting = engine.costs.catchup.get(rows, 0.0), Choice(1, 1, np.zeros((1,), np.int32), 1.0, 1.0)
+  plain = dataclasses.replace(drafting, tier=0, k=0)
+  assert engine._crossing(slots, rows, plain) == pytest.approx(catchup + wake)  # pylint: disable=protected-access
+  assert engine._crossing(slots, rows, drafting) == pytest.approx(catchup)  # pylint: disable=protected-access
+  engine.step(program=(len(engine.table.entries) - 1, mode, rows))  # a drafting step wakes it
+  assert per_token() == pytest.approx([wake / MAX_NEW])
+  assert engine._crossing(slots, rows, plain) == pytest.approx(catchup)  # pylint: disable=protected-access
   engine.free(slot)
 
 
