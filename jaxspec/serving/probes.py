@@ -3,7 +3,8 @@
     runs = SideRuns(share=budget.probe)
     run = runs.ran(rows=8, k=0, seconds=0.012)             # after every step (warmup's too); k: its draft length
     run.learnt, run.levels                                  # True, None: the step's time is the machine's speed
-    probe = runs.due(rows=8, choice=choice)                 # the plan, when it chose afresh: a tier to probe, or None
+    probe = runs.due(rows=8, choice=choice, crossing=0.02)  # the plan, when it chose afresh: a tier to probe, or None
+                                                            # (crossing: seconds a probe of the other side pays once)
     runs.start(rows=8, choice=choice, probe=probe, home=current)   # its first step runs probe; then
     runs.probing(rows=8)                                    # the tier of the probe's later steps (None: no probe)
 
