@@ -639,11 +639,14 @@ class SlotEngine:
   def _crossing(self, slots: np.ndarray, rows: int, choice: Choice) -> float:
     """The seconds a probe of the other side than `choice`'s pays once beyond its steps, over the rows of `slots`
     [A] at row bucket `rows`: the catch-up at R (the drafts rested through plain steps re-fed, by the probe's first
-    step or by the return from it) and, from plain, the wakes of the quiet rows (any drafting step wakes them)."""
-    crossing = self.costs.catchup.get(rows, 0.0)
-    if choice.k == 0:
-      crossing += float(self._wake_cost[slots][self._quiet[slots]].sum())
-    return crossing
+    step or by the return from it) and, from plain, the wakes of the quiet rows (any drafting step wakes them).
+    From plain the catch-up counts only when some row's draft has rested: a request alone before its first plain
+    step has nothing to re-feed; from drafting the return after the probe always re-feeds."""
+    catchup = self.costs.catchup.get(rows, 0.0)
+    if choice.k != 0:
+      return catchup
+    rested = bool(self._behind[slots].any())
+    return (catchup if rested else 0.0) + float(self._wake_cost[slots][self._quiet[slots]].sum())
 
   def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
     """The next step's tier, chosen while this step (`key`, `limits` [S]) runs on the device: over the active rows

@@ -635,11 +635,12 @@ def test_a_draft_prefill_per_token_counts_against_drafting():
   assert drafting.cost == pytest.approx(2.0 + 0.5 * e4)
 
 
-def test_the_engine_charges_each_row_its_prefill_over_its_length(engine):
+def test_the_engine_charges_each_row_its_prefill_over_its_length(engine, monkeypatch):
   """warmup timed the draft's prefill at every prompt bucket; a row's share per token is its bucket's prefill
   over the tokens it buys: a quiet row's over those it has left (its wake is still to pay), a woken row's over its
   request's expected length (an ignore-EOS request: its max_tokens; the steady state). A probe of drafting from
-  plain counts the quiet rows' wakes and the catch-up in its crossing; one of plain, the catch-up alone."""
+  plain counts the quiet rows' wakes, and the catch-up only once a draft has rested; one of plain, the catch-up
+  alone (the return re-feeds)."""
   assert sorted(engine.costs.wake) == sorted(engine.buckets) and all(w > 0 for w in engine.costs.wake.values())
   assert "wake" in engine.costs.lines()[-1]
   slot = engine.free_slots()[0]
@@ -648,15 +649,21 @@ def test_the_engine_charges_each_row_its_prefill_over_its_length(engine):
   slots, wake = np.asarray([slot]), engine.costs.wake[bucket]
   def per_token():
     return engine._prefill_per_token(slots, engine._left[slots], np.zeros(1))  # pylint: disable=protected-access
+  def crossing(choice):
+    return engine._crossing(slots, rows, choice)  # pylint: disable=protected-access
   assert engine._left[slot] == MAX_NEW - 1 and per_token() == pytest.approx([wake / (MAX_NEW - 1)])
   (_, mode, rows), _ = engine.plan_step()
-  catchup, drafting = engine.costs.catchup.get(rows, 0.0), Choice(1, 1, np.zeros((1,), np.int32), 1.0, 1.0)
+  catchup = 0.005  # the tiny models' catch-up can time at 0: set, so that counting it shows
+  monkeypatch.setitem(engine.costs.catchup, rows, catchup)
+  drafting = Choice(1, 1, np.zeros((1,), np.int32), 1.0, 1.0)
   plain = dataclasses.replace(drafting, tier=0, k=0)
-  assert engine._crossing(slots, rows, plain) == pytest.approx(catchup + wake)  # pylint: disable=protected-access
-  assert engine._crossing(slots, rows, drafting) == pytest.approx(catchup)  # pylint: disable=protected-access
-  engine.step(program=(len(engine.table.entries) - 1, mode, rows))  # a drafting step wakes it
+  # Nothing rested yet: from plain the wake alone; from drafting the return's catch-up.
+  assert crossing(plain) == pytest.approx(wake) and crossing(drafting) == pytest.approx(catchup)
+  engine.step(program=(0, mode, rows))  # a plain step: the draft rests, the row stays quiet
+  assert crossing(plain) == pytest.approx(catchup + wake) and crossing(drafting) == pytest.approx(catchup)
+  engine.step(program=(len(engine.table.entries) - 1, mode, rows))  # a drafting step wakes it and catches up
   assert per_token() == pytest.approx([wake / MAX_NEW])
-  assert engine._crossing(slots, rows, plain) == pytest.approx(catchup)  # pylint: disable=protected-access
+  assert crossing(plain) == 0.0 and crossing(drafting) == pytest.approx(catchup)
   engine.free(slot)
 
 
