@@ -33,6 +33,7 @@ also counts the probes it started (probes.SideRuns: two steps each of a tier its
 from __future__ import annotations
 
 import collections
+import copy
 import json
 import math
 import statistics
@@ -59,7 +60,9 @@ ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (
                                 "16,32 for levels 16 and 32 alone: fewer programs to compile and time in warm-up")
 ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "budget, noprobe (the budget without probes), ahead1 (the budget planning ahead at any "
-                        "number of rows), fixed (gamma 4), plain; the last is the base")
+                        "number of rows), margin5 (the budget with Budget.margin 0.05, on the budget arm's warm-up "
+                        "curves when both run), fixed (gamma 4), plain, plain2 (a second plain engine: the "
+                        "harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
 
@@ -162,13 +165,17 @@ def main(_):
   speculation = jaxspec.Speculation(draft, gamma=4)
   kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False),
            "noprobe": (speculation, Budget(probe=0.0)),  # the budget without its probes (probes.py)
-           "ahead1": (speculation, Budget(ahead=1))}  # every step's next tier chosen while it runs
+           "ahead1": (speculation, Budget(ahead=1)),  # every step's next tier chosen while it runs
+           "margin5": (speculation, Budget(margin=0.05)), "plain2": (None, False)}
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
              for arm in ARMS.value}
-  for arm, engine in engines.items():
+  for engine in engines.values():
     engine.warmup()
+  if "margin5" in engines and "budget" in engines:  # the arms then differ by the margin alone, not by two warm-ups
+    engines["margin5"].costs = copy.deepcopy(engines["budget"].costs)
+  for arm, engine in engines.items():
     if engine.budget is not None:  # the curves it chooses by, as the server prints them
       print(f"{arm}: step costs measured in warm-up:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
   settings = RequestSettings(new_tokens, jaxspec.Sampling(0.0))
@@ -196,6 +203,9 @@ def main(_):
               "round_tokens_per_s": rounds[arm], "steps_by_gamma": dict(sorted(steps[arm].items())),
               "probes": probes[arm]}
              for arm in engines]
+  for arm, engine in engines.items():
+    if engine.budget is not None:  # where the served steps and probes moved them
+      print(f"{arm}: step costs after serving:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
   run = {"pair": PAIR.value, "slots": SLOTS.value, "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
          "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__, "rows": rows}
   table = _table(run, base)
