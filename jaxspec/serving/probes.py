@@ -48,7 +48,10 @@ good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds (n candi
 and one candidate about every 10 of its steps), and none that scores more (the choice switches itself). Of several
 due, the longest overdue runs.
 After a probe the next plan weighs Budget.stick against the tier before it: a probe of the other side takes over
-only when it scores above that by the stick.
+only when it scores above that by the stick. As every plan's stick, it holds over about the same rows only
+(SlotEngine.plan_step): when the probe's steps replaced more than a quarter of the rows the plan is fresh, as after
+most drafting probes at 4 and 8 rows on the embedded pair, whose two gamma-4 steps give about a translation's tokens
+(docs/serving.md, nineteenth session).
 
 Exact in every case: a probe runs a compiled tier with limits from earlier verdicts, like any step.
 """
