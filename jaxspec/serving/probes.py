@@ -39,8 +39,8 @@ loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its ste
 tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected tokens; c_o,
 E_o the candidate's), the switch there and back, and for a probe of the other side its crossing X, paid once
 (SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, when some
-have rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any drafting step prefills
-their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight rounds, each probe waking
+have rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any
+drafting step prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight rounds, each probe waking
 up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the same budget without probes
 drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier far worse is probed
 seldom, one about as
