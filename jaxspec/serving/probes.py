@@ -40,13 +40,12 @@ tier would take for their tokens by the choice's own scores (c, E: the chosen ti
 E_o the candidate's), the switch there and back, and for a probe of the other side its crossing X, paid once
 (SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, when some
 have rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any
-drafting step prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight rounds, each probe waking
-up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the same budget without probes
-drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier far worse is probed
-seldom, one about as
-good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds (n candidates; with the default share 2 %
-and one candidate about every 10 of its steps), and none that scores more (the choice switches itself). Of several
-due, the longest overdue runs.
+drafting step prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight
+rounds, each probe waking up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the
+same budget without probes drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier
+far worse is probed seldom, one about as good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds
+(n candidates; with the default share 2 % and one candidate about every 10 of its steps), and none that scores
+more (the choice switches itself). Of several due, the longest overdue runs.
 After a probe the next plan weighs Budget.stick against the tier before it: a probe of the other side takes over
 only when it scores above that by the stick. As every plan's stick, it holds over about the same rows only
 (SlotEngine.plan_step): when the probe's steps replaced more than a quarter of the rows the plan is fresh, as after

@@ -9,8 +9,8 @@ target, draft = jaxspec.load("ende-target"), jaxspec.load("ende-draft")
 prompts = [target.tokenizer.encode(json.loads(l)["prompt"])[:64] for l in open("docs/bench/serving_ende.jsonl")]
 R = int(sys.argv[1])
 kw = dict(slots=64, max_input_length=64, max_new_tokens=64, modes=("greedy",), row_buckets=[R])
-E = {"plain": SlotEngine(target, None, budget=False, **kw), "plain2": SlotEngine(target, None, budget=False, **kw), "plain3": SlotEngine(target, None, budget=False, **kw),
-     "budget": SlotEngine(target, jaxspec.Speculation(draft, gamma=4), budget=Budget(probe=0.0), **kw)}
+E = {name: SlotEngine(target, None, budget=False, **kw) for name in ("plain", "plain2", "plain3")}
+E["budget"] = SlotEngine(target, jaxspec.Speculation(draft, gamma=4), budget=Budget(probe=0.0), **kw)
 for e in E.values(): e.warmup()
 orig = EN.STEP; acc = {}
 def timed(*a):
@@ -28,4 +28,5 @@ for rep in range(6):
       if rep: dev[name].append(acc["t"]); tot[name].append(dt)
 for name in E:
   d, t = np.array(dev[name]) * 1e3, np.array(tot[name]) * 1e3
-  print(f"{name}: STEP median {np.median(d):.2f} ms, step() median {np.median(t):.2f} ms, rest {np.median(t - d):.2f} ms, steps {len(d)}")
+  print(f"{name}: STEP median {np.median(d):.2f} ms, step() median {np.median(t):.2f} ms, "
+        f"rest {np.median(t - d):.2f} ms, steps {len(d)}")

@@ -24,4 +24,5 @@ for R in (1, 4, 8):
   t = time.perf_counter()
   for _ in range(n): e._planned = None; e._ahead = None; e.plan_step()
   dp = (time.perf_counter() - t) / n
-  print(f"rows {R}: _choose {dt*1e3:.3f} ms, plan_step {dp*1e3:.3f} ms; plain step {e.costs.get(R, 0)*1e3:.2f} ms; chose k={ch.k}")
+  print(f"rows {R}: _choose {dt*1e3:.3f} ms, plan_step {dp*1e3:.3f} ms; "
+        f"plain step {e.costs.get(R, 0)*1e3:.2f} ms; chose k={ch.k}")
