@@ -127,6 +127,16 @@ AHEAD = 8  # a step of at least this many active rows has the next one's tier ch
 LEARN = 0.1  # each served step's weight in its row bucket's curves (CostCurves.observe; 0: warmup's curves stay)
 PROBE = 0.02  # the share of the serving time the probes of the tiers not run may lose, by the choice's own scores
 LEVEL_LEARN = 0.25  # the weight of a step that sets a side's or a tier's level in its curves (probes.py)
+# A plain step right after a drafting one is dearer for a few steps (the embedded pair at 4 and 8 rows: +40 %, +8-12 %,
+# +3-4 %, then as after plain steps; docs/bench/serving/plain_settle.log), a drafting step after plain for one (its
+# catch-up): the steps of a side run after a switch before one is timed as its cost (warmup, probes.py).
+PLAIN_SETTLE, DRAFT_SETTLE = 3, 1
+
+
+def settle(k: int) -> int:
+  """The untimed steps a tier of draft length k (0: plain) runs after a step of the other side before its cost is
+  timed (warmup's rounds; a probe's steps and the level a switch sets: probes.py)."""
+  return PLAIN_SETTLE if k == 0 else DRAFT_SETTLE
 SIDE, TIER = "side", "tier"  # CostCurves.observe's levels: a side's curves alone, or one tier's
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 

@@ -132,7 +132,7 @@ from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
-                                    EndRate, choose, curves_from_rounds, per_row_rate, survival, tier_limits,
+                                    EndRate, choose, curves_from_rounds, per_row_rate, settle, survival, tier_limits,
                                     within)
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
@@ -882,18 +882,19 @@ class SlotEngine:
       rounds = {entry.gamma: [None] * count for _, entry in tiers}
       for r in range(count):
         for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
-          if not slots or left < 2 * self.iterations_per_step * (entry.gamma + 1):
+          untimed = settle(entry.gamma)  # a step right after another program costs more (a plain one for three)
+          if not slots or left < (untimed + 1) * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:
               self.free(slot)
             slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
             for slot in slots:
               self.insert(slot, [self.pad_id], settings)
-          for n in range(2):  # the first untimed: a step right after another program costs more
+          for n in range(untimed + 1):
             if not self._active[slots].all():
               break
             started = time.perf_counter()
             out = self.step(program=(i, mode, rows))
-            if n:
+            if n == untimed:
               rounds[entry.gamma][r] = time.perf_counter() - started
             left -= max(len(out.tokens[s]) for s in slots)
       self.costs.seconds.update({(rows, k): v for k, v in curves_from_rounds(rounds).items()})

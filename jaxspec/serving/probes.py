@@ -17,13 +17,15 @@ warm-up to the next beyond what the choice turns on (docs/serving.md):
   - a gamma-4 step against a gamma-2 one at 1 and 4 rows read 1.46-1.48 in one engine and 1.18-1.26 in the engine
     beside it: the first drafted at gamma 2 where the fixed gamma 4 served 1.13x its tokens at concurrency 1.
 
-So the other tiers are run now and then, at the same row bucket and in the same minute: a probe of PROBE_STEPS steps
-of one tier (the first pays the switch and is not learnt from; the second is). The candidates are the other side's
+So the other tiers are run now and then, at the same row bucket and in the same minute: a probe of `probe_steps`
+steps of one tier (its settle after the switch is not learnt from, the step after it is: two steps of a drafting
+tier, four of plain, whose step right after a drafting one reads 40 % dearer, the second 8-12 % and the third 3-4 %
+on the embedded pair: budget.settle). The candidates are the other side's
 best tier (drafting when plain decodes, plain when drafting: `Choice.other`) and the running side's other tiers
 (`Choice.rivals`: the other drafting tiers some row would draft in). The learnt step of a probe of a tier of the
 running side moves that tier's curve alone, LEVEL_LEARN of the way to its time (`CostCurves.observe(levels=TIER)`):
 its level against the running tier's, measured a step apart. The first learnt step of a side after a switch at its
-bucket from a run of the other side longer than a probe (a probe's, or a switch the choice made) moves the curves
+bucket (its settle run) from a run of the other side longer than a probe (a probe's, or a switch the choice made) moves the curves
 of its side alone (levels=SIDE): the two sides' levels. The return from a probe, and later steps of a run, move
 every curve of the bucket (the speed), as before. A step's time at 16 rows spreads by a tenth and more on this
 project's VMs, so one step's weight is a quarter: at a half (and the return from a probe moving its side too) the
@@ -35,15 +37,15 @@ than its expected loss over its share of `share` (split evenly among the candida
 seconds of the steps run at R (not the engine's idle time, nor its steps at other buckets: the drain of a load
 at 64 rows through 32, 16, 8, ... rows found every smaller bucket's last probe far back on a clock of every
 step, and probed there at once, each time; nor, in a benchmark that runs engines in turn, the others'):
-loss = PROBE_STEPS (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its steps take beyond what the running
+loss = n_o (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its steps take beyond what the running
 tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected tokens; c_o,
-E_o the candidate's), the switch there and back, and for a probe of the other side its crossing X, paid once
+E_o the candidate's, n_o its probe's steps), the switch there and back, and for a probe of the other side its crossing X, paid once
 (SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, when some
 have rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any
 drafting step prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight
 rounds, each probe waking up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the
 same budget without probes drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier
-far worse is probed seldom, one about as good every (PROBE_STEPS (c_o - c) + SWITCH (c + c_o)) n / share seconds
+far worse is probed seldom, one about as good every (n_o (c_o - c) + SWITCH (c + c_o)) n / share seconds
 (n candidates; with the default share 2 % and one candidate about every 10 of its steps), and none that scores
 more (the choice switches itself). Of several due, the longest overdue runs.
 After a probe the next plan weighs Budget.stick against the tier before it: a probe of the other side takes over
@@ -59,9 +61,16 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxspec.serving.budget import SIDE, TIER, Choice
+from jaxspec.serving.budget import DRAFT_SETTLE, SIDE, TIER, Choice, settle
 
-PROBE_STEPS = 2  # a probe's steps: the switch, then one learnt from
+
+def probe_steps(k: int) -> int:
+  """A probe's steps of a tier of draft length k (0: plain): its settle after the switch (budget.settle: 3 for
+  plain, 1 for a drafting tier), then one learnt from."""
+  return settle(k) + 1
+
+
+PROBE_STEPS = probe_steps(1)  # a drafting tier's probe: the switch, then one learnt from (plain's: 4 steps)
 # What a switch costs beyond the steps' own times, as a share of the two tiers' steps (a step right after another
 # program, docs/bench/serving/switch_cost.md: 7-13 %): a probe pays it going and coming back.
 SWITCH = 0.1
@@ -71,7 +80,7 @@ SWITCH = 0.1
 class Run:
   """The steps run in a row at one row bucket on one side (plain decoding, or drafting at any tier), the latest
   included; probe: whether the latest is a probe's (SIDE: of the other side's best tier; TIER: of another tier of
-  the running side; None: not a probe's step), probe_step its place in the probe (1 the switch, PROBE_STEPS the
+  the running side; None: not a probe's step), probe_step its place in the probe (1 the switch, `probe_steps` the
   learnt one)."""
 
   rows: int
@@ -81,12 +90,17 @@ class Run:
   before: int = 0  # the steps of the run it follows (0: none)
   probe: str | None = None
   probe_step: int = 0
+  crossed: bool = False  # the run follows one of the other side (at any row bucket)
 
   @property
   def learnt(self) -> bool:
     """Whether the step's time may move the curves (the engine adds its own conditions): it follows a step of its
-    side at its row bucket and is not a probe's first (which pays the switch to the probed tier)."""
-    return self.steps >= 2 and self.probe_step != 1
+    side at its row bucket, past its side's settle when the run follows the other side (`budget.settle`: a plain
+    step is dearer for three steps after a drafting one), and is not a probe's first of another tier of the running
+    side (which pays the switch to the probed tier)."""
+    if self.probe == TIER:
+      return self.steps >= 2 and self.probe_step > DRAFT_SETTLE
+    return self.steps > (settle(int(self.drafting)) if self.crossed else 1)
 
   @property
   def levels(self) -> str | None:
@@ -94,17 +108,18 @@ class Run:
     step of a probe of the running side's other tier; SIDE (its side's curves alone) for the first learnt step of a
     side after a run of the other longer than a probe, whose curves follow the machine's speed now; None: the row
     bucket's curves together (the speed)."""
-    if self.probe == TIER and self.probe_step == PROBE_STEPS:
+    if self.probe == TIER and self.probe_step == DRAFT_SETTLE + 1:
       return TIER
-    if self.steps == 2 and self.after_switch and self.before > PROBE_STEPS:
+    other = int(not self.drafting)  # the side of the run before (a draft length of it: 0 plain, 1 drafting)
+    if self.steps == settle(int(self.drafting)) + 1 and self.after_switch and self.before > probe_steps(other):
       return SIDE
     return None
 
 
 @dataclasses.dataclass
 class Probe:
-  """A probe in progress: PROBE_STEPS steps of tier `tier` (draft length k) at row bucket `rows`; levels: what
-  its learnt step moves (SIDE or TIER); ran: its steps run so far."""
+  """A probe in progress: `probe_steps(k)` steps of tier `tier` (draft length k) at row bucket `rows`; levels:
+  what its learnt step moves (SIDE or TIER); ran: its steps run so far."""
 
   rows: int
   tier: int
@@ -135,7 +150,7 @@ class SideRuns:
       if (probe.rows, probe.k) == (rows, k):
         probe.ran += 1
         label, place = probe.levels, probe.ran
-      if probe.ran >= PROBE_STEPS or label is None:
+      if probe.ran >= probe_steps(probe.k) or label is None:
         self.probe = None
     run = self.run
     if run is not None and (run.rows, run.drafting) == (rows, drafting):
@@ -143,7 +158,7 @@ class SideRuns:
     else:
       switched = run is not None and run.rows == rows
       self.run = Run(rows=rows, drafting=drafting, steps=1, after_switch=switched, before=run.steps if run else 0,
-                     probe=label, probe_step=place)
+                     probe=label, probe_step=place, crossed=run is not None and run.drafting != drafting)
     now = self.clocks[rows] = self.clocks.get(rows, 0.0) + max(seconds, 0.0)
     self.seen[(rows, k)] = self.sides[(rows, drafting)] = now
     return self.run
@@ -180,7 +195,7 @@ class SideRuns:
       if lost <= 0:
         continue
       side = (other.k > 0) != (choice.k > 0)
-      loss = PROBE_STEPS * lost + SWITCH * (choice.cost + other.cost) + (crossing if side else 0.0)
+      loss = probe_steps(other.k) * lost + SWITCH * (choice.cost + other.cost) + (crossing if side else 0.0)
       last = self.sides.get((rows, other.k > 0), start) if side else self.seen.get((rows, other.k), start)
       overdue = (now - last) * share / loss
       if overdue >= most:

@@ -355,19 +355,25 @@ def test_warmup_rounds_make_each_tier_plains_median_times_its_median_ratio():
 def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkeypatch):
   """Warm-up interleaves the tiers round by round, so a machine 2.5x slower for 8 steps times every tier of most
   rounds at one speed, and it times a step after one of the same program, so what a switch between programs adds
-  is left out: the curves' ratio of each tier to plain is the true one. (Timed tier after tier in two passes, the
-  second reversed, the lower median, as warm-up did before: the spell covers the widest tier's steps in both
-  passes, and its curve reads 2.5x dearer.) At 1 row (below budget.FEW_ROWS) it runs 4x the rounds."""
+  is left out, and a plain step only after its settle (budget.settle: 3 plain steps after a drafting one, which cost
+  more here: 0.4, then 0.3 and 0.1; timed at the second step, as warm-up did before, plain read 1.3 in half the
+  rounds and each tier's ratio low): the curves' ratio of each tier to plain is the true one. (Timed tier after
+  tier in two passes, the second reversed, the lower median, as warm-up did before that: the spell covers the widest
+  tier's steps in both passes, and its curve reads 2.5x dearer.) At 1 row (below budget.FEW_ROWS) it runs 4x the
+  rounds."""
   true = {0: 1.0, 1: 1.7, 2: 2.3, 3: 2.9}
-  clock, steps, last, by_rows = [0.0], [0], [None], collections.Counter()
+  clock, steps, last, by_rows, plain_run = [0.0], [0], [None], collections.Counter(), [0]
   real_step = engine.step
 
   def step(program=None, limits=None):
     out = real_step(program=program, limits=limits)
     steps[0] += 1
     by_rows[program[2]] += 1
-    clock[0] += true[engine.table.entries[program[0]].gamma] * (2.5 if 13 <= steps[0] <= 20 else 1.0)
+    k = engine.table.entries[program[0]].gamma
+    clock[0] += true[k] * (2.5 if 13 <= steps[0] <= 20 else 1.0)
     clock[0] += 0.4 if program != last[0] else 0.0  # a step right after another program costs more
+    plain_run[0] = plain_run[0] + 1 if k == 0 else 0  # plain steps in a row
+    clock[0] += {2: 0.3, 3: 0.1}.get(plain_run[0], 0.0)  # plain settles over three steps
     last[0] = program
     return out
 
@@ -377,7 +383,8 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   monkeypatch.setattr(engine, "costs", CostCurves())
   engine._measure_costs()  # pylint: disable=protected-access
   assert steps[0] > 40  # the spell falls inside the first row bucket's rounds
-  assert engine.row_buckets == (1, 3) and by_rows[1] - by_rows[3] == 3 * 6 * 4 * 2  # rounds x tiers x 2 steps
+  # rounds x (3 drafting tiers x 2 steps + plain's 4)
+  assert engine.row_buckets == (1, 3) and by_rows[1] - by_rows[3] == 3 * 6 * (3 * 2 + 4)
   for rows in engine.row_buckets:
     base = engine.costs.seconds[(rows, 0)]
     assert 1.0 - 1e-9 <= base <= 2.5 + 1e-9
@@ -405,20 +412,23 @@ def test_a_level_step_moves_its_side_or_its_tier_alone():
 
 def test_side_runs_tell_what_a_step_learns():
   """Runs of one side at one row bucket, a switch (the other side, same bucket) told from a change of bucket; the
-  first learnt step after a run of the other side longer than a probe sets its side's level; a probe's first step
-  is not learnt from and its second sets its side's level (the other side's tier) or its tier's (another tier of
-  the running side); a step of another tier ends the probe. A bucket's clock is its steps' seconds."""
+  first learnt step after a run of the other side longer than a probe sets its side's level, past its settle (a
+  drafting side's second step, plain's fourth: budget.settle); a probe's settle is not learnt from and its next
+  step sets its side's level (the other side's tier: two steps of drafting, four of plain) or its tier's (another
+  tier of the running side); a step of another tier ends the probe. A bucket's clock is its steps' seconds."""
   runs = SideRuns(share=0.02)
   assert runs.ran(8, 0, 1.0) == Run(rows=8, drafting=False, steps=1, after_switch=False)
   assert runs.ran(8, 0, 1.0).steps == 2
-  assert runs.ran(8, 2, 0.5) == Run(rows=8, drafting=True, steps=1, after_switch=True, before=2)
+  assert runs.ran(8, 2, 0.5) == Run(rows=8, drafting=True, steps=1, after_switch=True, before=2, crossed=True)
   assert runs.ran(8, 4, 0.5).levels is None  # after a run as short as a probe: the speed
-  assert runs.ran(8, 0, 0.5).steps == 1 and runs.ran(8, 0, 0.5).levels is None  # a probe's return
-  runs.ran(8, 0, 0.5)
-  assert [runs.ran(8, 2, 0.5).levels for _ in range(3)] == [None, SIDE, None]
+  # a probe's return: plain, its settle not learnt from, then no level (the drafting run before was a probe's)
+  assert [(r.steps, r.learnt, r.levels) for r in (runs.ran(8, 0, 0.5) for _ in range(5))] == [
+      (1, False, None), (2, False, None), (3, False, None), (4, True, None), (5, True, None)]
+  assert [runs.ran(8, 2, 0.5).levels for _ in range(3)] == [None, SIDE, None]  # after 5 plain steps: its level
+  assert [runs.ran(8, 0, 0.5).levels for _ in range(5)] == [None, None, None, SIDE, None]  # plain's, past its settle
   assert runs.ran(4, 2, 1.0).after_switch is False  # another row bucket: not a switch
-  assert runs.clocks == {8: 6.0, 4: 1.0} and (runs.seen[(8, 2)], runs.seen[(8, 4)], runs.sides[(8, True)]) == (
-      6.0, 3.0, 6.0)  # each bucket's clock: its steps' seconds
+  assert runs.clocks == {8: 9.5, 4: 1.0} and (runs.seen[(8, 2)], runs.seen[(8, 4)], runs.sides[(8, True)]) == (
+      7.0, 3.0, 7.0)  # each bucket's clock: its steps' seconds
   limits = np.zeros((4,), np.int32)
   wide, narrow = Choice(3, 4, limits, 10.0, 0.03), Choice(2, 2, limits, 8.0, 0.02)
   runs.start(4, narrow, wide, home=2)  # a probe of gamma 4 from gamma 2: its second step, gamma 4's level
@@ -427,7 +437,9 @@ def test_side_runs_tell_what_a_step_learns():
   assert (first.learnt, first.probe_step, second.learnt, second.levels) == (False, 1, True, TIER)
   assert runs.probing(4) is None and runs.ran(4, 2, 1.0).levels is None  # the probe is over: the speed again
   runs.start(4, narrow, Choice(0, 0, limits, 4.0, 0.01), home=2)  # of plain from drafting: its side's level
-  assert [runs.ran(4, 0, 1.0).levels for _ in range(2)] == [None, SIDE]
+  assert [(r.learnt, r.levels) for r in (runs.ran(4, 0, 1.0) for _ in range(4))] == [
+      (False, None), (False, None), (False, None), (True, SIDE)]
+  assert runs.probe is None  # four steps, its settle and the learnt one
   runs.start(4, narrow, wide, home=2)
   runs.ran(4, 4, 1.0)
   assert runs.ran(4, 1, 1.0).probe is None and runs.probe is None  # another tier: the probe ends
@@ -463,19 +475,21 @@ def test_side_runs_probe_a_tier_when_its_loss_allows():
   assert due(dataclasses.replace(plain, other=None), 100.0) is None
   # Drafting at gamma 2 (9 tokens in 20 ms), plain and gamma 4 the candidates, 1 % each. Gamma 4: 2 steps of 33 ms
   # for 12 tokens, 26.7 ms at gamma 2's rate (12.7 ms), and a tenth of 53 ms: 18.0 ms, due 1.80 s after gamma 4
-  # last ran there. Plain (4 tokens in 10 ms, 8.9 at gamma 2's rate): 2.2 + 3 ms, due 0.52 s after plain last ran.
+  # last ran there. Plain (4 tokens in 10 ms, 8.9 at gamma 2's rate; its probe 4 steps, budget.settle): 4.4 + 3 ms,
+  # due 0.74 s after plain last ran.
   two = Choice(tier=2, k=2, limits=limits, expected=9.0, cost=0.020,
                other=dataclasses.replace(plain, other=None), rivals=(drafting,))
   runs.seen[(8, 4)], runs.sides[(8, False)] = 5.0, 6.5
   assert due(two, 6.79) is None and due(two, 6.80).k == 4
-  assert due(two, 7.03).k == 4  # both due: gamma 4 has waited 1.13 times its time, plain 1.02
-  assert due(two, 7.5).k == 0  # 1.39 against 1.92
-  assert due(dataclasses.replace(two, rivals=()), 6.75) is None  # plain alone, 2 %: due at 6.76 s
-  assert due(dataclasses.replace(two, rivals=()), 6.77).k == 0
+  assert due(two, 7.03).k == 4  # gamma 4 has waited 1.13 times its time, plain 0.71
+  assert due(two, 7.5).k == 4  # both due: 1.39 against 1.34
+  assert due(two, 8.0).k == 0  # 1.67 against 2.02
+  assert due(dataclasses.replace(two, rivals=()), 6.86) is None  # plain alone, 2 %: due at 6.87 s
+  assert due(dataclasses.replace(two, rivals=()), 6.88).k == 0
   assert due(dataclasses.replace(two, other=None), 5.89) is None  # gamma 4 alone: due at 5.90 s
   assert due(dataclasses.replace(two, other=None), 5.90).k == 4
   assert due(dataclasses.replace(two, other=None), 5.90, crossing=1.0).k == 4  # the same side: no crossing
-  assert due(dataclasses.replace(two, rivals=()), 6.77, crossing=0.005) is None  # the other side: plain pays it
+  assert due(dataclasses.replace(two, rivals=()), 6.88, crossing=0.005) is None  # the other side: plain pays it
 
 
 def _serve_on_a_fake_clock(engine, refs, monkeypatch, read, per_token, share) -> list:
