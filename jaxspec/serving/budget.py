@@ -63,9 +63,10 @@ cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so t
 correction there. A step right after a switch between plain and drafting is not learnt from: it pays for the
 streaming of the previous step's tokens, which after a wide step made plain look 40 % dearer. The sides' levels,
 one against the other, and the tiers' within a side are warm-up's until a switch or a probe: the first learnt step
-of a side after a switch moves its side's curves alone (LEVEL_LEARN), and the tiers not run are probed now and
-then, two steps of one at a cost Budget.probe bounds, the second moving its side's curves (the other side's best
-tier) or its own (another tier of the running side) alone (probes.py): warm-up's ratio of a gamma-4 step to a plain
+of a side after a switch (past its settle: `settle`, plain's fourth) moves its side's curves alone (LEVEL_LEARN),
+and the tiers not run are probed now and then, two steps of a drafting tier or four of plain at a cost
+Budget.probe bounds, the last moving its side's curves (the other side's best tier) or its own (another tier of the
+running side) alone (probes.py): warm-up's ratio of a gamma-4 step to a plain
 one at 4 rows read 2.0-3.2 from one warm-up to the next on the embedded pair, where the choice at concurrency 4
 turns on a sixth, and of a gamma-4 step to a gamma-2 one at 1 row 1.18-1.48.
 Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more

@@ -54,7 +54,7 @@ is off), or under the verification budget (budget.py, the default with a specula
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
 copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
-from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead; now and then two steps
+from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead; now and then a few steps
 probe the side it does not run, plain or drafting: probes.py);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
 "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
@@ -863,10 +863,11 @@ class SlotEngine:
     R times as many at R < FEW_ROWS rows: the ratios of steps of a few milliseconds spread most, a gamma-4 step's
     to a plain one at 1 row on the embedded pair read 2.79, 3.16 and 3.39 in three warm-ups, and those rounds cost
     least), forward
-    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each tier a round, the second timed (the first
-    pays the switch from the program before: a plain step at 8 rows on the embedded pair cost 7-13 % more right
-    after a gamma-4 step than after a plain one, docs/bench/serving/switch_cost.md; and a drafting step's catch-up
-    or wake). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
+    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each drafting tier a round, the second timed
+    (the first pays the switch from the program before, a drafting step's catch-up or wake), and four of plain, the
+    fourth timed (`budget.settle`: a plain step after drafting ones settles over three steps, 40 %, 8-12 % and 3-4 %
+    dearer at 4 and 8 rows on the embedded pair, docs/bench/serving/plain_settle.log; timed at its second, plain
+    read up to a sixth dearer than served and drafting that much cheaper against it). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
     the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
     round's steps together, leaves the ratios the choice weighs at R. Then the catch-up at R (`_measure_catchup`).
     Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends
