@@ -212,6 +212,9 @@ class CostCurves:
   # catchup[R]: seconds a drafting step at row bucket R costs beyond c(R, k) right after plain steps (its drafts
   # caught up from a lag longer than gamma: a re-feed from position 0), as warmup timed it.
   catchup: dict[int, float] = dataclasses.field(default_factory=dict)
+  # settle[R]: seconds the first `settle(0)` plain steps at row bucket R cost beyond as many of c(R, 0) right after a
+  # drafting step (budget.settle), as warmup timed them: what a run of drafting from plain pays on its return.
+  settle: dict[int, float] = dataclasses.field(default_factory=dict)
   # wake[P]: seconds of a draft model's prefill of one request at prompt bucket P (the wake of a row inserted
   # without it, paid at its first drafting step), as warmup timed it: `choose`'s per_token.
   wake: dict[int, float] = dataclasses.field(default_factory=dict)
@@ -233,6 +236,8 @@ class CostCurves:
       cells = ", ".join(f"k={k} {self.seconds[(r, k)] * 1e3:.2f} ms" for r, k in sorted(self.seconds) if r == rows)
       if rows in self.catchup:
         cells += f", catch-up {self.catchup[rows] * 1e3:.2f} ms"
+      if rows in self.settle:
+        cells += f", plain's settle {self.settle[rows] * 1e3:.2f} ms"
       out.append(f"rows {rows}: {cells}")
     if self.wake:
       out.append("a request's draft prefill (wake) by prompt bucket: " + ", ".join(
@@ -256,8 +261,10 @@ class CostCurves:
           levels is None or (levels == SIDE and (key[1] > 0) == (k > 0)) or key[1] == k)]
       for key in moved:
         self.seconds[key] *= factor
-      if rows in self.catchup and levels is None:
-        self.catchup[rows] *= factor
+      if levels is None:
+        for extra in (self.catchup, self.settle):
+          if rows in extra:
+            extra[rows] *= factor
 
 
 def curves_from_rounds(rounds: dict[int, Sequence[float | None]]) -> dict[int, float]:
@@ -472,7 +479,7 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
            tree: Sequence[bool] | None = None, left: np.ndarray | None = None, iterations: int = 1,
            margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0,
            hazard: np.ndarray | None = None, idle: float = 0.0, current: int | None = None,
-           stick: float = 0.0, per_token: np.ndarray | None = None) -> Choice:
+           stick: float = 0.0, per_token: np.ndarray | None = None, settle: float = 0.0) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
   to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
   wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
@@ -494,7 +501,11 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   there kept gamma-2 steps of 1.19 tokens/ms where the fixed gamma 4's gave 1.29).
   per_token: [A] seconds each row's draft prefill costs per token of its request (the wake a request pays once,
   when it first drafts, over its expected length; None or 0: none): a drafting tier's cost is raised by
-  sum_b per_token[b] * E(k, b), what drafting pays per token in a steady state where every new request is woken."""
+  sum_b per_token[b] * E(k, b), what drafting pays per token in a steady state where every new request is woken.
+  settle: seconds a return to plain decoding pays after drafting (CostCurves.settle: its first plain steps' excess),
+  given when the step before was plain: every drafting tier then pays it, spread as the catch-up over the drafting
+  steps expected to follow (a run of drafting from plain ends in that return; from drafting, the return is owed
+  whichever side runs now)."""
   surv = survival(alpha)
   n, g = surv.shape
   ks = [int(k) for k in tiers]
@@ -518,17 +529,21 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     top = float(costs[i]) if i == 0 else max(top, float(costs[i]))
     cost.append(top * shares[i] * ((1.0 + margin) if k > 0 else 1.0) + (prefill[i] if k > 0 else 0.0))
   drafting = limits > 0
+  once = np.zeros((len(ks),))  # per tier the seconds it pays once (the catch-up, the return's settle)
   if catchup > 0 and behind is not None:
-    paying = np.flatnonzero(np.any(np.asarray(behind, bool) & drafting, axis=1)).tolist()
-    if paying and left is not None:
-      remaining = np.asarray(left, np.float64)
-      if hazard is not None:
-        h = np.asarray(hazard, np.float64)
-        remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
-      steps, rows = (remaining / (iterations * rate)).tolist(), drafting.tolist()  # a few rows: Python's lists
-    for i in paying:  # the median over its drafting rows of left_b / (I e_b), at least 1
-      spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
-      cost[i] += catchup / max(1.0, spread)
+    once += catchup * np.any(np.asarray(behind, bool) & drafting, axis=1)
+  if settle > 0:
+    once += settle * np.asarray([k > 0 for k in ks])
+  paying = np.flatnonzero((once > 0) & drafting.any(axis=1)).tolist()
+  if paying and left is not None:
+    remaining = np.asarray(left, np.float64)
+    if hazard is not None:
+      h = np.asarray(hazard, np.float64)
+      remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
+    steps, rows = (remaining / (iterations * rate)).tolist(), drafting.tolist()  # a few rows: Python's lists
+  for i in paying:  # the median over its drafting rows of left_b / (I e_b), at least 1
+    spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
+    cost[i] += float(once[i]) / max(1.0, spread)
   score = (expected / np.asarray(cost)).tolist()
   drafts_any = drafting.any(axis=1).tolist()
   def scored(i):

@@ -596,7 +596,8 @@ class SlotEngine:
       current = runs.current(None if self._last is None else self._last[0])
       if 4 * np.setxor1d(self._serial[slots], self._last_rows, assume_unique=True).size > len(slots):
         current = None
-      choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current)
+      after_plain = self._last is None or self.table.entries[self._last[0]].plain
+      choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current, after_plain)
       probe = runs.due(rows, choice, self._crossing(slots, rows, choice))
       if probe is not None:
         runs.start(rows, choice, probe, current)
@@ -620,10 +621,11 @@ class SlotEngine:
     return tier, chosen
 
   def _choose(self, slots: np.ndarray, rows: int, left: np.ndarray, behind: np.ndarray,
-              current: int | None) -> Choice:
+              current: int | None, after_plain: bool) -> Choice:
     """The budget's choice (`budget.choose`) over the rows of `slots` [A] at row bucket `rows`: left [A] the
-    tokens each may still give, behind [A] whose draft rested longer than gamma, current the tier of the step
-    before the one planned (None: none)."""
+    tokens each may still give, behind [A] whose draft rested longer than gamma, current the tier the stick weighs
+    against (None: none), after_plain whether the step before the one planned is plain (drafting then pays the
+    return's settle, CostCurves.settle)."""
     entries = self.table.entries
     rate = self.ends.rate
     hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
@@ -634,7 +636,8 @@ class SlotEngine:
                   catchup=self.costs.catchup.get(rows, 0.0), hazard=hazard,
                   idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
                   current=current, stick=self.budget.stick,
-                  per_token=self._prefill_per_token(slots, left, hazard))
+                  per_token=self._prefill_per_token(slots, left, hazard),
+                  settle=self.costs.settle.get(rows, 0.0) if after_plain else 0.0)
 
   def _crossing(self, slots: np.ndarray, rows: int, choice: Choice) -> float:
     """The seconds a probe of the other side than `choice`'s pays once beyond its steps, over the rows of `slots`
@@ -662,7 +665,7 @@ class SlotEngine:
     if not going.any():
       return None
     slots, left = slots[going], left[going]
-    choice = self._choose(slots, key[2], left, chosen[going] == 0, key[0])
+    choice = self._choose(slots, key[2], left, chosen[going] == 0, key[0], self.table.entries[key[0]].plain)
     return Ahead(tier=choice.tier, slots=slots, rows=key[2])
 
   def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
@@ -869,7 +872,9 @@ class SlotEngine:
     dearer at 4 and 8 rows on the embedded pair, docs/bench/serving/plain_settle.log; timed at its second, plain
     read up to a sixth dearer than served and drafting that much cheaper against it). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
     the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
-    round's steps together, leaves the ratios the choice weighs at R. Then the catch-up at R (`_measure_catchup`).
+    round's steps together, leaves the ratios the choice weighs at R. Plain's settle at R (`costs.settle`: the
+    median, over the rounds where plain follows a drafting tier, of its three untimed steps' excess over three of its
+    timed one), what a return from drafting pays. Then the catch-up at R (`_measure_catchup`).
     Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends
     on the engine's settings and the steps' token counts only, never on a timing: over several processes every
     process runs the same programs in the same order (each times its own; only process 0's curves choose:
@@ -881,24 +886,32 @@ class SlotEngine:
       slots, left = [], 0
       count = 2 * repeats * max(1, FEW_ROWS // rows)
       rounds = {entry.gamma: [None] * count for _, entry in tiers}
+      settles, drafted = [], False  # plain's settle after a drafting step: its first steps' excess over its timed one
       for r in range(count):
         for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
           untimed = settle(entry.gamma)  # a step right after another program costs more (a plain one for three)
           if not slots or left < (untimed + 1) * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:
               self.free(slot)
-            slots, left = self.free_slots()[:rows], self.max_new_tokens - 1
+            slots, left, drafted = self.free_slots()[:rows], self.max_new_tokens - 1, False
             for slot in slots:
               self.insert(slot, [self.pad_id], settings)
+          times = []
           for n in range(untimed + 1):
             if not self._active[slots].all():
               break
             started = time.perf_counter()
             out = self.step(program=(i, mode, rows))
+            times.append(time.perf_counter() - started)
             if n == untimed:
-              rounds[entry.gamma][r] = time.perf_counter() - started
+              rounds[entry.gamma][r] = times[-1]
             left -= max(len(out.tokens[s]) for s in slots)
+          if entry.plain and drafted and len(times) == untimed + 1:
+            settles.append(sum(times[:-1]) - untimed * times[-1])
+          drafted = not entry.plain
       self.costs.seconds.update({(rows, k): v for k, v in curves_from_rounds(rounds).items()})
+      if settles:
+        self.costs.settle[rows] = max(0.0, float(np.median(settles)))
       for slot in slots:
         self.free(slot)
       self._measure_catchup(rows, mode, settings)

@@ -385,6 +385,8 @@ def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkey
   assert steps[0] > 40  # the spell falls inside the first row bucket's rounds
   # rounds x (3 drafting tiers x 2 steps + plain's 4)
   assert engine.row_buckets == (1, 3) and by_rows[1] - by_rows[3] == 3 * 6 * (3 * 2 + 4)
+  # plain's settle after drafting: 0.4 + 0.3 + 0.1 beyond three steady steps (the median over the reversed rounds)
+  assert engine.costs.settle == pytest.approx({1: 0.8, 3: 0.8})
   for rows in engine.row_buckets:
     base = engine.costs.seconds[(rows, 0)]
     assert 1.0 - 1e-9 <= base <= 2.5 + 1e-9
@@ -690,6 +692,26 @@ def test_a_rested_draft_pays_its_catch_up_spread_over_the_drafting_it_buys():
   # ... but rows with 64 tokens left draft about 3.9 steps on it: 2.5 + 5 / 3.9 = 3.78 for 65.6 tokens against 16.
   far = choose(alpha, tiers, costs, 0.2, left=np.full((4,), 64), iterations=4, behind=behind, catchup=5.0)
   assert far.k == 4 and far.cost == pytest.approx(2.5 + 5.0 / (64 / (4 * 4.0951)))
+
+
+def test_drafting_from_plain_pays_the_returns_settle_spread_over_the_drafting_it_buys():
+  """After a plain step every drafting tier pays plain's settle (the return's first plain steps' excess,
+  CostCurves.settle) once, spread over its expected drafting steps as the catch-up; the two add up. Plain itself
+  never pays it (from drafting the return is owed whichever side runs), and without `settle` nothing changes."""
+  alpha, tiers, costs = np.full((4, 4), 0.9), (0, 4), [1.0, 2.5]
+  left = np.full((4,), 64)
+  free = choose(alpha, tiers, costs, 0.2, left=left, iterations=4)
+  assert free.k == 4 and free.cost == pytest.approx(2.5)
+  spread = 64 / (4 * 4.0951)  # 3.9 drafting steps
+  paid = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, settle=3.0)
+  assert paid.k == 4 and paid.cost == pytest.approx(2.5 + 3.0 / spread)
+  both = choose(alpha, tiers, costs, 0.2, left=left, iterations=4, behind=np.ones((4,), bool), catchup=5.0,
+                settle=3.0)
+  assert both.k == 0 and both.other.cost == pytest.approx(2.5 + 8.0 / spread)  # 65.5 tokens in 4.55: plain's 16 in 1
+  assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, settle=6.0).k == 4  # 4.04 for 65.5
+  assert choose(alpha, tiers, costs, 0.2, left=left, iterations=4, settle=6.5).k == 0  # 4.16
+  plain = choose(alpha, tiers, [1.0, 4.5], 0.2, left=left, iterations=4, settle=3.0)
+  assert plain.k == 0 and plain.cost == pytest.approx(1.0)
 
 
 def test_the_engine_tracks_rested_drafts_and_times_their_catch_up(engine):

@@ -16,7 +16,7 @@ for R in (1, 4, 8):
   e.step(program=(0, "greedy", R))
   slots = np.flatnonzero(e._active)
   def once():
-    return e._choose(slots, R, e._left[slots], e._behind[slots], 0)
+    return e._choose(slots, R, e._left[slots], e._behind[slots], 0, True)
   for _ in range(50): once()
   t = time.perf_counter(); n = 2000
   for _ in range(n): ch = once()
