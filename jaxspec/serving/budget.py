@@ -37,7 +37,10 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed
     of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
     over the drafting steps expected to follow. Without it the budget went back and forth between plain and
-    drafting at 16 and 32 rows, paying a re-feed at each return;
+    drafting at 16 and 32 rows, paying a re-feed at each return. After a plain step, plain's settle at R is spread
+    the same way (CostCurves.settle, warmup's: the first `settle(0)` plain steps after a drafting one cost more than
+    steady ones, 2.7 and 5.5 ms at 4 and 8 rows in one warm-up on the embedded pair, after gamma 1; 7-9 ms after
+    gamma 4), the return a run of drafting from plain ends in;
   - a draft model's prefill waits for a request's first drafting step (the wake, served_draft.py), so drafting
     pays it once per request, and in a steady state where every new request is woken that is w_b / L_b per token
     (w_b the prefill timed in warmup at the row's prompt bucket, L_b the request's expected length: the tokens it
