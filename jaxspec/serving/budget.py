@@ -135,14 +135,14 @@ LEVEL_LEARN = 0.25  # the weight of a step that sets a side's or a tier's level 
 # +3-4 %, then as after plain steps; docs/bench/serving/plain_settle.log), a drafting step after plain for one (its
 # catch-up): the steps of a side run after a switch before one is timed as its cost (warmup, probes.py).
 PLAIN_SETTLE, DRAFT_SETTLE = 3, 1
+SIDE, TIER = "side", "tier"  # CostCurves.observe's levels: a side's curves alone, or one tier's
+DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
 def settle(k: int) -> int:
   """The untimed steps a tier of draft length k (0: plain) runs after a step of the other side before its cost is
   timed (warmup's rounds; a probe's steps and the level a switch sets: probes.py)."""
   return PLAIN_SETTLE if k == 0 else DRAFT_SETTLE
-SIDE, TIER = "side", "tier"  # CostCurves.observe's levels: a side's curves alone, or one tier's
-DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
 @dataclasses.dataclass(frozen=True)

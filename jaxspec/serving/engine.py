@@ -865,16 +865,16 @@ class SlotEngine:
     when they have too few tokens left for the next step), then 2 Budget.repeats rounds over the tiers (FEW_ROWS //
     R times as many at R < FEW_ROWS rows: the ratios of steps of a few milliseconds spread most, a gamma-4 step's
     to a plain one at 1 row on the embedded pair read 2.79, 3.16 and 3.39 in three warm-ups, and those rounds cost
-    least), forward
-    and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each drafting tier a round, the second timed
-    (the first pays the switch from the program before, a drafting step's catch-up or wake), and four of plain, the
-    fourth timed (`budget.settle`: a plain step after drafting ones settles over three steps, 40 %, 8-12 % and 3-4 %
-    dearer at 4 and 8 rows on the embedded pair, docs/bench/serving/plain_settle.log; timed at its second, plain
-    read up to a sixth dearer than served and drafting that much cheaper against it). The rounds' timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over
-    the rounds of each tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a
-    round's steps together, leaves the ratios the choice weighs at R. Plain's settle at R (`costs.settle`: the
-    median, over the rounds where plain follows a drafting tier, of its three untimed steps' excess over three of its
-    timed one), what a return from drafting pays. Then the catch-up at R (`_measure_catchup`).
+    least), forward and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each drafting tier a round, the
+    second timed (the first pays the switch from the program before, a drafting step's catch-up or wake), and four
+    of plain, the fourth timed (`budget.settle`: a plain step after drafting ones settles over three steps, 40 %,
+    8-12 % and 3-4 % dearer at 4 and 8 rows on the embedded pair, docs/bench/serving/plain_settle.log; timed at its
+    second, plain read up to a sixth dearer than served and drafting that much cheaper against it). The rounds'
+    timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over the rounds of each
+    tier's ratio to its round's plain step), so a slow spell of the machine, which shifts a round's steps together,
+    leaves the ratios the choice weighs at R. Plain's settle at R (`costs.settle`: the median, over the rounds where
+    plain follows a drafting tier, of its three untimed steps' excess over three of its timed one), what a return
+    from drafting pays. Then the catch-up at R (`_measure_catchup`).
     Rows that run out of tokens leave a round's timing out (an engine of a few max_new_tokens). What runs depends
     on the engine's settings and the steps' token counts only, never on a timing: over several processes every
     process runs the same programs in the same order (each times its own; only process 0's curves choose:

@@ -20,29 +20,29 @@ warm-up to the next beyond what the choice turns on (docs/serving.md):
 So the other tiers are run now and then, at the same row bucket and in the same minute: a probe of `probe_steps`
 steps of one tier (its settle after the switch is not learnt from, the step after it is: two steps of a drafting
 tier, four of plain, whose step right after a drafting one reads 40 % dearer, the second 8-12 % and the third 3-4 %
-on the embedded pair: budget.settle). The candidates are the other side's
-best tier (drafting when plain decodes, plain when drafting: `Choice.other`) and the running side's other tiers
-(`Choice.rivals`: the other drafting tiers some row would draft in). The learnt step of a probe of a tier of the
-running side moves that tier's curve alone, LEVEL_LEARN of the way to its time (`CostCurves.observe(levels=TIER)`):
-its level against the running tier's, measured a step apart. The first learnt step of a side after a switch at its
-bucket (its settle run) from a run of the other side longer than a probe (a probe's, or a switch the choice made) moves the curves
-of its side alone (levels=SIDE): the two sides' levels. The return from a probe, and later steps of a run, move
-every curve of the bucket (the speed), as before. A step's time at 16 rows spreads by a tenth and more on this
-project's VMs, so one step's weight is a quarter: at a half (and the return from a probe moving its side too) the
-levels wandered enough that the budget drafted at 54 of 176 steps at concurrency 16, where plain serves 1.18x the
-fixed gamma 4 (0.878 of plain; docs/serving.md).
+on the embedded pair: budget.settle). The candidates are the other side's best tier (drafting when plain decodes,
+plain when drafting: `Choice.other`) and the running side's other tiers (`Choice.rivals`: the other drafting tiers
+some row would draft in). The learnt step of a probe of a tier of the running side moves that tier's curve alone,
+LEVEL_LEARN of the way to its time (`CostCurves.observe(levels=TIER)`): its level against the running tier's,
+measured a step apart. The first learnt step of a side after a switch at its bucket (its settle run) from a run of
+the other side longer than a probe (a probe's, or a switch the choice made) moves the curves of its side alone
+(levels=SIDE): the two sides' levels. The return from a probe, and later steps of a run, move every curve of the
+bucket (the speed), as before. A step's time at 16 rows spreads by a tenth and more on this project's VMs, so one
+step's weight is a quarter: at a half (and the return from a probe moving its side too) the levels wandered enough
+that the budget drafted at 54 of 176 steps at concurrency 16, where plain serves 1.18x the fixed gamma 4 (0.878 of
+plain; docs/serving.md).
 
 A candidate's probe is due at row bucket R when it last ran there (the other side: any of its tiers) longer ago
 than its expected loss over its share of `share` (split evenly among the candidates), on that bucket's clock: the
 seconds of the steps run at R (not the engine's idle time, nor its steps at other buckets: the drain of a load
 at 64 rows through 32, 16, 8, ... rows found every smaller bucket's last probe far back on a clock of every
 step, and probed there at once, each time; nor, in a benchmark that runs engines in turn, the others'):
-loss = n_o (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its steps take beyond what the running
-tier would take for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected tokens; c_o,
-E_o the candidate's, n_o its probe's steps), the switch there and back, and for a probe of the other side its crossing X, paid once
-(SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, when some
-have rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any
-drafting step prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight
+loss = n_o (c_o - E_o c / E) + SWITCH (c + c_o) + X, the seconds its steps take beyond what the running tier would take
+for their tokens by the choice's own scores (c, E: the chosen tier's cost and expected tokens; c_o, E_o the candidate's,
+n_o its probe's steps), the switch there and back, and for a probe of the other side its crossing X, paid once
+(SlotEngine._crossing): the catch-up at R (the rested drafts re-fed by a drafting probe's first step, when some have
+rested, or by the return to drafting after a plain one) and, from plain, the wakes of the quiet rows (any drafting step
+prefills their drafts). Without X the embedded pair's budget probed at 32 rows twice in eight
 rounds, each probe waking up to 32 rows and re-feeding them, and drafted at 23 of its 199 steps there, where the
 same budget without probes drafted at none of 236 and served 1.07x its tokens per second (docs/serving.md). A tier
 far worse is probed seldom, one about as good every (n_o (c_o - c) + SWITCH (c + c_o)) n / share seconds
@@ -70,7 +70,6 @@ def probe_steps(k: int) -> int:
   return settle(k) + 1
 
 
-PROBE_STEPS = probe_steps(1)  # a drafting tier's probe: the switch, then one learnt from (plain's: 4 steps)
 # What a switch costs beyond the steps' own times, as a share of the two tiers' steps (a step right after another
 # program, docs/bench/serving/switch_cost.md: 7-13 %): a probe pays it going and coming back.
 SWITCH = 0.1

@@ -61,8 +61,9 @@ ROW_BUCKETS = flags.DEFINE_list("row_buckets", None, "the engines' row buckets (
 ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "budget, noprobe (the budget without probes), ahead1 (the budget planning ahead at any "
                         "number of rows), margin5 (the budget with Budget.margin 0.05, on the budget arm's warm-up "
-                        "curves when both run), fixed (gamma 4), plain, plain2 (a second plain engine: the "
-                        "harness's floor); the last is the base")
+                        "curves when both run), nosettle (the budget whose choice leaves plain's settle out, "
+                        "CostCurves.settle, on the budget arm's warm-up curves when both run), fixed (gamma 4), "
+                        "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
 
@@ -166,15 +167,19 @@ def main(_):
   kinds = {"budget": (speculation, Budget()), "fixed": (speculation, False), "plain": (None, False),
            "noprobe": (speculation, Budget(probe=0.0)),  # the budget without its probes (probes.py)
            "ahead1": (speculation, Budget(ahead=1)),  # every step's next tier chosen while it runs
-           "margin5": (speculation, Budget(margin=0.05)), "plain2": (None, False)}
+           "margin5": (speculation, Budget(margin=0.05)), "nosettle": (speculation, Budget()),
+           "plain2": (None, False)}
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
              for arm in ARMS.value}
   for engine in engines.values():
     engine.warmup()
-  if "margin5" in engines and "budget" in engines:  # the arms then differ by the margin alone, not by two warm-ups
-    engines["margin5"].costs = copy.deepcopy(engines["budget"].costs)
+  for arm in ("margin5", "nosettle"):  # the arms then differ by the margin / the settle alone, not by two warm-ups
+    if arm in engines and "budget" in engines:
+      engines[arm].costs = copy.deepcopy(engines["budget"].costs)
+  if "nosettle" in engines:
+    engines["nosettle"].costs.settle.clear()
   for arm, engine in engines.items():
     if engine.budget is not None:  # the curves it chooses by, as the server prints them
       print(f"{arm}: step costs measured in warm-up:\n  " + "\n  ".join(engine.costs.lines()), flush=True)

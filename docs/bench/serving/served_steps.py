@@ -10,7 +10,9 @@ prompts = [target.tokenizer.encode(json.loads(l)["prompt"])[:64] for l in open("
 S, C = int(sys.argv[1]), int(sys.argv[2])
 buckets = [int(b) for b in sys.argv[3].split(",")]
 spec = jaxspec.Speculation(draft, gamma=4)
-mk = lambda sp, b: SlotEngine(target, sp, slots=S, max_input_length=64, max_new_tokens=64, modes=("greedy",), budget=b, row_buckets=buckets)
+def mk(sp, b):
+  return SlotEngine(target, sp, slots=S, max_input_length=64, max_new_tokens=64, modes=("greedy",), budget=b,
+                    row_buckets=buckets)
 engines = {"fixed": mk(spec, False), "g4budget": mk(spec, Budget(probe=0.0)), "plain": mk(None, False)}
 for e in engines.values(): e.warmup()
 eb = engines["g4budget"]; print({k: round(v*1e3, 2) for k, v in eb.costs.seconds.items()})
@@ -27,7 +29,8 @@ for rnd in range(4):
       for _ in range(16):
         if done(a): break
         while st[a]["sent"] < 96 and len(e.active_slots()) < C:
-          t = time.perf_counter(); out = e.insert(e.free_slots()[0], prompts[(rnd*96 + st[a]["sent"]) % len(prompts)], s)
+          prompt = prompts[(rnd * 96 + st[a]["sent"]) % len(prompts)]
+          t = time.perf_counter(); out = e.insert(e.free_slots()[0], prompt, s)
           stat[a]["ins_s"] += time.perf_counter() - t; stat[a]["ins_tok"] += len(out.tokens); st[a]["sent"] += 1
         t = time.perf_counter()
         out = e.step(program=(g4, "greedy", e._bucket(len(e.active_slots())))) if a == "g4budget" else e.step()
@@ -35,4 +38,5 @@ for rnd in range(4):
         stat[a]["step_tok"] += sum(len(x) for x in out.tokens)
 for a, c in stat.items():
   tot = c["ins_s"] + c["step_s"]; tok = c["ins_tok"] + c["step_tok"]
-  print(a, f"tok/s {tok/tot:.1f}  step ms {1e3*c['step_s']/c['steps']:.2f}  steps {c['steps']}  tok/step {c['step_tok']/c['steps']:.2f}  ins ms {1e3*c['ins_s']/96/4:.2f}  ins share {c['ins_s']/tot:.3f}")
+  print(a, f"tok/s {tok/tot:.1f}  step ms {1e3*c['step_s']/c['steps']:.2f}  steps {c['steps']}  "
+           f"tok/step {c['step_tok']/c['steps']:.2f}  ins ms {1e3*c['ins_s']/96/4:.2f}  ins share {c['ins_s']/tot:.3f}")
