@@ -38,9 +38,9 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     of the drafts from position 0: 65 ms beside a 156 ms drafting step at 64 rows on the embedded pair) spread
     over the drafting steps expected to follow. Without it the budget went back and forth between plain and
     drafting at 16 and 32 rows, paying a re-feed at each return. After a plain step, plain's settle at R is spread
-    the same way (CostCurves.settle, warmup's: the first `settle(0)` plain steps after a drafting one cost more than
-    steady ones, 2.7 and 5.5 ms at 4 and 8 rows in one warm-up on the embedded pair, after gamma 1; 7-9 ms after
-    gamma 4), the return a run of drafting from plain ends in;
+    the same way (CostCurves.settle, warmup's: the first `settle_steps(0)` plain steps after a drafting one cost
+    more than steady ones, 2.7 and 5.5 ms at 4 and 8 rows in one warm-up on the embedded pair, after gamma 1; 7-9 ms
+    after gamma 4), the return a run of drafting from plain ends in;
   - a draft model's prefill waits for a request's first drafting step (the wake, served_draft.py), so drafting
     pays it once per request, and in a steady state where every new request is woken that is w_b / L_b per token
     (w_b the prefill timed in warmup at the row's prompt bucket, L_b the request's expected length: the tokens it
@@ -66,7 +66,7 @@ cost 0.995-1.10 times its curve (docs/bench/serving/served_vs_model_c8.md), so t
 correction there. A step right after a switch between plain and drafting is not learnt from: it pays for the
 streaming of the previous step's tokens, which after a wide step made plain look 40 % dearer. The sides' levels,
 one against the other, and the tiers' within a side are warm-up's until a switch or a probe: the first learnt step
-of a side after a switch (past its settle: `settle`, plain's fourth) moves its side's curves alone (LEVEL_LEARN),
+of a side after a switch (past its settle: `settle_steps`, plain's fourth) moves its side's curves alone (LEVEL_LEARN),
 and the tiers not run are probed now and then, two steps of a drafting tier or four of plain at a cost
 Budget.probe bounds, the last moving its side's curves (the other side's best tier) or its own (another tier of the
 running side) alone (probes.py): warm-up's ratio of a gamma-4 step to a plain
@@ -139,7 +139,7 @@ SIDE, TIER = "side", "tier"  # CostCurves.observe's levels: a side's curves alon
 DEFAULT_COST_PER_TOKEN = 0.1  # c(R, k) = 1 + 0.1 k (relative) until warmup measured the curves
 
 
-def settle(k: int) -> int:
+def settle_steps(k: int) -> int:
   """The untimed steps a tier of draft length k (0: plain) runs after a step of the other side before its cost is
   timed (warmup's rounds; a probe's steps and the level a switch sets: probes.py)."""
   return PLAIN_SETTLE if k == 0 else DRAFT_SETTLE
@@ -215,8 +215,8 @@ class CostCurves:
   # catchup[R]: seconds a drafting step at row bucket R costs beyond c(R, k) right after plain steps (its drafts
   # caught up from a lag longer than gamma: a re-feed from position 0), as warmup timed it.
   catchup: dict[int, float] = dataclasses.field(default_factory=dict)
-  # settle[R]: seconds the first `settle(0)` plain steps at row bucket R cost beyond as many of c(R, 0) right after a
-  # drafting step (budget.settle), as warmup timed them: what a run of drafting from plain pays on its return.
+  # settle[R]: seconds the first `settle_steps(0)` plain steps at row bucket R cost beyond as many of c(R, 0) right
+  # after a drafting step, as warmup timed them: what a run of drafting from plain pays on its return.
   settle: dict[int, float] = dataclasses.field(default_factory=dict)
   # wake[P]: seconds of a draft model's prefill of one request at prompt bucket P (the wake of a row inserted
   # without it, paid at its first drafting step), as warmup timed it: `choose`'s per_token.

@@ -132,8 +132,8 @@ from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
-                                    EndRate, choose, curves_from_rounds, per_row_rate, settle, survival, tier_limits,
-                                    within)
+                                    EndRate, choose, curves_from_rounds, per_row_rate, settle_steps, survival,
+                                    tier_limits, within)
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
@@ -867,7 +867,7 @@ class SlotEngine:
     to a plain one at 1 row on the embedded pair read 2.79, 3.16 and 3.39 in three warm-ups, and those rounds cost
     least), forward and reversed in turn (0, 1, 2, 4, then 4, 2, 1, 0): two steps of each drafting tier a round, the
     second timed (the first pays the switch from the program before, a drafting step's catch-up or wake), and four
-    of plain, the fourth timed (`budget.settle`: a plain step after drafting ones settles over three steps, 40 %,
+    of plain, the fourth timed (`budget.settle_steps`: a plain step after drafting ones settles over three steps, 40 %,
     8-12 % and 3-4 % dearer at 4 and 8 rows on the embedded pair, docs/bench/serving/plain_settle.log; timed at its
     second, plain read up to a sixth dearer than served and drafting that much cheaper against it). The rounds'
     timings make c(R, k) (`budget.curves_from_rounds`: plain's median, times the median over the rounds of each
@@ -889,7 +889,7 @@ class SlotEngine:
       settles, drafted = [], False  # plain's settle after a drafting step: its first steps' excess over its timed one
       for r in range(count):
         for i, entry in (tiers if r % 2 == 0 else tiers[::-1]):
-          untimed = settle(entry.gamma)  # a step right after another program costs more (a plain one for three)
+          untimed = settle_steps(entry.gamma)  # a step right after another program costs more (a plain one for three)
           if not slots or left < (untimed + 1) * self.iterations_per_step * (entry.gamma + 1):
             for slot in slots:
               self.free(slot)

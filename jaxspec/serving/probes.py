@@ -20,7 +20,7 @@ warm-up to the next beyond what the choice turns on (docs/serving.md):
 So the other tiers are run now and then, at the same row bucket and in the same minute: a probe of `probe_steps`
 steps of one tier (its settle after the switch is not learnt from, the step after it is: two steps of a drafting
 tier, four of plain, whose step right after a drafting one reads 40 % dearer, the second 8-12 % and the third 3-4 %
-on the embedded pair: budget.settle). The candidates are the other side's best tier (drafting when plain decodes,
+on the embedded pair: budget.settle_steps). The candidates are the other side's best tier (drafting when plain decodes,
 plain when drafting: `Choice.other`) and the running side's other tiers (`Choice.rivals`: the other drafting tiers
 some row would draft in). The learnt step of a probe of a tier of the running side moves that tier's curve alone,
 LEVEL_LEARN of the way to its time (`CostCurves.observe(levels=TIER)`): its level against the running tier's,
@@ -61,13 +61,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from jaxspec.serving.budget import DRAFT_SETTLE, SIDE, TIER, Choice, settle
+from jaxspec.serving.budget import DRAFT_SETTLE, SIDE, TIER, Choice, settle_steps
 
 
 def probe_steps(k: int) -> int:
-  """A probe's steps of a tier of draft length k (0: plain): its settle after the switch (budget.settle: 3 for
+  """A probe's steps of a tier of draft length k (0: plain): its settle after the switch (budget.settle_steps: 3 for
   plain, 1 for a drafting tier), then one learnt from."""
-  return settle(k) + 1
+  return settle_steps(k) + 1
 
 
 # What a switch costs beyond the steps' own times, as a share of the two tiers' steps (a step right after another
@@ -94,12 +94,12 @@ class Run:
   @property
   def learnt(self) -> bool:
     """Whether the step's time may move the curves (the engine adds its own conditions): it follows a step of its
-    side at its row bucket, past its side's settle when the run follows the other side (`budget.settle`: a plain
+    side at its row bucket, past its side's settle when the run follows the other side (`budget.settle_steps`: a plain
     step is dearer for three steps after a drafting one), and is not a probe's first of another tier of the running
     side (which pays the switch to the probed tier)."""
     if self.probe == TIER:
       return self.steps >= 2 and self.probe_step > DRAFT_SETTLE
-    return self.steps > (settle(int(self.drafting)) if self.crossed else 1)
+    return self.steps > (settle_steps(int(self.drafting)) if self.crossed else 1)
 
   @property
   def levels(self) -> str | None:
@@ -110,7 +110,7 @@ class Run:
     if self.probe == TIER and self.probe_step == DRAFT_SETTLE + 1:
       return TIER
     other = int(not self.drafting)  # the side of the run before (a draft length of it: 0 plain, 1 drafting)
-    if self.steps == settle(int(self.drafting)) + 1 and self.after_switch and self.before > probe_steps(other):
+    if self.steps == settle_steps(int(self.drafting)) + 1 and self.after_switch and self.before > probe_steps(other):
       return SIDE
     return None
 

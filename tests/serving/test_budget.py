@@ -353,12 +353,12 @@ def test_warmup_rounds_make_each_tier_plains_median_times_its_median_ratio():
 
 
 def test_warmup_curves_keep_the_tiers_ratios_through_a_slow_spell(engine, monkeypatch):
-  """Warm-up interleaves the tiers round by round, so a machine 2.5x slower for 8 steps times every tier of most
-  rounds at one speed, and it times a step after one of the same program, so what a switch between programs adds
-  is left out, and a plain step only after its settle (budget.settle: 3 plain steps after a drafting one, which cost
+  """Warm-up interleaves the tiers round by round, so a machine 2.5x slower for 8 steps times every tier of most rounds
+  at one speed, and it times a step after one of the same program, so what a switch between programs adds is left
+  out, and a plain step only after its settle (budget.settle_steps: 3 plain steps after a drafting one, which cost
   more here: 0.4, then 0.3 and 0.1; timed at the second step, as warm-up did before, plain read 1.3 in half the
-  rounds and each tier's ratio low): the curves' ratio of each tier to plain is the true one. (Timed tier after
-  tier in two passes, the second reversed, the lower median, as warm-up did before that: the spell covers the widest
+  rounds and each tier's ratio low): the curves' ratio of each tier to plain is the true one. (Timed tier after tier
+  in two passes, the second reversed, the lower median, as warm-up did before that: the spell covers the widest
   tier's steps in both passes, and its curve reads 2.5x dearer.) At 1 row (below budget.FEW_ROWS) it runs 4x the
   rounds."""
   true = {0: 1.0, 1: 1.7, 2: 2.3, 3: 2.9}
@@ -415,7 +415,7 @@ def test_a_level_step_moves_its_side_or_its_tier_alone():
 def test_side_runs_tell_what_a_step_learns():
   """Runs of one side at one row bucket, a switch (the other side, same bucket) told from a change of bucket; the
   first learnt step after a run of the other side longer than a probe sets its side's level, past its settle (a
-  drafting side's second step, plain's fourth: budget.settle); a probe's settle is not learnt from and its next
+  drafting side's second step, plain's fourth: budget.settle_steps); a probe's settle is not learnt from and its next
   step sets its side's level (the other side's tier: two steps of drafting, four of plain) or its tier's (another
   tier of the running side); a step of another tier ends the probe. A bucket's clock is its steps' seconds."""
   runs = SideRuns(share=0.02)
@@ -477,8 +477,8 @@ def test_side_runs_probe_a_tier_when_its_loss_allows():
   assert due(dataclasses.replace(plain, other=None), 100.0) is None
   # Drafting at gamma 2 (9 tokens in 20 ms), plain and gamma 4 the candidates, 1 % each. Gamma 4: 2 steps of 33 ms
   # for 12 tokens, 26.7 ms at gamma 2's rate (12.7 ms), and a tenth of 53 ms: 18.0 ms, due 1.80 s after gamma 4
-  # last ran there. Plain (4 tokens in 10 ms, 8.9 at gamma 2's rate; its probe 4 steps, budget.settle): 4.4 + 3 ms,
-  # due 0.74 s after plain last ran.
+  # last ran there. Plain (4 tokens in 10 ms, 8.9 at gamma 2's rate; its probe 4 steps, budget.settle_steps):
+  # 4.4 + 3 ms, due 0.74 s after plain last ran.
   two = Choice(tier=2, k=2, limits=limits, expected=9.0, cost=0.020,
                other=dataclasses.replace(plain, other=None), rivals=(drafting,))
   runs.seen[(8, 4)], runs.sides[(8, False)] = 5.0, 6.5

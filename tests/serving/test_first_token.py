@@ -148,10 +148,11 @@ def test_the_step_does_not_wait_for_a_first_token_beside_other_requests(running,
   token (a wait would hold every other request's tokens)."""
   engine, scheduler, _ = running
   monkeypatch.setattr(scheduler_module, "FIRST_TOKEN_WAIT_S", 30.0)
-  # The first request decodes 15 steps of 1 token: 3 s for the second's insert and two steps beside it (with 8
-  # steps in 0.8 s, a full run's load once delayed the insert until the first request had nearly finished, and
-  # the second, then alone, rightly waited for its first token: a failure of the test, not of the scheduler).
-  engine.step_s, engine.per_step = 0.2, 1
+  # The first request decodes 15 steps of 1 token: 7.5 s for the second's insert and two steps beside it (with 8
+  # steps in 0.8 s, and again with 15 in 3 s, a full run's load delayed the insert until the first request had
+  # nearly finished, and the second, then alone, rightly waited for its first token: a failure of the test, not of
+  # the scheduler).
+  engine.step_s, engine.per_step = 0.5, 1
   engine.gate.set()
 
   async def main():

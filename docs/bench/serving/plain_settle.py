@@ -1,6 +1,6 @@
 """A plain step's time right after drafting steps: R one-token rows (EOS ignored), two steps of tier a, then four of
 tier b timed one by one (medians over 20 repeats), for a -> b in 4 -> 0, 1 -> 0, 2 -> 0, 0 -> 0 and 4 -> 4; the
-budget engine's warm-up curves at R printed first (issue 39, budget.settle).
+budget engine's warm-up curves at R printed first (issue 39, budget.settle_steps).
     .venv/bin/python docs/bench/serving/plain_settle.py 8     # rows
 The 4 -> 4 rows' third and fourth steps run out of their 64 tokens (read only its first two).
 """
