@@ -101,6 +101,19 @@ ms in the decode loop at 8-32 rows (docs/bench/serving/plan_cost_ahead.md). Its 
 fewer rows, where each request's own acceptance moves the choice and its few steps each count (the embedded
 pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
 
+A fresh plan that chooses plain over two rows or more stands for the next Budget.hold (4) plans as well, at its
+row bucket over about the same rows (`Ahead.holds`), which then choose nothing (nor plan ahead; a request alone
+is planned afresh, as its own estimates relax through plain steps: held, the budget decoded plain at 1526 steps
+of 2382 at c=1, afresh at 1133 of 2111, for the same tokens per second): in a plain step no draft is verified,
+so the rows' estimates move only by their relaxation toward the prior, and the choice with them by a few per cent
+a step, against the stick's tenth a switch to drafting needs over about the same rows. On this project's 2-core
+VMs the host's work right after a step runs 2-3x slower than alone (0.15 ms for a plan alone, 0.55 ms after 20 ms
+of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the same cores, has left the caches cold),
+and the budget held on plain (a margin no drafting tier beats) served 0.953 of a plain engine's tokens per second
+at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which its plans' 0.6 ms (a plain
+engine's: 0.09); with the hold 0.970, its plans 0.30 ms on average, one in 4.7 fresh
+(docs/bench/serving/plain_overhead.py, twenty-first session in docs/serving.md).
+
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
 limit; its E sums the survivals of its depths, as a chain of its depth). Exact in every case: the limits come
@@ -128,6 +141,7 @@ MARGIN = 0.0  # a drafting tier's cost is raised by this share in the choice (mo
 IDLE = 0.0  # the share of the next step a finished row's slot is taken to stay empty when no request waits (0: off)
 STICK = 0.1  # another tier must score this share above the previous step's tier to replace it
 AHEAD = 8  # a step of at least this many active rows has the next one's tier chosen while it runs (0: never)
+HOLD = 4  # a fresh plan that chose plain stands for this many more plans over about the same rows (0: none)
 LEARN = 0.1  # each served step's weight in its row bucket's curves (CostCurves.observe; 0: warmup's curves stay)
 PROBE = 0.02  # the share of the serving time the probes of the tiers not run may lose, by the choice's own scores
 LEVEL_LEARN = 0.25  # the weight of a step that sets a side's or a tier's level in its curves (probes.py)
@@ -159,7 +173,9 @@ class Budget:
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
-    its plan then costs the step nothing, one step behind the estimates. probe: in [0, 1), the share of the serving
+    its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan that chose plain
+    over two rows or more stands for this many more plans at its row bucket over about the same rows
+    (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
     their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""
 
@@ -172,6 +188,7 @@ class Budget:
   stick: float = STICK
   ahead: int = AHEAD
   probe: float = PROBE
+  hold: int = HOLD
 
   def __post_init__(self):
     if self.tiers is not None:
@@ -193,6 +210,7 @@ class Budget:
     if isinstance(self.stick, bool) or not isinstance(self.stick, (int, float)) or not 0 <= self.stick < 10:
       raise SettingsError(f"Budget.stick must be a number in [0, 10), got {self.stick!r}.")
     check_int(self.ahead, "Budget.ahead", 0)
+    check_int(self.hold, "Budget.hold", 0)
     if isinstance(self.probe, bool) or not isinstance(self.probe, (int, float)) or not 0 <= self.probe < 1:
       raise SettingsError(f"Budget.probe must be a number in [0, 1), got {self.probe!r}.")
 
@@ -399,19 +417,21 @@ def tier_limits(alpha: np.ndarray, k: int, theta: float, tree: bool = False) -> 
 @dataclasses.dataclass(frozen=True)
 class Ahead:
   """The next step's tier, chosen while a step ran on the device (`SlotEngine._plan_ahead`: the host's plan costs
-  the step nothing; issue 39) over the rows expected to decode on after it. The next plan takes its tier, with
-  each row's limit from the estimates then (`tier_limits`), when the rows are still about those it was chosen
-  over: the same row bucket and at most a quarter of them changed (ended beyond the expected, inserted); else it
-  chooses again."""
+  the step nothing; issue 39) over the rows expected to decode on after it, or a fresh plan's plain tier held for
+  the next `steps` plans (Budget.hold). The next plan takes its tier, with each row's limit from the estimates
+  then (`tier_limits`), when the rows are still about those it was chosen over: the same row bucket and at most a
+  quarter of them changed (ended beyond the expected, inserted); else it chooses again. A row is its request (the
+  engine's insert serial), not its slot: a new request in the slot of one that ended is another row."""
 
   tier: int
-  slots: np.ndarray  # [A] int: the rows it was chosen over
+  requests: np.ndarray  # [A] int: the rows it was chosen over, by their requests' insert serials
   rows: int  # the row bucket it was chosen at
+  steps: int = 1  # the plans it stands for
 
-  def holds(self, slots: np.ndarray, rows: int) -> bool:
-    """Whether it still stands for the active rows `slots` [A'] at row bucket `rows`."""
-    changed = np.setxor1d(self.slots, slots, assume_unique=True).size
-    return rows == self.rows and 4 * changed <= len(slots)
+  def holds(self, requests: np.ndarray, rows: int) -> bool:
+    """Whether it still stands for the active rows of `requests` [A'] (insert serials) at row bucket `rows`."""
+    changed = np.setxor1d(self.requests, requests, assume_unique=True).size
+    return rows == self.rows and 4 * changed <= len(requests)
 
 
 def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None = None,

@@ -54,7 +54,8 @@ is off), or under the verification budget (budget.py, the default with a specula
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
 copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
-from Budget.ahead rows on, the tier is chosen while the step before runs: budget.Ahead; now and then a few steps
+from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain stands for
+the next Budget.hold plans: budget.Ahead; now and then a few steps
 probe the side it does not run, plain or drafting: probes.py);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
 "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
@@ -590,8 +591,10 @@ class SlotEngine:
     probed = runs.probing(rows)
     if probed is not None:  # a probe's later step: its tier again
       tier, chosen = self._tier_limits(slots, probed)
-    elif ahead is not None and runs.home is None and ahead.holds(slots, rows):  # chosen while the last step ran
-      tier, chosen = self._tier_limits(slots, ahead.tier)
+    elif ahead is not None and runs.home is None and ahead.holds(self._serial[slots], rows):  # chosen while the
+      tier, chosen = self._tier_limits(slots, ahead.tier)  # last step ran, or a plain choice held (Budget.hold)
+      if ahead.steps > 1:  # over about the rows of the step before, as the stick (`current`) holds
+        self._ahead = dataclasses.replace(ahead, steps=ahead.steps - 1, requests=self._serial[slots])
     else:  # after a probe the stick weighs against the tier before it; over other rows, against none
       current = runs.current(None if self._last is None else self._last[0])
       if 4 * np.setxor1d(self._serial[slots], self._last_rows, assume_unique=True).size > len(slots):
@@ -602,6 +605,9 @@ class SlotEngine:
       if probe is not None:
         runs.start(rows, choice, probe, current)
         choice = probe
+      elif choice.k == 0 and self.budget.hold and len(slots) > 1:  # plain stands for the next plans (Budget.hold;
+        # a request alone is planned afresh: its own estimates, relaxing through plain steps, move the choice)
+        self._ahead = Ahead(tier=choice.tier, requests=self._serial[slots], rows=rows, steps=self.budget.hold)
       tier, chosen = choice.tier, choice.limits
     limits = np.zeros((self.slots,), np.int32)
     limits[slots] = chosen
@@ -666,7 +672,7 @@ class SlotEngine:
       return None
     slots, left = slots[going], left[going]
     choice = self._choose(slots, key[2], left, chosen[going] == 0, key[0], self.table.entries[key[0]].plain)
-    return Ahead(tier=choice.tier, slots=slots, rows=key[2])
+    return Ahead(tier=choice.tier, requests=self._serial[slots], rows=key[2])
 
   def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
     """[A] the seconds of each row's draft prefill (its wake) per token of its request: CostCurves.wake at its
@@ -770,9 +776,11 @@ class SlotEngine:
     self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     # The next step's tier, while the device runs this one: after a step the plan chose (not a follower's, not a
-    # forced one) of rows enough (Budget.ahead).
-    self._ahead = (self._plan_ahead(key, limits) if limits is not None and key == self._planned
-                   and self.budget.ahead and np.count_nonzero(self._active) >= self.budget.ahead else None)
+    # forced one, which drops what stood) of rows enough (Budget.ahead), unless a plain choice stands (Budget.hold).
+    if limits is None or key != self._planned:
+      self._ahead = None
+    elif self._ahead is None and self.budget.ahead and np.count_nonzero(self._active) >= self.budget.ahead:
+      self._ahead = self._plan_ahead(key, limits)
     packed_rows = np.asarray(jax.device_get(packed))
     seconds = time.perf_counter() - started
     self._last, self._last_rows = key, self._serial[index][self._active[index]]

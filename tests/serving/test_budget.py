@@ -155,7 +155,7 @@ def test_the_engine_counts_slots_left_empty_only_when_none_waits(engine, monkeyp
   seen = []
   real = engine_module.choose
   monkeypatch.setattr(engine_module, "choose", lambda *a, **kw: seen.append(kw["idle"]) or real(*a, **kw))
-  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.0, idle=0.5))
+  monkeypatch.setattr(engine, "budget", Budget(margin=0.0, learn=0.0, idle=0.5, hold=0))
   slots = []
   for p in PROMPTS[:2]:
     slots.append(engine.free_slots()[0])
@@ -857,10 +857,10 @@ def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
   calls = []
   real = engine_module.choose
   monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
-  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=0))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=0, hold=0))
   _serve_prompts(engine, refs)
   assert calls and engine._ahead is None  # pylint: disable=protected-access
-  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=2))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, ahead=2, hold=0))
   calls.clear()
   for p in PROMPTS[:3]:
     engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
@@ -868,7 +868,7 @@ def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
   engine.step()
   assert len(calls) == 2  # the plan, then the next one's tier during the step
   ahead = engine._ahead  # pylint: disable=protected-access
-  assert ahead is not None and ahead.slots.tolist() == slots.tolist() and ahead.rows == 3
+  assert ahead is not None and ahead.requests.tolist() == engine._serial[slots].tolist() and ahead.rows == 3
   key, limits = engine.plan_step()
   assert len(calls) == 2  # taken as chosen
   entry = engine.table.entries[key[0]]
@@ -885,13 +885,60 @@ def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
   assert len(calls) < len(outputs) * 2
 
 
+def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
+  """Budget.hold: a fresh plan that chose plain stands for the next `hold` plans over about the same rows (they call
+  no `choose`); a drafting choice, another row, a forced step or hold=0 make the next plan fresh. Greedy output
+  stays plain decoding's."""
+  calls = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))  # drafting far too dear: plain
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=0, hold=2))
+  for p in PROMPTS[:3]:
+    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  fresh = 0
+  for held in (False, True, True, False, True):  # fresh, held twice, fresh again, held
+    key, limits = engine.plan_step()
+    fresh += not held
+    assert key[0] == 0 and not limits.any() and len(calls) == fresh
+    engine.step(program=key, limits=limits)
+  engine.step(program=key)  # a forced step (warmup's, a follower's) drops what stood
+  engine.step()
+  assert len(calls) == 3
+  engine.free(engine.active_slots()[0])  # one of three rows replaced: more than a quarter changed
+  engine.insert(engine.free_slots()[0], PROMPTS[3], RequestSettings(MAX_NEW, ignore_eos=True))
+  engine.step()
+  assert len(calls) == 4
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=0, hold=0))  # every plan fresh
+  engine.step(program=key)
+  for _ in range(3):
+    engine.step()
+  assert len(calls) == 7
+  for slot in engine.active_slots():
+    engine.free(slot)
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.02))  # drafting nearly free: it wins
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=0, hold=2))
+  for p in PROMPTS[:3]:
+    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  assert engine.step().entry.gamma > 0 and len(calls) == 8
+  engine.step()
+  assert len(calls) == 9  # a drafting choice stands for nothing
+  for slot in engine.active_slots():
+    engine.free(slot)
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, hold=4))
+  calls.clear()
+  outputs = _serve_prompts(engine, refs)  # arriving one a step: the held plans run, and stay exact
+  assert len(calls) < len(outputs)
+
+
 def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
-  ahead = Ahead(tier=1, slots=np.arange(8), rows=8)
+  ahead = Ahead(tier=1, requests=np.arange(8), rows=8)
   assert ahead.holds(np.arange(8), 8)
   assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 6, 9]), 8)  # one ended, another came: 2 of 8 changed
   assert not ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 10, 11]), 8)  # 4 changed
   assert not ahead.holds(np.arange(8), 16)  # another row bucket: other costs
-  assert not ahead.holds(np.asarray([0]), 8) and Ahead(tier=0, slots=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
+  assert not ahead.holds(np.asarray([0]), 8) and Ahead(tier=0, requests=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
   with pytest.raises(SettingsError, match="Budget.ahead"):
     Budget(ahead=-1)
 

@@ -62,7 +62,8 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "budget, noprobe (the budget without probes), ahead1 (the budget planning ahead at any "
                         "number of rows), margin5 (the budget with Budget.margin 0.05, on the budget arm's warm-up "
                         "curves when both run), nosettle (the budget whose choice leaves plain's settle out, "
-                        "CostCurves.settle, on the budget arm's warm-up curves when both run), fixed (gamma 4), "
+                        "CostCurves.settle, on the budget arm's warm-up curves when both run), hold0 (the budget "
+                        "with Budget.hold 0: every plan chooses, on the budget arm's curves), fixed (gamma 4), "
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
@@ -168,6 +169,7 @@ def main(_):
            "noprobe": (speculation, Budget(probe=0.0)),  # the budget without its probes (probes.py)
            "ahead1": (speculation, Budget(ahead=1)),  # every step's next tier chosen while it runs
            "margin5": (speculation, Budget(margin=0.05)), "nosettle": (speculation, Budget()),
+           "hold0": (speculation, Budget(hold=0)),  # every plan chooses afresh (no held plain choice)
            "plain2": (None, False)}
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
@@ -175,7 +177,8 @@ def main(_):
              for arm in ARMS.value}
   for engine in engines.values():
     engine.warmup()
-  for arm in ("margin5", "nosettle"):  # the arms then differ by the margin / the settle alone, not by two warm-ups
+  for arm in ("margin5", "nosettle", "hold0"):  # they then differ by the margin / the settle / the hold alone, not
+    # by two warm-ups
     if arm in engines and "budget" in engines:
       engines[arm].costs = copy.deepcopy(engines["budget"].costs)
   if "nosettle" in engines:
