@@ -112,7 +112,7 @@ of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the sam
 and the budget held on plain (a margin no drafting tier beats) served 0.953 of a plain engine's tokens per second
 at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which its plans' 0.6 ms (a plain
 engine's: 0.09); with the hold 0.970, its plans 0.30 ms on average, one in 4.7 fresh
-(docs/bench/serving/plain_overhead.py, twenty-first session in docs/serving.md).
+(docs/bench/serving/plain_split.py, twenty-first session in docs/serving.md).
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row

@@ -938,7 +938,8 @@ def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
   assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 6, 9]), 8)  # one ended, another came: 2 of 8 changed
   assert not ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 10, 11]), 8)  # 4 changed
   assert not ahead.holds(np.arange(8), 16)  # another row bucket: other costs
-  assert not ahead.holds(np.asarray([0]), 8) and Ahead(tier=0, requests=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
+  assert not ahead.holds(np.asarray([0]), 8)
+  assert Ahead(tier=0, requests=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
   with pytest.raises(SettingsError, match="Budget.ahead"):
     Budget(ahead=-1)
 
