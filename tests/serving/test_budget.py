@@ -778,7 +778,8 @@ def test_budget_settings_are_checked():
     Budget(tiers=(1, 4)).tiers_for(3)
   for bad in ({"tiers": ()}, {"tiers": (-1,)}, {"tiers": "12"}, {"theta": 1.5}, {"repeats": 0}, {"margin": -0.1},
               {"margin": float("nan")}, {"margin": True}, {"learn": 1.5}, {"learn": -0.1}, {"learn": True},
-              {"idle": 2.0}, {"idle": -1}, {"stick": -0.1}, {"stick": True}, {"probe": 1.0}, {"probe": True}):
+              {"idle": 2.0}, {"idle": -1}, {"stick": -0.1}, {"stick": True}, {"probe": 1.0}, {"probe": True},
+              {"hold": -1}, {"hold": 1.5}, {"hold": True}):
     with pytest.raises(SettingsError):
       Budget(**bad)
   assert CostCurves().get(8, 2) == pytest.approx(1.2)  # the relative model before warmup measured
