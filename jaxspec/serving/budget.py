@@ -111,8 +111,9 @@ VMs the host's work right after a step runs 2-3x slower than alone (0.15 ms for 
 of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the same cores, has left the caches cold),
 and the budget held on plain (a margin no drafting tier beats) served 0.953 of a plain engine's tokens per second
 at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which its plans' 0.6 ms (a plain
-engine's: 0.09); with the hold 0.970, its plans 0.30 ms on average, one in 4.7 fresh
-(docs/bench/serving/plain_split.py, twenty-first session in docs/serving.md).
+engine's: 0.09); held, its plans took 0.36 ms on average (324 of 670 fresh at 4 rows, where one replaced row of
+four is more than a quarter changed) and it read 0.958 on a faster machine state (docs/bench/serving/plain_split.py,
+twenty-first session in docs/serving.md, where the rest of the gap is: the budget's step and insert programs).
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
@@ -430,8 +431,14 @@ class Ahead:
 
   def holds(self, requests: np.ndarray, rows: int) -> bool:
     """Whether it still stands for the active rows of `requests` [A'] (insert serials) at row bucket `rows`."""
-    changed = np.setxor1d(self.requests, requests, assume_unique=True).size
-    return rows == self.rows and 4 * changed <= len(requests)
+    return rows == self.rows and same_rows(self.requests, requests)
+
+
+def same_rows(before: np.ndarray, now: np.ndarray) -> bool:
+  """Whether the rows `now` [A'] are about the rows `before` [A] (both by their requests' insert serials): at most a
+  quarter of len(now) changed, counting those that ended and those inserted. What a plan made ahead or held
+  (`Ahead.holds`) and the stick (`choose`'s `current`, SlotEngine.plan_step) hold over."""
+  return 4 * np.setxor1d(before, now, assume_unique=True).size <= len(now)
 
 
 def expected_tokens(surv: np.ndarray, limits: np.ndarray, left: np.ndarray | None = None,

@@ -133,8 +133,8 @@ from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
-                                    EndRate, choose, curves_from_rounds, per_row_rate, settle_steps, survival,
-                                    tier_limits, within)
+                                    EndRate, choose, curves_from_rounds, per_row_rate, same_rows, settle_steps,
+                                    survival, tier_limits, within)
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
@@ -597,7 +597,7 @@ class SlotEngine:
         self._ahead = dataclasses.replace(ahead, steps=ahead.steps - 1, requests=self._serial[slots])
     else:  # after a probe the stick weighs against the tier before it; over other rows, against none
       current = runs.current(None if self._last is None else self._last[0])
-      if 4 * np.setxor1d(self._serial[slots], self._last_rows, assume_unique=True).size > len(slots):
+      if not same_rows(self._last_rows, self._serial[slots]):
         current = None
       after_plain = self._last is None or self.table.entries[self._last[0]].plain
       choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current, after_plain)
