@@ -18,13 +18,13 @@ import jax.numpy as jnp
 from jaxspec.decoding import placement
 from jaxspec.decoding.device import loop
 from jaxspec.decoding.device.slots import (InsertProgram, Layout, SlotState, StepProgram, insert_program,
-                                           step_program, wake_program, zero_state)
+                                           step_program, wake_program, without_draft, zero_state)
 from jaxspec.errors import SettingsError
 from jaxspec.models import contract
 from jaxspec.sharding import tree_shardings
 
 __all__ = ["STEP", "INSERT", "WAKE", "allocate", "compiled_count", "InsertProgram", "Layout", "SlotState",
-           "StepProgram"]
+           "StepProgram", "without_draft"]
 
 STEP = jax.jit(step_program, static_argnums=0, donate_argnums=3)
 INSERT = jax.jit(insert_program, static_argnums=(0, 1), donate_argnums=4)

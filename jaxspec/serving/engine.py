@@ -124,7 +124,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_programs
-from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram
+from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram, without_draft
 from jaxspec.decoding.device import loop
 from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT
 from jaxspec.decoding.drafters import registry
@@ -386,9 +386,11 @@ class SlotEngine:
       # A step of fewer rows than slots gathers their caches: one that needs less slack than the allocation (a
       # plain tier beside drafting ones) gathers only the positions its loop reaches, as a plain engine's.
       trim = self._alloc.slack - settings.slack
+      # A plain step that leaves a lagging draft out is called without its state (`without_draft`).
+      shardings = without_draft(self._state, self._layout.shardings)[1] if outside else self._layout.shardings
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
-                                                      self._layout.axes, self._layout.shardings, data,
+                                                      self._layout.axes, shardings, data,
                                                       estimates=self.budget is not None, draft_outside=outside,
                                                       keep=self._layout.kept(trim) if rows < self.slots else ())
     self._active = np.zeros((self.slots,), bool)
@@ -771,9 +773,17 @@ class SlotEngine:
     prog = self._programs[key]
     stop = self._stop.copy()
     index = self._rows(prog.rows)
-    args = (stop, index) if limits is None else (stop, index, limits[index])
+    # A plain tier's program takes no limits (all 0): carried through its loop unread, they cost a plain step at 4
+    # rows 1-1.5 % on the embedded pair (docs/serving.md, twenty-second session).
+    plain = self.table.entries[key[0]].plain
+    args = (stop, index) if limits is None or plain else (stop, index, limits[index])
     started = time.perf_counter()
-    self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
+    if prog.draft_outside:  # a lagging draft's state stays here, out of the plain step's call
+      given, _ = without_draft(self._state)
+      new, packed = STEP(prog, self.target_params, self.draft_params, given, *self._global(*args))
+      self._state = dataclasses.replace(new, draft_state=self._state.draft_state)
+    else:
+      self._state, packed = STEP(prog, self.target_params, self.draft_params, self._state, *self._global(*args))
     self._stop[:] = False
     # The next step's tier, while the device runs this one: after a step the plan chose (not a follower's, not a
     # forced one, which drops what stood) of rows enough (Budget.ahead), unless a plain choice stands (Budget.hold).

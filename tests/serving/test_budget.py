@@ -906,7 +906,7 @@ def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
   engine.step(program=key)  # a forced step (warmup's, a follower's) drops what stood
   engine.step()
   assert len(calls) == 3
-  engine.free(engine.active_slots()[0])  # one of three rows replaced: more than a quarter changed
+  engine.free(engine.active_slots()[0])  # one of three rows replaced: a third new, more than a quarter
   engine.insert(engine.free_slots()[0], PROMPTS[3], RequestSettings(MAX_NEW, ignore_eos=True))
   engine.step()
   assert len(calls) == 4
@@ -936,11 +936,15 @@ def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
 def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
   ahead = Ahead(tier=1, requests=np.arange(8), rows=8)
   assert ahead.holds(np.arange(8), 8)
-  assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 6, 9]), 8)  # one ended, another came: 2 of 8 changed
-  assert not ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 10, 11]), 8)  # 4 changed
+  assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 6, 9]), 8)  # one ended, another came
+  assert ahead.holds(np.asarray([0, 1, 2, 3, 4, 5, 10, 11]), 8)  # two replaced: a quarter new, a quarter gone
+  assert not ahead.holds(np.asarray([0, 1, 2, 3, 4, 10, 11, 12]), 8)  # three new
+  assert not ahead.holds(np.asarray([0, 1, 2, 3, 4]), 8)  # three ended
   assert not ahead.holds(np.arange(8), 16)  # another row bucket: other costs
   assert not ahead.holds(np.asarray([0]), 8)
   assert Ahead(tier=0, requests=np.asarray([3]), rows=1).holds(np.asarray([3]), 1)
+  assert not Ahead(tier=0, requests=np.asarray([3]), rows=1).holds(np.asarray([4]), 1)  # a request alone: all new
+  assert Ahead(tier=0, requests=np.arange(4), rows=4).holds(np.asarray([0, 1, 2, 7]), 4)  # one of four replaced
   with pytest.raises(SettingsError, match="Budget.ahead"):
     Budget(ahead=-1)
 

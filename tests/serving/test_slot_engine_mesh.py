@@ -85,9 +85,12 @@ out["insert_gathers"] = gathered(insert)
 # every process to read. The engine runs the verification budget (its default): per-row limits go in too.
 G = quarter.estimates().shape[1]
 out["step_gathers"] = [[g for g in gathered(slot_programs.STEP.lower(p, quarter.target_params, quarter.draft_params,
-                                                                   quarter._state, np.zeros(8, bool),
+                                                                   slot_programs.without_draft(quarter._state)[0]
+                                                                   if p.draft_outside else quarter._state,
+                                                                   np.zeros(8, bool),
                                                                    quarter._rows(p.rows),
-                                                                   np.full(p.rows, p.settings.gamma, np.int32)
+                                                                   *(() if p.draft_outside else
+                                                                     (np.full(p.rows, p.settings.gamma, np.int32),))
                                                                    ).compile().as_text())
                         if g != f"s32[{p.rows},{p.width + 6 + 2 * G}]"] for p in quarter._programs.values()]
 out["step_programs"] = len(quarter._programs)

@@ -77,7 +77,8 @@ class StepProgram:
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
   estimates: bool = False  # keep the acceptance estimates (the verification budget's): updated, packed, stored
   # A plain step that leaves the drafter's state out (its settings' drafter is PlainDrafter): a draft model lags
-  # through plain steps with its state unchanged, so the step neither gathers nor writes back its cache.
+  # through plain steps with its state unchanged, so the step is called without it (`without_draft`: the caller
+  # keeps it, and `shardings` are those of the other leaves), and neither gathers, writes back nor passes it.
   draft_outside: bool = False
   # Per leaf of (target cache, draft state): (its sequence axis, the positions this step decodes over) for a
   # cache the step reads and writes only a leading part of, or None: whole; () every leaf whole. A step of
@@ -188,22 +189,29 @@ def step_program(program: StepProgram, target_params, draft_params, state: SlotS
   iterations (verifications), then the rows' acceptance estimates (est_sum, est_count [R, G] float32, bitcast;
   only with `program.estimates`: [R, W + 6] without)).
   limits: [R] int32 per-row draft limits (the verification budget's), or None: the program's gamma for every row."""
+  if program.draft_outside and state.draft_state is not None:
+    raise ValueError("a step program that leaves the draft out (draft_outside) takes the state without it "
+                     "(`without_draft`)")
   state = dataclasses.replace(state, done=state.done | stop)  # a freed slot is frozen even when not decoded
-  outside, shardings = state.draft_state, program.shardings
-  if program.draft_outside:  # a plain step with a lagging draft model: its state stays where it is, unread
-    if shardings is not None:  # the shardings of every leaf but the draft's
-      tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), shardings)
-      shardings = tuple(jax.tree_util.tree_leaves(dataclasses.replace(tree, draft_state=None)))
-    state = dataclasses.replace(state, draft_state=None)
+  shardings = program.shardings
   if program.rows == state.lengths.shape[0]:
     new, packed, _ = _decode_rows(program, target_params, draft_params, state, limits)
   else:  # the R rows split over the mesh as the slots are (R a multiple of `data`), decoded, written back in place
     rows = _placed(_take_rows(program, state, index), shardings)
     rows, packed, unchanged = _decode_rows(program, target_params, draft_params, rows, limits)
     new = _put_rows(program, state, rows, index, unchanged)
-  if program.draft_outside:
-    new = dataclasses.replace(new, draft_state=outside)
-  return _placed(new, program.shardings), _everywhere(packed, program.shardings)
+  return _placed(new, shardings), _everywhere(packed, shardings)
+
+
+def without_draft(state: SlotState, shardings: tuple | None = None) -> tuple[SlotState, tuple | None]:
+  """`state` without its drafter's state (draft_state None), and `shardings` (per leaf of `state`, or None)
+  without the draft's leaves: what a step program that leaves a lagging draft out (`draft_outside`) takes. The
+  draft's state stays with the caller: passed in and back out unread, its buffers (donated with the rest) cost a
+  plain step at 4 rows 1-1.5 % on the embedded pair (docs/serving.md, twenty-second session)."""
+  if shardings is not None:
+    tree = jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(state), shardings)
+    shardings = tuple(jax.tree_util.tree_leaves(dataclasses.replace(tree, draft_state=None)))
+  return dataclasses.replace(state, draft_state=None), shardings
 
 
 def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotState,
