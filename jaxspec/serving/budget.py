@@ -75,12 +75,12 @@ turns on a sixth, and of a gamma-4 step to a gamma-2 one at 1 row 1.18-1.48.
 Between plain decoding and drafting, the previous step's side is kept unless the other's best tier scores more
 than Budget.stick (0.1) above it: such a switch costs what no score counts (wakes, that streaming), and estimates
 that move a little flipped the choice back and forth. It holds over about the same rows only (the engine passes
-no `current` when more than a quarter of the rows changed since the previous step): at concurrency 1 each new
-request, at the prior's estimates (0.8 a position, where a gamma-4 step scored within the stick of a plain one),
-otherwise started on the side of the request before, and the budget decoded plain at 1186 of 2175 steps where
-the fixed gamma 4 served 1.06x plain. A new request's estimates start at the served requests' acceptance
-(AcceptancePrior, from 0.8 a position): a request alone starts where those before it ended. Budget.idle (0 by
-default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
+no `current` when more than a quarter of the rows are new or ended since the previous step: `same_rows`): at
+concurrency 1 each new request, at the prior's estimates (0.8 a position, where a gamma-4 step scored within
+the stick of a plain one), otherwise started on the side of the request before, and the budget decoded plain at 1186
+of 2175 steps where the fixed gamma 4 served 1.06x plain. A new request's estimates start at the served requests'
+acceptance (AcceptancePrior, from 0.8 a position): a request alone starts where those before it ended. Budget.idle
+(0 by default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
 one arrives during it and is inserted after it): 0.5 and 1 made the budget decode plain at concurrency 4, where a
 fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
 
@@ -96,10 +96,10 @@ step of at least Budget.ahead (8) active rows has the next step's tier chosen wh
 (`Ahead`, SlotEngine._plan_ahead: over the rows expected to decode on after it, each less its expected tokens of
 the step, from the estimates before it), and the next plan takes that tier with each row's limit from the
 estimates then (`tier_limits`; none for a plain tier) when the rows are about the same (the row bucket, at most a
-quarter changed), else chooses afresh: 0.06 against 0.34 ms a plan measured alone, 0.21-0.22 against 0.71-0.78
-ms in the decode loop at 8-32 rows (docs/bench/serving/plan_cost_ahead.md). Its estimates are a step older: with
-fewer rows, where each request's own acceptance moves the choice and its few steps each count (the embedded
-pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
+quarter new, at most a quarter ended: `same_rows`), else chooses afresh: 0.06 against 0.34 ms a plan measured
+alone, 0.21-0.22 against 0.71-0.78 ms in the decode loop at 8-32 rows (docs/bench/serving/plan_cost_ahead.md).
+Its estimates are a step older: with fewer rows, where each request's own acceptance moves the choice and its few
+steps each count (the embedded pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
 
 A fresh plan that chooses plain over two rows or more stands for the next Budget.hold (4) plans as well, at its
 row bucket over about the same rows (`Ahead.holds`), which then choose nothing (nor plan ahead; a request alone
@@ -112,8 +112,12 @@ of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the sam
 and the budget held on plain (a margin no drafting tier beats) served 0.953 of a plain engine's tokens per second
 at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which its plans' 0.6 ms (a plain
 engine's: 0.09); held, its plans took 0.36 ms on average (324 of 670 fresh at 4 rows, where one replaced row of
-four is more than a quarter changed) and it read 0.958 on a faster machine state (docs/bench/serving/plain_split.py,
-twenty-first session in docs/serving.md, where the rest of the gap is: the budget's step and insert programs).
+four then counted as two changed of four) and it read 0.958 on a faster machine state (docs/bench/serving/
+plain_split.py, twenty-first session in docs/serving.md). With a replaced row counted once as new and once as
+ended (`same_rows`), 96 of 400 plans at 4 rows were fresh, and the plans took 0.27-0.29 ms on average; with the
+plain tier's program called without the lagging draft's state and without its all-0 limits (engine.py), its
+device step took what a plain engine's does, and the budget held on plain read 0.977 of plain at concurrency 4
+(twenty-second session in docs/serving.md).
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
@@ -421,8 +425,9 @@ class Ahead:
   the step nothing; issue 39) over the rows expected to decode on after it, or a fresh plan's plain tier held for
   the next `steps` plans (Budget.hold). The next plan takes its tier, with each row's limit from the estimates
   then (`tier_limits`), when the rows are still about those it was chosen over: the same row bucket, at most a
-  quarter of them new and at most a quarter ended beyond the expected (`same_rows`); else it chooses again. A row is its request (the
-  engine's insert serial), not its slot: a new request in the slot of one that ended is another row."""
+  quarter of them new and at most a quarter ended beyond the expected (`same_rows`); else it chooses again. A
+  row is its request (the engine's insert serial), not its slot: a new request in the slot of one that ended is
+  another row."""
 
   tier: int
   requests: np.ndarray  # [A] int: the rows it was chosen over, by their requests' insert serials

@@ -90,7 +90,9 @@ of the lag in one call; trees: by gamma + 1 tokens per iteration, proposals mean
 Since a lagging draft's rest changes nothing of its state, a plain entry's programs then leave that state out of
 the step (`registry.Served.rest`, `StepProgram.draft_outside`): the step neither gathers nor writes back the
 draft's cache, and costs what a plain engine's step costs (60.8 against 59.1 ms at 32 of 64 rows on the embedded
-pair, 61.2 against 57.1 before).
+pair, 61.2 against 57.1 before). It is called without that state at all (`without_draft`: passed in and back out
+unread, it cost the plain step at 4 rows 1-1.5 %), and, under the verification budget, without the (all-0) per-row
+limits (another 1-1.5 % there: docs/bench/serving/plain_step_pieces.log).
 A row is woken (its draft model prefilled) only by a step that drafts: while the load runs plain the
 speculative server prefills what the plain one does; if the load falls to a drafting entry while the request
 runs, its draft is prefilled then and it drafts (served_draft.py).
