@@ -101,10 +101,12 @@ alone, 0.21-0.22 against 0.71-0.78 ms in the decode loop at 8-32 rows (docs/benc
 Its estimates are a step older: with fewer rows, where each request's own acceptance moves the choice and its few
 steps each count (the embedded pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
 
-A fresh plan that chooses plain over two rows or more stands for the next Budget.hold (4) plans as well, at its
-row bucket over about the same rows (`Ahead.holds`), which then choose nothing (nor plan ahead; a request alone
-is planned afresh, as its own estimates relax through plain steps: held, the budget decoded plain at 1526 steps
-of 2382 at c=1, afresh at 1133 of 2111, for the same tokens per second): in a plain step no draft is verified,
+A fresh plan that chooses plain stands for the next Budget.hold (4) plans as well, at its row bucket over about
+the same rows (`Ahead.holds`), which then choose nothing (nor plan ahead). Until the twenty-second session a
+request alone was planned afresh (held at 1 row too, the budget decoded plain at 1526 steps of 2382 at c=1, afresh
+at 1133 of 2111, for the same tokens per second); on the default row buckets of a CPU (from 2) its fresh plans
+cost the held budget 0.49 ms a step of 11.5 at c=1 against 0.22 held (docs/bench/serving/plain_split.log): in a
+plain step no draft is verified,
 so the rows' estimates move only by their relaxation toward the prior, and the choice with them by a few per cent
 a step, against the stick's tenth a switch to drafting needs over about the same rows. On this project's 2-core
 VMs the host's work right after a step runs 2-3x slower than alone (0.15 ms for a plan alone, 0.55 ms after 20 ms
@@ -179,7 +181,7 @@ class Budget:
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
     its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan that chose plain
-    over two rows or more stands for this many more plans at its row bucket over about the same rows
+    stands for this many more plans at its row bucket over about the same rows
     (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
     their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""

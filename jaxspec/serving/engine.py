@@ -609,8 +609,8 @@ class SlotEngine:
       if probe is not None:
         runs.start(rows, choice, probe, current)
         choice = probe
-      elif choice.k == 0 and self.budget.hold and len(slots) > 1:  # plain stands for the next plans (Budget.hold;
-        # a request alone is planned afresh: its own estimates, relaxing through plain steps, move the choice)
+      elif choice.k == 0 and self.budget.hold:  # plain stands for the next plans (Budget.hold), a request alone's
+        # too (its estimates relax toward the prior through plain steps, a few per cent a step)
         self._ahead = Ahead(tier=choice.tier, requests=self._serial[slots], rows=rows, steps=self.budget.hold)
       tier, chosen = choice.tier, choice.limits
     limits = np.zeros((self.slots,), np.int32)

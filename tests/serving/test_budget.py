@@ -927,6 +927,16 @@ def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
   for slot in engine.active_slots():
     engine.free(slot)
   monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))
+  engine.insert(engine.free_slots()[0], PROMPTS[0], RequestSettings(MAX_NEW, ignore_eos=True))
+  calls.clear()
+  for _ in range(3):  # a request alone: fresh, then held twice
+    engine.step()
+  assert len(calls) == 1
+  engine.free(engine.active_slots()[0])
+  engine.insert(engine.free_slots()[0], PROMPTS[1], RequestSettings(MAX_NEW, ignore_eos=True))
+  engine.step()  # the next request alone is another row: fresh
+  assert len(calls) == 2
+  engine.free(engine.active_slots()[0])
   monkeypatch.setattr(engine, "budget", dataclasses.replace(engine.budget, hold=4))
   calls.clear()
   outputs = _serve_prompts(engine, refs)  # arriving one a step: the held plans run, and stay exact

@@ -28,7 +28,7 @@ wide._programs = {k: dataclasses.replace(p, keep=wide._layout.kept(4) if p.rows 
 arms = {}  # arm -> (engine, program, saved state, index, extra args)
 for name, e in engines.items():
   for i in range(R):
-    e.insert(e.free_slots()[0], prompts[i], RequestSettings(64, jaxspec.Sampling(0.0)))
+    e.insert(e.free_slots()[0], prompts[i], RequestSettings(64, jaxspec.Sampling(0.0), ignore_eos=True))
   program = e._programs[next(k for k in e.programs if k[2] == R and e.table.entries[k[0]].plain)]
   state = without_draft(e._state)[0] if program.draft_outside else e._state
   saved = jax.tree_util.tree_map(lambda x: x.copy(), state)
