@@ -101,25 +101,24 @@ alone, 0.21-0.22 against 0.71-0.78 ms in the decode loop at 8-32 rows (docs/benc
 Its estimates are a step older: with fewer rows, where each request's own acceptance moves the choice and its few
 steps each count (the embedded pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
 
-A fresh plan that chooses plain stands for the next Budget.hold (4) plans as well, at its row bucket over about
-the same rows (`Ahead.holds`), which then choose nothing (nor plan ahead). Until the twenty-second session a
-request alone was planned afresh (held at 1 row too, the budget decoded plain at 1526 steps of 2382 at c=1, afresh
-at 1133 of 2111, for the same tokens per second); on the default row buckets of a CPU (from 2) its fresh plans
-cost the held budget 0.49 ms a step of 11.5 at c=1 against 0.22 held (docs/bench/serving/plain_split.log): in a
-plain step no draft is verified,
-so the rows' estimates move only by their relaxation toward the prior, and the choice with them by a few per cent
-a step, against the stick's tenth a switch to drafting needs over about the same rows. On this project's 2-core
-VMs the host's work right after a step runs 2-3x slower than alone (0.15 ms for a plan alone, 0.55 ms after 20 ms
-of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the same cores, has left the caches cold),
-and the budget held on plain (a margin no drafting tier beats) served 0.953 of a plain engine's tokens per second
-at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which its plans' 0.6 ms (a plain
-engine's: 0.09); held, its plans took 0.36 ms on average (324 of 670 fresh at 4 rows, where one replaced row of
-four then counted as two changed of four) and it read 0.958 on a faster machine state (docs/bench/serving/
-plain_split.py, twenty-first session in docs/serving.md). With a replaced row counted once as new and once as
-ended (`same_rows`), 96 of 400 plans at 4 rows were fresh, and the plans took 0.27-0.29 ms on average; with the
-plain tier's program called without the lagging draft's state and without its all-0 limits (engine.py), its
-device step took what a plain engine's does, and the budget held on plain read 0.977 of plain at concurrency 4
-(twenty-second session in docs/serving.md).
+A fresh plan that chooses plain stands for the next Budget.hold (4) plans as well, at its row bucket over about the
+same rows (`Ahead.holds`), which then choose nothing (nor plan ahead). Until the twenty-second session a request
+alone was planned afresh (held at 1 row too, the budget decoded plain at 1526 steps of 2382 at c=1, afresh at 1133
+of 2111, for the same tokens per second); on the default row buckets of a CPU (from 2) its fresh plans cost the held
+budget 0.49 ms a step of 11.5 at c=1 against 0.22 held (docs/bench/serving/plain_split.log). Holding loses little:
+in a plain step no draft is verified, so the rows' estimates move only by their relaxation toward the prior, and the
+choice with them by a few per cent a step, against the stick's tenth a switch to drafting needs over about the same
+rows. On this project's 2-core VMs the host's work right after a step runs 2-3x slower than alone (0.15 ms for a
+plan alone, 0.55 ms after 20 ms of sleep, 0.6-0.7 ms in the decode loop at 4 rows: the device's work, on the same
+cores, has left the caches cold), and the budget held on plain (a margin no drafting tier beats) served 0.953 of a
+plain engine's tokens per second at concurrency 4 on the embedded pair (0.963 at 8), 1.3 ms a step more, of which
+its plans' 0.6 ms (a plain engine's: 0.09); held, its plans took 0.36 ms on average (324 of 670 fresh at 4 rows,
+where one replaced row of four then counted as two changed of four) and it read 0.958 on a faster machine state
+(docs/bench/serving/ plain_split.py, twenty-first session in docs/serving.md). With a replaced row counted once as
+new and once as ended (`same_rows`), 96 of 400 plans at 4 rows were fresh, and the plans took 0.27-0.29 ms on
+average; with the plain tier's program called without the lagging draft's state and without its all-0 limits
+(engine.py), its device step took what a plain engine's does, and the budget held on plain read 0.977 of plain at
+concurrency 4 (twenty-second session in docs/serving.md).
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
