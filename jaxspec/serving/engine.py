@@ -768,7 +768,8 @@ class SlotEngine:
     if self.budget is not None and limits is None:  # a forced program: every row drafts its tier's length
       limits = np.full((self.slots,), self.table.entries[key[0]].gamma, np.int32)
     woken = 0.0  # the seconds of the drafts prefilled here (run before the step, timed with it)
-    if not self.table.entries[key[0]].plain:
+    plain = self.table.entries[key[0]].plain
+    if not plain:
       quiet = np.flatnonzero(self._active & self._quiet)
       woken = float(self._wake_cost[quiet].sum())
       self._wake(quiet)
@@ -777,7 +778,6 @@ class SlotEngine:
     index = self._rows(prog.rows)
     # A plain tier's program takes no limits (all 0): carried through its loop unread, they cost a plain step at 4
     # rows 1-1.5 % on the embedded pair (docs/serving.md, twenty-second session).
-    plain = self.table.entries[key[0]].plain
     args = (stop, index) if limits is None or plain else (stop, index, limits[index])
     started = time.perf_counter()
     if prog.draft_outside:  # a lagging draft's state stays here, out of the plain step's call

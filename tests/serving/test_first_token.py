@@ -148,25 +148,28 @@ def test_the_step_does_not_wait_for_a_first_token_beside_other_requests(running,
   token (a wait would hold every other request's tokens)."""
   engine, scheduler, _ = running
   monkeypatch.setattr(scheduler_module, "FIRST_TOKEN_WAIT_S", 30.0)
-  # The first request decodes 15 steps of 1 token: 7.5 s for the second's insert and two steps beside it (with 8
-  # steps in 0.8 s, and again with 15 in 3 s, a full run's load delayed the insert until the first request had
-  # nearly finished, and the second, then alone, rightly waited for its first token: a failure of the test, not of
-  # the scheduler).
-  engine.step_s, engine.per_step = 0.5, 1
+  # The first request would decode 999 steps of 1 token (50 s): it is still decoding when the second is inserted
+  # and two steps run beside it, however loaded the machine (with 15 steps of 0.5 s, and before with 8 in 0.8 s and
+  # 15 in 3 s, a full run's load delayed the insert until the first request had finished, and the second, then
+  # alone, rightly waited for its first token: a failure of the test, not of the scheduler); then both are
+  # cancelled.
+  engine.step_s, engine.per_step, engine.max_new_tokens = 0.05, 1, 1000
   engine.gate.set()
 
   async def main():
     loop = asyncio.get_running_loop()
-    first = scheduler.submit(_request(16), loop)
+    first = scheduler.submit(_request(1000), loop)
     consumer = asyncio.create_task(_drain(first))  # handles every event of the first request as it comes
     assert await _until(lambda: first.sent.is_set())
     second = scheduler.submit(_request(16), loop)
     assert await _until(lambda: second.puts > 0)  # inserted: its first token is put, not yet handled
     steps = engine.steps_started
     assert await _until(lambda: engine.steps_started > steps + 1, 10)  # steps ran meanwhile
-    assert not second.sent.is_set()
+    assert not first.done and not second.sent.is_set()
     second.cancel()
-    await asyncio.wait_for(consumer, 30)
+    first.cancel()  # a client gone: its stream ends without an event, so its consumer is stopped here
+    consumer.cancel()
+    assert await _until(lambda: not engine.state)  # both slots freed
 
   asyncio.run(main())
 
