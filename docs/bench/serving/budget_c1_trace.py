@@ -14,12 +14,16 @@ s = RequestSettings(64, jaxspec.Sampling(0.0))
 orig = E.SlotEngine._choose
 def traced(self, slots, rows, left, behind, current, after_plain):
   c = orig(self, slots, rows, left, behind, current, after_plain)
-  print(f"  choose: est {np.round(self.estimates(slots),2).tolist()} left {left.tolist()} behind {behind.tolist()} cur {current} after_plain {after_plain} -> k={c.k} exp={c.expected:.2f} cost={c.cost*1e3:.1f}ms other={None if c.other is None else (c.other.k, round(c.other.expected,2), round(c.other.cost*1e3,1))}")
+  est = [[round(float(a), 2) for a in row] for row in self.estimates(slots)]
+  other = None if c.other is None else (c.other.k, round(c.other.expected, 2), round(c.other.cost * 1e3, 1))
+  print(f"  choose: est {est} left {left.tolist()} behind {behind.tolist()} cur {current} after_plain {after_plain}"
+        f" -> k={c.k} exp={c.expected:.2f} cost={c.cost * 1e3:.1f}ms other={other}")
   return c
 E.SlotEngine._choose = traced
 for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else 12):
-  out = e.insert(e.free_slots()[0], prompts[i], s)
+  e.insert(e.free_slots()[0], prompts[i], s)
   print("request", i)
   while e.active_slots():
     o = e.step()
-    print(f" step k={o.entry.gamma} limits={o.limits[o.limits>0].tolist() if o.limits is not None else None} tok={sum(map(len,o.tokens))}")
+    limits = None if o.limits is None else o.limits[o.limits > 0].tolist()
+    print(f" step k={o.entry.gamma} limits={limits} tok={sum(map(len, o.tokens))}")
