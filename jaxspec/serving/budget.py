@@ -82,7 +82,9 @@ of 2175 steps where the fixed gamma 4 served 1.06x plain. A new request's estima
 acceptance (AcceptancePrior, from 0.8 a position): a request alone starts where those before it ended. Budget.idle
 (0 by default) counts a finished row's slot as empty for that share of the next step when no request waits (the next
 one arrives during it and is inserted after it): 0.5 and 1 made the budget decode plain at concurrency 4, where a
-fixed gamma 4 was 1.1-1.2x plain (docs/serving.md).
+fixed gamma 4 was 1.1-1.2x plain (docs/serving.md). A request alone that has verified nothing and whose choice
+is plain drafts one step instead where the last served requests say it pays (their acceptance and lengths:
+lookahead.py, twenty-fourth session).
 
 The margin (Budget.margin, 0 by default, --budget_margin) raises a drafting tier's cost by a share: a hedge for
 what a step's own ratio leaves out (a longer step keeps the slots of the requests that end in it empty until it
@@ -353,22 +355,29 @@ class AcceptancePrior:
   what the drafting ones told). A fixed prior scored the Qwen pair's tiers about alike at 1 row (a gamma-4 step
   3.36 tokens an iteration at 0.8 a position, against its cost of 3.49 plain steps) where its requests' own
   acceptance made the fixed gamma 4 1.21x plain: a request alone began plain, where nothing is verified, and the
-  budget drafted at 34 of 93 steps (docs/serving.md)."""
+  budget drafted at 34 of 93 steps (docs/serving.md). It also keeps the last RECENT requests that drafted and ran to
+their end (`recent`: their final estimates and lengths), by which a request alone that verified nothing weighs a
+first drafting step against plain (lookahead.py): where requests differ, the pool's mean alone kept a request alone
+plain, where nothing is verified, after one poorly drafted request."""
 
   beta_sum: np.ndarray  # [G] float64: the decayed sum of the served requests' verdicts
   count: np.ndarray  # [G] float64: their decayed count
+  # The last RECENT requests that drafted and ran to their end: (their final estimates a(j) [G], the tokens they
+  # gave), what a request alone that verified nothing weighs a first drafting step by (lookahead.py).
+  recent: list[tuple[np.ndarray, int]] = dataclasses.field(default_factory=list)
 
   DECAY = 0.9
   START = 2.0
+  RECENT = 16
 
   @classmethod
   def start(cls, positions: int) -> "AcceptancePrior":
     """No request served: PRIOR_ALPHA at every one of `positions` draft positions."""
     return cls(beta_sum=np.zeros((positions,)), count=np.zeros((positions,)))
 
-  def observe(self, beta_sum: np.ndarray, count: np.ndarray, prior: np.ndarray) -> None:
-    """One request finished: its last estimates (beta_sum, count [G], the host's copy of the device's) and the
-    prior [G] its insert gave it."""
+  def observe(self, beta_sum: np.ndarray, count: np.ndarray, prior: np.ndarray, tokens: int | None = None) -> None:
+    """One request finished: its last estimates (beta_sum, count [G], the host's copy of the device's), the
+    prior [G] its insert gave it, and the tokens it gave when it ran to its end (None: cut short, freed)."""
     seen_sum, seen = observed(np.asarray(beta_sum, np.float64), np.asarray(count, np.float64),
                               np.asarray(prior, np.float64))
     seen = np.maximum(seen, 0.0)  # (float32 rounding near the prior)
@@ -376,6 +385,9 @@ class AcceptancePrior:
       return
     self.beta_sum = self.DECAY * self.beta_sum + np.clip(seen_sum, 0.0, seen)
     self.count = self.DECAY * self.count + seen
+    if tokens is not None:
+      alpha = np.clip(np.asarray(beta_sum, np.float64) / np.maximum(np.asarray(count, np.float64), 1e-6), 0.0, 1.0)
+      self.recent = (self.recent + [(alpha, int(tokens))])[-self.RECENT:]
 
   @property
   def alpha(self) -> np.ndarray:

@@ -56,7 +56,8 @@ copied back with the step's tokens), the served requests' end rate (`ends`) and 
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
 from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain stands for
 the next Budget.hold plans: budget.Ahead; now and then a few steps
-probe the side it does not run, plain or drafting: probes.py);
+probe the side it does not run, plain or drafting: probes.py; a request alone that verified nothing may draft one
+step where its choice is plain, by what the last served requests' acceptance and lengths say: lookahead.py);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
 "sampled" (some row samples; no top-k / top-p), "filtered" (some row has top-k / top-p: the sort): each request's
 `Sampling.mode` (RequestSettings.sampling, a jaxspec.Sampling). In the sampled modes temperature, top_k and top_p
@@ -128,7 +129,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_programs
 from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram, without_draft
 from jaxspec.decoding.device import loop
-from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT
+from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT, observed
 from jaxspec.decoding.drafters import registry
 from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
@@ -137,6 +138,7 @@ from jaxspec.model import Model
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
                                     EndRate, choose, curves_from_rounds, per_row_rate, same_rows, settle_steps,
                                     survival, tier_limits, within)
+from jaxspec.serving.lookahead import drafts_first
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
 from jaxspec.serving.table import SpeculationTable, TableEntry
@@ -560,11 +562,12 @@ class SlotEngine:
     self._active[slot], self._requests[slot] = False, None
     self._quiet[slot], self._prompts[slot] = False, None
 
-  def _served(self, slot: int) -> None:
+  def _served(self, slot: int, tokens: int | None = None) -> None:
     """The request in `slot` ends: its verdicts join the served requests' acceptance (AcceptancePrior; under a
-    budget: the estimates come back with each step only there)."""
+    budget: the estimates come back with each step only there); tokens: those it gave when it ran to its end
+    (None: freed, cut short)."""
     if self.budget is not None:
-      self.acceptance.observe(self._estimates[0, slot], self._estimates[1, slot], self._priors[slot])
+      self.acceptance.observe(self._estimates[0, slot], self._estimates[1, slot], self._priors[slot], tokens)
 
   def _bucket(self, active: int) -> int:
     """The smallest row bucket holding `active` (>= 1) rows."""
@@ -605,6 +608,8 @@ class SlotEngine:
         current = None
       after_plain = self._last is None or self.table.entries[self._last[0]].plain
       choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current, after_plain)
+      if choice.k == 0 and len(slots) == 1:  # a request alone: a first drafting step may pay (lookahead.py)
+        choice = self._alone(int(slots[0]), rows, choice, current is not None)
       probe = runs.due(rows, choice, self._crossing(slots, rows, choice))
       if probe is not None:
         runs.start(rows, choice, probe, current)
@@ -617,6 +622,23 @@ class SlotEngine:
     limits[slots] = chosen
     self._planned = (tier, mode, rows)
     return self._planned, limits
+
+  def _alone(self, slot: int, rows: int, choice: Choice, stuck: bool) -> Choice:
+    """The plain `choice` for a request alone in `slot`, or its best drafting tier (`choice.other`) when the row
+    has verified nothing and, over the last served requests that drafted, one drafting step and then each one's
+    best tier takes less time than plain to its end (lookahead.drafts_first; by Budget.stick when `stuck`: the
+    choice weighed the previous step's plain tier over the same row)."""
+    beta_sum, count = self._estimates[:, slot]
+    if observed(beta_sum, count, self._priors[slot])[1].max(initial=0.0) >= 1e-3:  # it verified some: its own
+      return choice
+    entries, request = self.table.entries, self._requests[slot]
+    given = int(self._max_tokens[slot] - self._left[slot])
+    if drafts_first(self.acceptance.recent, choice.other, [e.gamma for e in entries],
+                    [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta, self.iterations_per_step,
+                    given, int(self._left[slot]), known_length=request.ignore_eos,
+                    tree=[e.tree is not None for e in entries], stick=self.budget.stick if stuck else 0.0):
+      return choice.other
+    return choice
 
   def _tier_limits(self, slots: np.ndarray, tier: int) -> tuple[int, np.ndarray]:
     """(tier, [A] each row's draft limit) of a step of the given tier over the rows of `slots` [A], from their
@@ -833,7 +855,7 @@ class SlotEngine:
         reason = "error" if failed[s] else "stop" if ended_by_eos else "length"
         if not request.ignore_eos:
           self.ends.observe(request.max_tokens - int(self._left[s]), reason == "stop")
-        self._served(s)
+        self._served(s, request.max_tokens - int(self._left[s]))
         self._active[s], self._requests[s] = False, None
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])

@@ -1077,6 +1077,31 @@ def test_a_new_request_starts_at_the_served_requests_acceptance(exact, refs):
   assert first_step(e.acceptance) == 3, learnt
 
 
+def test_a_request_alone_drafts_first_where_the_served_requests_differ(exact, refs):
+  """At these costs a request alone at the pool's acceptance (0.8 a position) is plain. When some of the last served
+  requests drafted every token and the rest few (engine.acceptance.recent), one drafting step pays by the served
+  requests (lookahead.py): a request alone that verified nothing drafts from its first step, exactly, and once it
+  verified, its own estimates choose (every draft accepted: it drafts on). Negative controls: no served request,
+  or served requests alike at the pool's acceptance, and it begins plain."""
+  e = exact
+  g = e.estimates().shape[1]
+  e.costs = CostCurves({(r, k): c for r in e.row_buckets for k, c in zip((0, 1, 2, 3), (1.0, 2.0, 2.6, 3.05))})
+
+  def served(recent):  # requests one at a time from a pool at 0.8 holding `recent`: their steps' draft lengths
+    e.acceptance = AcceptancePrior.start(g)
+    e.acceptance.recent = [(np.asarray(a, np.float64), n) for a, n in recent]
+    outputs, requests = [], [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (0, 2)]
+    for request in requests:
+      drive(e, [request], outputs=outputs)
+    assert [r.tokens for r in requests] == [refs[0], refs[2]]
+    return [o.entry.gamma for o in outputs if o.entry is not None]
+
+  assert served([])[0] == 0
+  assert served([(np.full(g, 0.8), MAX_NEW)] * 8)[0] == 0
+  ran = served([(np.ones(g), MAX_NEW)] * 4 + [(np.full(g, 0.3), MAX_NEW)] * 4)
+  assert ran[0] > 0 and sum(k > 0 for k in ran) >= len(ran) - 2, ran
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["ngram", "head", "tree"])
 def test_other_drafters_under_the_budget_equal_plain_greedy(name, refs):
