@@ -28,6 +28,15 @@ degrees of freedom) around their geometric mean. At concurrency 64, where the bu
 steps, single rounds read 0.90-1.14 of plain: the interval says how far a ratio is from 1 by this machine's
 noise alone. --summarize=RUN.json prints a committed run's table with the intervals, running nothing. A budget arm
 also counts the probes it started (probes.SideRuns: two steps each of a tier its choice did not pick).
+
+--cost_model=LOG (a log with a budget's warm-up curves, as this script or launch/serve.py prints them) runs no
+warm-up and charges every step from those curves on a fake clock (model_clock.py): the engines decode for real and
+the budget's rules run as served, but the ratios are what the rules give on this workload's acceptance at those
+costs, without the machine's noise or the host's work (one round suffices: nothing varies between rounds but the
+prompts).
+
+    .venv/bin/python docs/bench/serving/arms_in_process.py --cost_model=docs/bench/serving/arms_ende_s69_amd_c1_c4.log \
+        --rounds=1 --requests=48 --output=docs/bench/serving/arms_ende_model_amd
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ from scipy import stats
 import jaxspec
 from jaxspec.serving import Budget, RequestSettings, SlotEngine
 from jaxspec.tools.outputs import atomic_write, atomic_write_json, markdown_table
+
+import model_clock  # pylint: disable=wrong-import-position  (beside this script)
 
 PAIR = flags.DEFINE_enum("pair", "ende", ["ende", "qwen"], "the embedded EN-DE pair or the Qwen pair")
 TARGET = flags.DEFINE_string("target", None, "the Qwen target's directory (--pair=qwen)")
@@ -67,6 +78,8 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
+COST_MODEL = flags.DEFINE_string("cost_model", None, "a log with a budget's warm-up curves: every step is charged "
+                                 "from them on a fake clock, not timed (model_clock.py), and no warm-up runs")
 
 
 def _workload():
@@ -87,8 +100,8 @@ class _Loop:
   """One arm's closed loop over a round: `requests` greedy requests (REQUESTS of `prompts`, in order), `c` in
   flight, each finished one replaced before the next step; the tokens it made and the seconds its turns took."""
 
-  def __init__(self, engine: SlotEngine, prompts: list, c: int, settings: RequestSettings):
-    self.engine, self.prompts, self.c, self.settings = engine, prompts, c, settings
+  def __init__(self, engine: SlotEngine, prompts: list, c: int, settings: RequestSettings, clock=time.perf_counter):
+    self.engine, self.prompts, self.c, self.settings, self.clock = engine, prompts, c, settings, clock
     self.sent = self.made = 0
     self.seconds = 0.0
 
@@ -98,7 +111,7 @@ class _Loop:
 
   def run(self, steps: int | None, counts: collections.Counter) -> None:
     """Up to `steps` steps (None: to the round's end), inserts before each; counts: steps by draft length."""
-    engine, start, ran = self.engine, time.perf_counter(), 0
+    engine, start, ran = self.engine, self.clock(), 0
     while not self.done and (steps is None or ran < steps):
       while self.sent < REQUESTS.value and len(engine.active_slots()) < self.c:
         prompt = self.prompts[self.sent % len(self.prompts)]
@@ -108,7 +121,7 @@ class _Loop:
       self.made += sum(len(t) for t in out.tokens)
       counts[out.entry.gamma if out.entry is not None else 0] += 1
       ran += 1
-    self.seconds += time.perf_counter() - start
+    self.seconds += self.clock() - start
 
 
 def _count_probes(engines: dict) -> collections.Counter:
@@ -151,6 +164,8 @@ def _table(run: dict, base: str) -> list[str]:
                   r.get("probes", "")])
   buckets = "" if run["row_buckets"] is None else f" (row buckets {','.join(run['row_buckets'])})"
   sliced = f", in slices of {run['slice']} steps" if run["slice"] else ""
+  if run.get("cost_model"):
+    sliced += f", steps charged from the cost model of {run['cost_model']} (model_clock.py), not timed"
   table = [f"{run['pair']} pair, {run['slots']} slots{buckets}, {run['rounds']} rounds of {run['requests']} requests "
            f"an arm and level{sliced}, one process", ""]
   return table + markdown_table(["concurrency", "arm", "tokens/s", f"/ {base}", "90 % interval (rounds)",
@@ -175,7 +190,12 @@ def main(_):
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
              for arm in ARMS.value}
-  for engine in engines.values():
+  clock = time.perf_counter
+  if COST_MODEL.value:  # the choice rules alone: steps charged from the curves, which every budget chooses by
+    model = model_clock.ModelClock(model_clock.read_curves(COST_MODEL.value))
+    model.install(engines.values())
+    clock = model.perf_counter
+  for engine in engines.values() if not COST_MODEL.value else ():
     engine.warmup()
   for arm in ("margin5", "nosettle", "hold0"):  # they then differ by the margin / the settle / the hold alone, not
     # by two warm-ups
@@ -185,7 +205,8 @@ def main(_):
     engines["nosettle"].costs.settle.clear()
   for arm, engine in engines.items():
     if engine.budget is not None:  # the curves it chooses by, as the server prints them
-      print(f"{arm}: step costs measured in warm-up:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
+      source = f"the cost model ({COST_MODEL.value})" if COST_MODEL.value else "measured in warm-up"
+      print(f"{arm}: step costs {source}:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
   settings = RequestSettings(new_tokens, jaxspec.Sampling(0.0))
   base, rows = ARMS.value[-1], []
   for c in (int(v) for v in CONCURRENCY.value):
@@ -196,7 +217,8 @@ def main(_):
     for r in range(ROUNDS.value):
       order = ARMS.value if r % 2 == 0 else ARMS.value[::-1]
       offset = r * REQUESTS.value % len(prompts)  # each round its own prompts, the same in every arm
-      loops = {arm: _Loop(engines[arm], prompts[offset:] + prompts[:offset], c, settings) for arm in order}
+      loops = {arm: _Loop(engines[arm], prompts[offset:] + prompts[:offset], c, settings, clock)
+               for arm in order}
       while any(not loop.done for loop in loops.values()):
         for arm in order:
           loops[arm].run(SLICE.value or None, steps[arm])
@@ -215,7 +237,8 @@ def main(_):
     if engine.budget is not None:  # where the served steps and probes moved them
       print(f"{arm}: step costs after serving:\n  " + "\n  ".join(engine.costs.lines()), flush=True)
   run = {"pair": PAIR.value, "slots": SLOTS.value, "row_buckets": ROW_BUCKETS.value, "requests": REQUESTS.value,
-         "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__, "rows": rows}
+         "rounds": ROUNDS.value, "slice": SLICE.value, "jax": jax.__version__, "cost_model": COST_MODEL.value,
+         "rows": rows}
   table = _table(run, base)
   print("\n".join(table))
   if OUTPUT.value:

@@ -18,6 +18,9 @@ the share of iterations run), a drafting step with a rested row the catch-up too
 fixed gamma run the same way. Output: tokens per ms of this cost model per concurrency, and the budget's ratio to
 the better of plain and the fixed gamma: what a choice rule gives on this workload where timings do not vary.
 It leaves out what served timings add (the HTTP work's share of the CPU, switches' streaming): docs/serving.md.
+It also leaves out what the engine added since (the served requests' pooled prior, probes, held plans, the wakes
+and plain's settle): `arms_in_process.py --cost_model=LOG` runs the engine itself on such curves (model_clock.py),
+and supersedes this replay.
 """
 
 from __future__ import annotations
@@ -123,7 +126,8 @@ def replay(vectors, policy, concurrency: int, costs, catchup, requests: int = 25
         beta.append([float(m[p + j]) if p + j < len(m) else 1.0 for j in range(GAMMA)])
       if policy == "budget":
         state = est.Estimates(beta_sum=jnp.asarray(np.stack([r["sum"] for r in rows])),
-                              count=jnp.asarray(np.stack([r["count"] for r in rows])))
+                              count=jnp.asarray(np.stack([r["count"] for r in rows])),
+                              prior=jnp.full((len(rows), GAMMA), est.PRIOR_ALPHA, jnp.float32))
         state = state.update(jnp.asarray(active), jnp.asarray(drafted, jnp.int32), jnp.asarray(accepted, jnp.int32),
                              jnp.asarray(beta, jnp.float32))
         for b, r in enumerate(rows):
