@@ -355,10 +355,10 @@ class AcceptancePrior:
   what the drafting ones told). A fixed prior scored the Qwen pair's tiers about alike at 1 row (a gamma-4 step
   3.36 tokens an iteration at 0.8 a position, against its cost of 3.49 plain steps) where its requests' own
   acceptance made the fixed gamma 4 1.21x plain: a request alone began plain, where nothing is verified, and the
-  budget drafted at 34 of 93 steps (docs/serving.md). It also keeps the last RECENT requests that drafted and ran to
-their end (`recent`: their final estimates and lengths), by which a request alone that verified nothing weighs a
-first drafting step against plain (lookahead.py): where requests differ, the pool's mean alone kept a request alone
-plain, where nothing is verified, after one poorly drafted request."""
+  budget drafted at 34 of 93 steps (docs/serving.md). It also keeps the last RECENT requests that drafted and ran
+  to their end (`recent`: their final estimates and lengths), by which a request alone that verified nothing weighs
+  a first drafting step against plain (lookahead.py): where requests differ, the pool's mean alone kept a request
+  alone plain, where nothing is verified, after one poorly drafted request."""
 
   beta_sum: np.ndarray  # [G] float64: the decayed sum of the served requests' verdicts
   count: np.ndarray  # [G] float64: their decayed count

@@ -609,7 +609,7 @@ class SlotEngine:
       after_plain = self._last is None or self.table.entries[self._last[0]].plain
       choice = self._choose(slots, rows, self._left[slots], self._behind[slots], current, after_plain)
       if choice.k == 0 and len(slots) == 1:  # a request alone: a first drafting step may pay (lookahead.py)
-        choice = self._alone(int(slots[0]), rows, choice, current is not None)
+        choice = self._alone(int(slots[0]), rows, choice, sticks=current is not None)
       probe = runs.due(rows, choice, self._crossing(slots, rows, choice))
       if probe is not None:
         runs.start(rows, choice, probe, current)
@@ -623,10 +623,10 @@ class SlotEngine:
     self._planned = (tier, mode, rows)
     return self._planned, limits
 
-  def _alone(self, slot: int, rows: int, choice: Choice, stuck: bool) -> Choice:
+  def _alone(self, slot: int, rows: int, choice: Choice, sticks: bool) -> Choice:
     """The plain `choice` for a request alone in `slot`, or its best drafting tier (`choice.other`) when the row
     has verified nothing and, over the last served requests that drafted, one drafting step and then each one's
-    best tier takes less time than plain to its end (lookahead.drafts_first; by Budget.stick when `stuck`: the
+    best tier takes less time than plain to its end (lookahead.drafts_first; by Budget.stick when `sticks`: the
     choice weighed the previous step's plain tier over the same row)."""
     beta_sum, count = self._estimates[:, slot]
     if observed(beta_sum, count, self._priors[slot])[1].max(initial=0.0) >= 1e-3:  # it verified some: its own
@@ -636,7 +636,7 @@ class SlotEngine:
     if drafts_first(self.acceptance.recent, choice.other, [e.gamma for e in entries],
                     [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta, self.iterations_per_step,
                     given, int(self._left[slot]), known_length=request.ignore_eos,
-                    tree=[e.tree is not None for e in entries], stick=self.budget.stick if stuck else 0.0):
+                    tree=[e.tree is not None for e in entries], stick=self.budget.stick if sticks else 0.0):
       return choice.other
     return choice
 
