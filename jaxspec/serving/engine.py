@@ -855,7 +855,7 @@ class SlotEngine:
         reason = "error" if failed[s] else "stop" if ended_by_eos else "length"
         if not request.ignore_eos:
           self.ends.observe(request.max_tokens - int(self._left[s]), reason == "stop")
-        self._served(s, request.max_tokens - int(self._left[s]))
+        self._served(s, None if failed[s] else request.max_tokens - int(self._left[s]))  # an error: cut short
         self._active[s], self._requests[s] = False, None
       reasons.append(reason)
     finished = np.asarray([r is not None for r in reasons])

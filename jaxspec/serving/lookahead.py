@@ -23,10 +23,12 @@ rest of the request two ways, in the curves' costs c_k (k: a draft length, 0 pla
   - one step of the choice's best drafting tier k (its cost as the choice weighed it: the draft's wake, a share of
     iterations), then the rest at r's best tier: c'_k + (R_r - min(I e_r(k), R_r)) / max_j rate_j;
 and drafts when the second sum is the smaller (by Budget.stick after a plain step over the same row, as `choose`
-weighs a switch). A request that ignores EOS has a known length: R_r = left for
-every r. Where requests are alike, their a_r sit at the pool's mean and the second way loses to plain exactly
-where the budget's own choice does (a step at a tier worse than plain, then the same rest): it explores only as
-far as the served requests spread. Where they differ, the lengths weigh in as well: after 20 tokens given plain,
+weighs a switch). The first step runs at this row's limit (`other.limits`, from its estimates now) and at r's
+acceptance; the rest is charged at the curves' costs alone, as if r's acceptance were known after that step (no
+margin, no chance of ending early, no settle): an idealisation that leans a little toward drafting. A request that
+ignores EOS has a known length: R_r = left for every r. Where requests are alike, their a_r sit at the pool's mean
+and the second way loses to plain nearly where the budget's own choice does (a step at a tier worse than plain,
+then about the same rest): it explores about as far as the served requests spread. Where they differ, the lengths weigh in as well: after 20 tokens given plain,
 only the requests longer than 20 still count, and on the embedded pair those are the long, well drafted ones.
 
 Exact: the choice comes from the verdicts of requests already served, before the target scores this step.
@@ -64,6 +66,8 @@ def drafts_first(recent: Sequence[tuple[np.ndarray, int]], other: Choice | None,
   per_iteration = np.stack([per_row_rate(surv, tier_limits(alpha, k, theta, tree=t))
                             for k, t in zip(tiers, trees)])  # [T, N]
   rates = iterations * per_iteration / np.maximum.accumulate(np.asarray(costs, np.float64))[:, None]
-  first = np.minimum(iterations * per_iteration[list(tiers).index(other.k)], remaining)
+  # This step runs with this row's limit (from its estimates now: the pool's), at each served request's acceptance.
+  limit = np.full((len(rows),), other.k if trees[other.tier] else int(other.limits[0]), np.int32)
+  first = np.minimum(iterations * per_row_rate(surv, limit), remaining)
   drafted = other.cost + (remaining - first) / rates.max(axis=0)
   return (1.0 + stick) * float(drafted.sum()) < float((remaining / rates[0]).sum())

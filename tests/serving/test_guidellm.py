@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import time
 from pathlib import Path
 
 import pytest
@@ -40,24 +41,33 @@ def _guidellm() -> list[str]:
     return [os.environ["JAXSPEC_GUIDELLM"]]
   cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "jaxspec-tests"
   behind = sysconfig.get_paths()["purelib"]  # this project's venv's packages: the venv is made for them, by their
-  installed = sorted(p for p in os.listdir(behind) if p.endswith(".dist-info"))  # path and their versions
-  key = hashlib.sha256("\n".join([behind, *installed]).encode()).hexdigest()[:12]
-  venv = cache / ("-".join(GUIDELLM).replace("==", "-") + "-on-" + key)
+  if sys.prefix == sys.base_prefix or not os.path.isdir(behind):  # path and versions; outside a venv (or without
+    behind = None  # that folder) one of its own, everything installed
+  installed = [] if behind is None else sorted(p for p in os.listdir(behind) if p.endswith(".dist-info"))
+  name = "-".join(GUIDELLM).replace("==", "-")
+  if behind is not None:
+    name += "-on-" + hashlib.sha256("\n".join([behind, *installed]).encode()).hexdigest()[:12]
+  venv = cache / name
   python, complete = venv / "bin" / "python", venv / ".complete"
   own = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
   cache.mkdir(parents=True, exist_ok=True)
   with open(cache / "guidellm.lock", "w", encoding="utf-8") as lock:  # one installer at a time (parallel runs)
     fcntl.flock(lock, fcntl.LOCK_EX)
-    if not complete.exists():  # none yet, or a half-made one (an interrupted install): made anew
-      subprocess.run(["rm", "-rf", str(venv)], check=True)
+    if not complete.exists():  # none yet, or a half-made one (an interrupted install): made anew, and those made
+      subprocess.run(["rm", "-rf", str(venv)], check=True)  # for other project venvs unused for a day go
+      for stale in cache.glob("-".join(GUIDELLM).replace("==", "-") + "-on-*"):
+        if time.time() - stale.stat().st_mtime > 86400:
+          subprocess.run(["rm", "-rf", str(stale)], check=True)
       done = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=600,
                             check=False)
       assert done.returncode == 0, f"venv {venv} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-      (own / "zz_jaxspec_project.pth").write_text(behind + "\n", encoding="utf-8")  # after its own packages
+      if behind is not None:
+        (own / "zz_jaxspec_project.pth").write_text(behind + "\n", encoding="utf-8")  # after its own packages
       command = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", *GUIDELLM]
       done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
       assert done.returncode == 0, f"{' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
       complete.touch()
+    os.utime(venv)  # used now (the folder's time: what the cleanup above reads)
   return [str(python), "-m", "guidellm"]
 
 

@@ -96,6 +96,9 @@ class ModelClock:
   def _charge(self, engine, key, prog, packed: np.ndarray, index: np.ndarray, limits) -> None:
     """Advances the clock by one step of `engine`'s program `key` (its packed rows [R, ...] back from the device)."""
     k, rows = engine.table.entries[key[0]].gamma, key[2]
+    if (rows, k) not in self.curves.seconds:  # another --slots, --row_buckets or gamma than the log's
+      raise ValueError(f"the cost model has no step cost at {rows} rows, draft length {k}: its log's engine ran "
+                       f"other row buckets or tiers ({sorted(self.curves.seconds)}).")
     ran = int(packed[:, prog.width + 5].max(initial=0))
     seconds = self.curves.get(rows, k) * ran / engine.iterations_per_step + self.pending
     before = self._last_k.get(id(engine))
