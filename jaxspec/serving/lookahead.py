@@ -66,8 +66,9 @@ def drafts_first(recent: Sequence[tuple[np.ndarray, int]], other: Choice | None,
   per_iteration = np.stack([per_row_rate(surv, tier_limits(alpha, k, theta, tree=t))
                             for k, t in zip(tiers, trees)])  # [T, N]
   rates = iterations * per_iteration / np.maximum.accumulate(np.asarray(costs, np.float64))[:, None]
-  # This step runs with this row's limit (from its estimates now: the pool's), at each served request's acceptance.
-  limit = np.full((len(rows),), other.k if trees[other.tier] else int(other.limits[0]), np.int32)
+  # This step runs with this row's limit (from its estimates now: the pool's; a tree's, its nodes), at each served
+  # request's acceptance.
+  limit = np.full((len(rows),), int(other.limits[0]), np.int32)
   first = np.minimum(iterations * per_row_rate(surv, limit), remaining)
   drafted = other.cost + (remaining - first) / rates.max(axis=0)
   return (1.0 + stick) * float(drafted.sum()) < float((remaining / rates[0]).sum())

@@ -195,8 +195,9 @@ def main(_):
     model = model_clock.ModelClock(model_clock.read_curves(COST_MODEL.value))
     model.install(engines.values())
     clock = model.perf_counter
-  for engine in engines.values() if not COST_MODEL.value else ():
-    engine.warmup()
+  else:
+    for engine in engines.values():
+      engine.warmup()
   for arm in ("margin5", "nosettle", "hold0"):  # they then differ by the margin / the settle / the hold alone, not
     # by two warm-ups
     if arm in engines and "budget" in engines:
