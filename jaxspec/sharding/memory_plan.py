@@ -200,17 +200,30 @@ def _traced_prefill(config, dtype, rows: int, width: int, cache_len: int):
   return jax.make_jaxpr(call, return_shape=True)(params, ids, lengths)
 
 
+def _cache_shapes(config, dtype, rows: int, width: int, cache_len: int):
+  """The caches of `rows` rows (ShapeDtypeStructs): one row's prefill traced once (`_traced_prefill`), each array's
+  "batch" axis (the family's cache_axes) then `rows` long, as the slot engine allocates its slots
+  (slot_programs.allocate). A plan of another batch traces no prefill again: tracing a T5-11B's prefill took 0.3 s a
+  batch, and `most_that_fit` plans six or seven batches (launch/plan.py --slots)."""
+  _, (one, _) = _traced_prefill(config, dtype, 1, width, cache_len)
+  leaves, tree = jax.tree_util.tree_flatten(one)
+  axes = contract.batch_axes(registry.family_of(config).cache_axes(config))
+  return jax.tree_util.tree_unflatten(tree, [
+      jax.ShapeDtypeStruct(tuple(rows if d == axis else n for d, n in enumerate(x.shape)), x.dtype)
+      for x, axis in zip(leaves, axes)])
+
+
 @functools.lru_cache(maxsize=256)
 def _traced_step(config, dtype, rows: int, width: int, cache_len: int, step_tokens: int, tree: bool,
                  layers: tuple[int, ...]):
   """(jaxpr, (logits, features) shapes) of a model's step of `step_tokens` tokens per row on the caches of
-  `_traced_prefill` (a tree's verify call: its [B, T, T] mask too; `layers`: the features read); abstract and
+  `_cache_shapes` (a tree's verify call: its [B, T, T] mask too; `layers`: the features read); abstract and
   cached, as the plans of one engine's programs (greedy and sampled, and every tier for a draft model) trace the
   same step."""
   family = registry.family_of(config)
   params = _abstract_params(family, config, dtype)
   decoder = family.decoder(config)
-  _, (cache, _) = _traced_prefill(config, dtype, rows, width, cache_len)
+  cache = _cache_shapes(config, dtype, rows, width, cache_len)
   tokens = jax.ShapeDtypeStruct((rows, step_tokens), jnp.int32)
   nodes = None
   if tree:  # the verify call over a tree's nodes: its [B, T, C] mask is one of the call's intermediates
@@ -231,8 +244,7 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
   params = _abstract_params(family, config, dtype)
   param_bytes, notes = _local_bytes(family.param_axes(config), params, mesh, rules)
 
-  prefill = lambda rows: _traced_prefill(config, dtype, rows, width, cache_len)
-  _, (cache, _) = prefill(batch)
+  cache = _cache_shapes(config, dtype, batch, width, cache_len)
   cache_bytes, _ = _local_bytes(family.cache_axes(config), cache, mesh, rules)
   # Activations: traced at the per-device batch; an intermediate with a dimension the weights split over `model`
   # (heads, mlp, vocab) is counted split too, its first such dimension after the batch.
@@ -247,9 +259,10 @@ def _model_plan(role, config, mesh, rules, batch, width, cache_len, step_tokens,
     return _bytes(shape, getattr(aval, "dtype", np.float32))
 
   local = batch // dict(mesh.shape).get("data", 1)
-  prefill_jaxpr, _ = prefill(local)
-  if prefill_rows is not None:  # a slot engine prefills one request at a time: its prefill's activations
-    prefill_jaxpr, _ = prefill(prefill_rows)
+  # The prefill's activations: of the per-device batch, or of prefill_rows (a slot engine prefills one request
+  # at a time).
+  prefill_jaxpr, _ = _traced_prefill(config, dtype, local if prefill_rows is None else prefill_rows, width,
+                                     cache_len)
   step_jaxpr, outs = _traced_step(config, dtype, local, width, cache_len, step_tokens, tree, layers)
   # The call's logits [B, T, V] (and features) live through verification; sampled distributions (float32, full
   # vocabulary) across the draft and target calls of an iteration.

@@ -1,6 +1,7 @@
 """One of two processes x 2 CPU devices (gloo) driving a slot engine in lockstep on a data:2 x model:2 mesh over
 both processes' devices: every process makes the same inserts, frees and steps, so every process runs the same
-compiled programs (tests/serving/test_slot_engine_hosts.py).
+compiled programs, every array of the slot state staying where it was allocated
+(tests/serving/test_slot_engine_hosts.py).
 
     python tests/serving/hosts_worker.py OUT.json PORT PROCESS_ID
 """
@@ -30,12 +31,15 @@ def main(path: str, port: int, process_id: int) -> None:
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=2), slots=4, max_input_length=32,
                       max_new_tokens=MAX_NEW, iterations_per_step=3, table=TABLE, modes=("greedy",),
                       mesh=sharding.make_mesh(data=2, model=2))
+  placed = lambda: [(str(x.sharding.spec), x.shape) for x in jax.tree_util.tree_leaves(engine._state)]  # pylint: disable=protected-access
+  before = placed()
   requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
   drive(engine, requests)
   leaf = jax.tree_util.tree_leaves(engine._state.target_cache)[0]  # pylint: disable=protected-access
   out = {"process": jax.process_index(), "processes": jax.process_count(), "devices": jax.device_count(),
          "equal": [r.tokens == ref for r, ref in zip(requests, refs)],
-         "local_rows": [s.data.shape[0] for s in leaf.addressable_shards], "rows": leaf.shape[0]}
+         "local_rows": [s.data.shape[0] for s in leaf.addressable_shards], "rows": leaf.shape[0],
+         "specs": sorted({spec for spec, _ in before}), "kept": placed() == before}
   with open(path, "w", encoding="utf-8") as f:
     json.dump(out, f)
 

@@ -1,8 +1,9 @@
 """The slot engine over two processes (issue 38 item 3, its device half): 2 processes x 2 CPU devices on localhost
 (gloo), a data:2 x model:2 mesh over both, each process making the same inserts, frees and steps
 (tests/serving/hosts_worker.py): every process runs the same compiled programs over its own shards of the slots,
-and every request's greedy tokens equal `generate`'s on one device, in both processes. (Who decides the steps in a
-multi-process server, process 0 through `hosts.Leader`: tests/serving/test_server_hosts.py, test_budget.py.)"""
+and every request's greedy tokens equal `generate`'s on one device, in both processes; the target's KV heads are
+split over `model` and every array stays where it was allocated. (Who decides the steps in a multi-process server,
+process 0 through `hosts.Leader`: tests/serving/test_server_hosts.py, test_budget.py.)"""
 
 from __future__ import annotations
 
@@ -41,6 +42,9 @@ def test_two_processes_run_the_engine_in_lockstep(tmp_path):
     assert r["process"] == i and r["processes"] == 2 and r["devices"] == 4, r
     assert r["equal"] == [True] * 6, r
     assert r["rows"] == 4 and r["local_rows"] == [2, 2], r  # each of its devices holds 2 of the 4 slots
+    # The target's KV heads over `model`, rows over `data`; the draft model's cache rows over `data` only; inserts
+    # and steps (donated) leave every array where it was allocated.
+    assert "P('data', None, 'model')" in r["specs"] and "P('data',)" in r["specs"] and r["kept"], r
 
 
 def test_every_mesh_script_takes_the_process_flags():

@@ -189,6 +189,20 @@ def test_memory_plan_says_what_it_replicated_and_pads_the_batch():
   assert "note:" in plan.table()
 
 
+def test_memory_plan_caches_of_any_batch_are_those_its_prefill_makes():
+  """The plan traces one row's prefill and sets each cache array's "batch" axis to the batch (`_cache_shapes`):
+  for every family, the caches a prefill of 3 rows makes; a batch axis named wrong would be caught."""
+  from jaxspec.sharding import memory_plan as plan_module
+  for name, config in sharding_worker.tiny_configs(sharding_worker.tiny_config_dicts()).items():
+    dtype = jnp.dtype(jnp.float32)
+    _, (traced, _) = plan_module._traced_prefill(config, dtype, 3, 16, 12)  # pylint: disable=protected-access
+    scaled = plan_module._cache_shapes(config, dtype, 3, 16, 12)  # pylint: disable=protected-access
+    assert jax.tree.structure(scaled) == jax.tree.structure(traced), name
+    assert [(x.shape, x.dtype) for x in jax.tree.leaves(scaled)] == [
+        (x.shape, x.dtype) for x in jax.tree.leaves(traced)], name
+    assert any(3 in x.shape for x in jax.tree.leaves(scaled)), name
+
+
 def test_plan_script_says_whether_it_fits():
   cmd = [sys.executable, os.path.join(ROOT, "launch", "plan.py"), "--model=t5-11b", "--draft=t5-small",
          "--mesh=data:1,model:8", "--batch=32", "--device=tpu-v5e"]
