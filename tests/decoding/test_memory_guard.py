@@ -49,7 +49,13 @@ def _models():
   return target, head, t5_target, t5_head, t5_draft
 
 
+CASES = ["head", "head tree", "lookup", "lookup tree", "T5 head", "draft-model tree", "draft-model chain"]
+
+
+@functools.lru_cache(maxsize=None)
 def _cases():
+  """{name: (target, speculation, sampling)} of CASES (built on first use, not at collection: the models' random
+  weights compile)."""
   target, head, t5_target, t5_head, t5_draft = _models()
   greedy, sampled = jaxspec.Sampling(), jaxspec.Sampling(1.0)
   return {
@@ -79,8 +85,9 @@ def _need(monkeypatch, target, speculation, sampling) -> int:
   return plan.caches + plan.state + plan.activations
 
 
-@pytest.mark.parametrize("name", list(_cases()))
+@pytest.mark.parametrize("name", CASES)
 def test_what_a_drafter_adds_is_counted_and_refused_before_allocating(monkeypatch, name):
+  assert list(_cases()) == CASES  # every case is a test
   target, speculation, sampling = _cases()[name]
   plain_plan, plan = _plan(monkeypatch, target, None, sampling), _plan(monkeypatch, target, speculation, sampling)
   plain, need = (p.caches + p.state + p.activations for p in (plain_plan, plan))
