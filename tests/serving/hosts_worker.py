@@ -31,7 +31,10 @@ def main(path: str, port: int, process_id: int) -> None:
   engine = SlotEngine(target, jaxspec.Speculation(draft, gamma=2), slots=4, max_input_length=32,
                       max_new_tokens=MAX_NEW, iterations_per_step=3, table=TABLE, modes=("greedy",),
                       mesh=sharding.make_mesh(data=2, model=2))
-  placed = lambda: [(str(x.sharding.spec), x.shape) for x in jax.tree_util.tree_leaves(engine._state)]  # pylint: disable=protected-access
+  def placed():  # every array of the slot state: its sharding's spec and shape
+    state = engine._state  # pylint: disable=protected-access
+    return [(str(x.sharding.spec), x.shape) for x in jax.tree_util.tree_leaves(state)]
+
   before = placed()
   requests = [Request(p, RequestSettings(MAX_NEW), arrive=i) for i, p in enumerate(PROMPTS)]
   drive(engine, requests)
