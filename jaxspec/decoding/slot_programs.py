@@ -60,8 +60,7 @@ def allocate(alloc: loop.LoopSettings, target_params, draft_params, slots: int, 
                    for names in jax.tree_util.tree_leaves(declared[0], is_leaf=contract.is_axes))
   seq_axes += (None,) * (len(leaves) - len(seq_axes))  # the drafter's state is always gathered whole
   layout = Layout(axes=axes, shapes=tuple(tuple(s.shape) for s in leaves), seq_axes=seq_axes)
-  full = [jax.ShapeDtypeStruct(tuple(slots if d == axis else n for d, n in enumerate(s.shape)), s.dtype)
-          for s, axis in zip(leaves, axes)]
+  full = contract.with_rows(leaves, axes, slots)
   n, seq_len, pad = slots, alloc.seq_len, alloc.pad_id
   out_shardings = None
   if where is not None:  # per-slot arrays and the target's cache by the target's rules, the drafter's by its own

@@ -323,3 +323,10 @@ def batch_axes(axes_tree: Any) -> tuple[int | None, ...]:
   by every row."""
   return tuple(names.index(BATCH) if BATCH in names else None
                for names in jax.tree.leaves(axes_tree, is_leaf=is_axes))
+
+
+def with_rows(shapes: list, axes: tuple[int | None, ...], rows: int) -> list[jax.ShapeDtypeStruct]:
+  """Each of `shapes` (flattened ShapeDtypeStructs, e.g. one row's cache) with its batch axis (`axes`, from
+  `batch_axes`) `rows` long; an array shared by every row (None) unchanged."""
+  return [jax.ShapeDtypeStruct(tuple(rows if d == axis else n for d, n in enumerate(s.shape)), s.dtype)
+          for s, axis in zip(shapes, axes)]

@@ -28,8 +28,9 @@ acceptance; the rest is charged at the curves' costs alone, as if r's acceptance
 margin, no chance of ending early, no settle): an idealisation that leans a little toward drafting. A request that
 ignores EOS has a known length: R_r = left for every r. Where requests are alike, their a_r sit at the pool's mean
 and the second way loses to plain nearly where the budget's own choice does (a step at a tier worse than plain,
-then about the same rest): it explores about as far as the served requests spread. Where they differ, the lengths weigh in as well: after 20 tokens given plain,
-only the requests longer than 20 still count, and on the embedded pair those are the long, well drafted ones.
+then about the same rest): it explores about as far as the served requests spread. Where they differ, the lengths
+weigh in as well: after 20 tokens given plain, only the requests longer than 20 still count, and on the embedded
+pair those are the long, well drafted ones.
 
 Exact: the choice comes from the verdicts of requests already served, before the target scores this step.
 """

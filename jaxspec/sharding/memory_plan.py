@@ -202,15 +202,13 @@ def _traced_prefill(config, dtype, rows: int, width: int, cache_len: int):
 
 def _cache_shapes(config, dtype, rows: int, width: int, cache_len: int):
   """The caches of `rows` rows (ShapeDtypeStructs): one row's prefill traced once (`_traced_prefill`), each array's
-  "batch" axis (the family's cache_axes) then `rows` long, as the slot engine allocates its slots
-  (slot_programs.allocate). A plan of another batch traces no prefill again: tracing a T5-11B's prefill took 0.3 s a
-  batch, and `most_that_fit` plans six or seven batches (launch/plan.py --slots)."""
+  "batch" axis (the family's cache_axes) then `rows` long (`contract.with_rows`), as the slot engine allocates
+  its slots (slot_programs.allocate). A plan of another batch traces no prefill again: tracing a T5-11B's prefill
+  took 0.3 s a batch, and `most_that_fit` plans six or seven batches (launch/plan.py --slots)."""
   _, (one, _) = _traced_prefill(config, dtype, 1, width, cache_len)
   leaves, tree = jax.tree_util.tree_flatten(one)
   axes = contract.batch_axes(registry.family_of(config).cache_axes(config))
-  return jax.tree_util.tree_unflatten(tree, [
-      jax.ShapeDtypeStruct(tuple(rows if d == axis else n for d, n in enumerate(x.shape)), x.dtype)
-      for x, axis in zip(leaves, axes)])
+  return jax.tree_util.tree_unflatten(tree, contract.with_rows(leaves, axes, rows))
 
 
 @functools.lru_cache(maxsize=256)

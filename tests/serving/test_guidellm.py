@@ -44,10 +44,9 @@ def _guidellm() -> list[str]:
   if sys.prefix == sys.base_prefix or not os.path.isdir(behind):  # path and versions; outside a venv (or without
     behind = None  # that folder) one of its own, everything installed
   installed = [] if behind is None else sorted(p for p in os.listdir(behind) if p.endswith(".dist-info"))
-  name = "-".join(GUIDELLM).replace("==", "-")
-  if behind is not None:
-    name += "-on-" + hashlib.sha256("\n".join([behind, *installed]).encode()).hexdigest()[:12]
-  venv = cache / name
+  base = "-".join(GUIDELLM).replace("==", "-")
+  key = None if behind is None else hashlib.sha256("\n".join([behind, *installed]).encode()).hexdigest()[:12]
+  venv = cache / (base if key is None else f"{base}-on-{key}")
   python, complete = venv / "bin" / "python", venv / ".complete"
   own = venv / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
   cache.mkdir(parents=True, exist_ok=True)
@@ -55,7 +54,7 @@ def _guidellm() -> list[str]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     if not complete.exists():  # none yet, or a half-made one (an interrupted install): made anew, and those made
       subprocess.run(["rm", "-rf", str(venv)], check=True)  # for other project venvs unused for a day go
-      for stale in cache.glob("-".join(GUIDELLM).replace("==", "-") + "-on-*"):
+      for stale in cache.glob(f"{base}-on-*"):
         if time.time() - stale.stat().st_mtime > 86400:
           subprocess.run(["rm", "-rf", str(stale)], check=True)
       done = subprocess.run([sys.executable, "-m", "venv", str(venv)], capture_output=True, text=True, timeout=600,
