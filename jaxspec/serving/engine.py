@@ -51,8 +51,9 @@ Step programs. Per step the engine picks (`plan_step()`: the program's key and t
 compiled program from the host's view of the active slots, never per request: the `SpeculationTable` entry for
 their number (a chain of some gamma, a tree, or plain decoding; one entry when no table is given and the budget
 is off), or under the verification budget (budget.py, the default with a speculation and no table) the tier its
-choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration and
-copied back with the step's tokens), the served requests' end rate (`ends`) and warmup's step-cost curves as
+choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration of a
+drafting tier's step and copied back with its tokens; a plain tier's step, a plain engine's program, leaves them
+out and the host relaxes its copy by the step's iterations, as the device does at the next drafting step), the served requests' end rate (`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
 from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain stands for
 the next Budget.hold plans: budget.Ahead; now and then a few steps
@@ -129,7 +130,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxspec.decoding import arguments, memory_guard, placement, planner, slot_programs
 from jaxspec.decoding.slot_programs import INSERT, STEP, WAKE, InsertProgram, StepProgram, without_draft
 from jaxspec.decoding.device import loop
-from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT, observed
+from jaxspec.decoding.device.estimates import PRIOR_ALPHA, PRIOR_COUNT, observed, relaxed
 from jaxspec.decoding.drafters import registry
 from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
@@ -395,7 +396,8 @@ class SlotEngine:
       for rows in sorted(reachable.get(i, ())):
         self._programs[(i, mode, rows)] = StepProgram(settings, kind, self.iterations_per_step, width, rows,
                                                       self._layout.axes, shardings, data,
-                                                      estimates=self.budget is not None, draft_outside=outside,
+                                                      estimates=self.budget is not None and not table.entries[i].plain,
+                                                      draft_outside=outside,
                                                       keep=self._layout.kept(trim) if rows < self.slots else ())
     self._active = np.zeros((self.slots,), bool)
     self._stop = np.zeros((self.slots,), bool)
@@ -824,6 +826,9 @@ class SlotEngine:
       g = self._positions
       estimates = np.ascontiguousarray(packed_rows[:, packed_rows.shape[1] - 2 * g:]).view(np.float32)
       self._estimates[0, index], self._estimates[1, index] = estimates[:, :g], estimates[:, g:]
+    elif self.budget is not None:  # a plain tier's: its iterations verified nothing, they relaxed the estimates
+      self._estimates[:, index] = relaxed(*self._estimates[:, index], self._priors[index],
+                                          packed_rows[:, prog.width + 5])
     packed = np.zeros((n, packed_rows.shape[1]), packed_rows.dtype)
     packed[index] = packed_rows
     w = prog.width

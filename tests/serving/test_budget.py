@@ -997,6 +997,37 @@ def test_host_estimates_equal_a_numpy_recomputation(engine, monkeypatch):
     engine.free(slot)
 
 
+def test_plain_steps_relax_the_estimates_off_the_device_and_the_next_drafting_step_catches_up(engine):
+  """A plain tier's step leaves the estimates out of its program (a plain engine's); its iterations verify
+  nothing, so the host relaxes its copy by them and the next drafting step's program catches the device's copy
+  up first (Estimates.relaxed). A drafting step, three plain ones and a drafting one give numpy's update
+  iteration by iteration (one a step, greedy); the same without the plain steps' relaxation (the negative
+  control: a device copy never caught up) reads otherwise after the last."""
+  g = engine.estimates().shape[1]
+  prior = engine.acceptance.alpha.astype(np.float64)
+  start = (np.tile(est.PRIOR_COUNT * prior, (2, 1)), np.full((2, g), est.PRIOR_COUNT))
+  slots = []
+  for p in PROMPTS[:2]:
+    slots.append(engine.free_slots()[0])
+    assert not engine.insert(slots[-1], p, RequestSettings(MAX_NEW)).finished
+  drafting, plain = (len(engine.table.entries) - 1, "greedy", 3), (0, "greedy", 3)
+  assert not engine._programs[plain].estimates and engine._programs[drafting].estimates  # pylint: disable=protected-access
+  every, skipped = start, start  # numpy's: every step's update; the drafting steps' alone
+  for key in [drafting, plain, plain, plain, drafting]:
+    active = np.isin(slots, engine.active_slots())
+    out = engine.step(program=key)
+    drafted, accepted = out.drafted[slots], out.accepted[slots]
+    beta = (np.arange(g)[None] < accepted[:, None]).astype(np.float64)
+    every = _np_update(*every, active, drafted, accepted, beta, prior)
+    if key == drafting:
+      skipped = _np_update(*skipped, active, drafted, accepted, beta, prior)
+    np.testing.assert_allclose(engine.estimates()[slots], every[0] / every[1], rtol=1e-5)
+    assert not np.allclose(every[0] / every[1], prior)  # off the prior, so that relaxing moves them
+  assert not np.allclose(engine.estimates()[slots], skipped[0] / skipped[1], rtol=1e-4)
+  for slot in engine.active_slots():
+    engine.free(slot)
+
+
 @pytest.fixture(scope="module")
 def exact():
   """A draft equal to the target (every draft accepted) under the budget, 2 slots, not warmed up (tests set the
@@ -1131,9 +1162,13 @@ def test_refusals_and_the_off_switch():
     SlotEngine(target, speculation, budget="on", **kwargs)
   fixed = SlotEngine(target, speculation, budget=False, **kwargs)
   assert fixed.budget is None and [e.gamma for e in fixed.table.entries] == [3]
-  # Off, no step program keeps the estimates (nothing of them updated or copied back); on, every one does.
+  # Off, no step program keeps the estimates (nothing of them updated or copied back); on, every drafting tier's
+  # does and the plain tier's does not (its iterations only relax them: the host and the next drafting step
+  # apply that at once).
   assert not any(p.estimates for p in fixed._programs.values())  # pylint: disable=protected-access
-  assert all(p.estimates for p in SlotEngine(target, speculation, **kwargs)._programs.values())  # pylint: disable=protected-access
+  on = SlotEngine(target, speculation, **kwargs)
+  assert all(p.estimates != on.table.entries[k[0]].plain
+             for k, p in on._programs.items())  # pylint: disable=protected-access
   assert SlotEngine(target, None, **kwargs).budget is None  # plain decoding: nothing to choose
 
 

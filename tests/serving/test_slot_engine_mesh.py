@@ -81,9 +81,10 @@ def gathered(text):  # the result types of a compiled program's all-gathers, lay
 
 
 out["insert_gathers"] = gathered(insert)
-# A step's only all-gather: its packed tokens, counts and acceptance estimates [R, W + 6 + 2G] int32, replicated for
-# every process to read. The engine runs the verification budget (its default): per-row limits go in too, but
-# for a plain tier's program, which takes none (and leaves the lagging draft's state out: without_draft).
+# A step's only all-gather: its packed tokens, counts and acceptance estimates [R, W + 6 + 2G] int32 (a plain
+# tier's without the estimates: [R, W + 6]), replicated for every process to read. The engine runs the
+# verification budget (its default): per-row limits go in too, but for a plain tier's program, which takes none
+# (and leaves the lagging draft's state out: without_draft).
 G = quarter.estimates().shape[1]
 out["step_gathers"] = [[g for g in gathered(slot_programs.STEP.lower(p, quarter.target_params, quarter.draft_params,
                                                                    slot_programs.without_draft(quarter._state)[0]
@@ -93,7 +94,8 @@ out["step_gathers"] = [[g for g in gathered(slot_programs.STEP.lower(p, quarter.
                                                                    *(() if quarter.table.entries[k[0]].plain else
                                                                      (np.full(p.rows, p.settings.gamma, np.int32),))
                                                                    ).compile().as_text())
-                        if g != f"s32[{p.rows},{p.width + 6 + 2 * G}]"] for k, p in quarter._programs.items()]
+                        if g != f"s32[{p.rows},{p.width + 6 + 2 * G * p.estimates}]"]
+                       for k, p in quarter._programs.items()]
 out["step_programs"] = len(quarter._programs)
 out["programs_rows"] = sorted({p.rows for p in quarter._programs.values()})
 

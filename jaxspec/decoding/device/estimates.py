@@ -17,7 +17,9 @@ active row did not verify in an iteration (it drafted fewer tokens, a rejection 
 toward that prior (RELAX per iteration): a row whose estimates told the budget not to draft comes back to drafting
 after a while and is measured again (vLLM's and this loop's fallback probes, in one rule), so no row is shut out
 for good by a bad start.
-Rows that are done (frozen) keep their estimates.
+Rows that are done (frozen) keep their estimates. A step that drafts nothing verifies nothing, so its n
+iterations only relax every position: `relaxed` applies them at once (the slot engine's plain steps leave the
+estimates out of their program and the next drafting step catches up).
 
 Exactness: the estimates are read by the host between steps to choose the next step's draft lengths, which are
 fixed before the target scores the tokens they verify: a choice from past verdicts only (schedules.py's argument).
@@ -62,6 +64,13 @@ class Estimates:
     """[B, G] the running acceptance estimate per position, in [0, 1]."""
     return jnp.clip(self.beta_sum / jnp.maximum(self.count, 1e-6), 0.0, 1.0)
 
+  def relaxed(self, iterations: jax.Array) -> "Estimates":
+    """The estimates after `iterations` ([B] int32 >= 0) iterations of each row that verified no position (a
+    plain step's), at once: `relaxed` below. A plain step of the slot engine leaves the estimates out of its
+    program and the next step that keeps them brings them up to date here (slots.py: SlotState.est_at)."""
+    beta_sum, count = relaxed(self.beta_sum, self.count, self.prior, iterations)
+    return Estimates(beta_sum=beta_sum, count=count, prior=self.prior)
+
   def update(self, active: jax.Array, drafted: jax.Array, accepted: jax.Array, beta: jax.Array) -> "Estimates":
     """After one iteration: active [B] bool (the rows that decoded it), drafted (k) and accepted (n <= k) [B]
     int32, beta [B, g] float32 per drafted position (g <= G: the iteration's draft length; positions >= g were
@@ -90,3 +99,16 @@ def observed(beta_sum, count, prior):
   seen = (count - PRIOR_COUNT) / (1.0 - PRIOR_COUNT * (1.0 - DECAY))
   return beta_sum - (count - seen) * prior, seen
 
+
+
+def relaxed(beta_sum, count, prior, iterations):
+  """(sum, count) [B, G] of estimates (beta_sum, count, prior [B, G]; numpy or jax arrays) after `iterations` ([B]
+  int >= 0) iterations in which each row verified no position (it drafted nothing: every position relaxes), in
+  closed form: n relaxations take the sum s to RELAX^n s + (1 - RELAX^n) PRIOR_COUNT prior and the count c to
+  RELAX^n c + (1 - RELAX^n) PRIOR_COUNT, as n calls of `Estimates.update` do (up to rounding), and keep `observed`'s
+  invariant. float32, as the device's."""
+  keep = (RELAX ** (iterations * 1.0))[:, None]
+  dtype = getattr(beta_sum, "dtype", None)
+  new_sum = keep * beta_sum + (1 - keep) * PRIOR_COUNT * prior
+  new_count = keep * count + (1 - keep) * PRIOR_COUNT
+  return new_sum.astype(dtype), new_count.astype(dtype)

@@ -13,7 +13,9 @@ step_program: a `lax.while_loop` of at most `StepProgram.iterations` iterations 
 them, such as T5's cross-attention keys and values; on a mesh each `data` group's own rows; a tier that needs
 less slack than the allocation's gathers only the cache positions its loop reaches: `StepProgram.keep`), then
 the new tokens of every row, finished / failed flags, drafted / accepted / iteration counts and the rows' acceptance
-estimates (the verification budget's; per-row draft limits go in) packed in ONE [R, W + 6 + 2G] int32 array.
+estimates (the verification budget's drafting tiers; per-row draft limits go in) packed in ONE [R, W + 6 + 2G] int32
+array ([R, W + 6] without the estimates: a plain engine's steps and the budget's plain tier, whose iterations only
+relax them, caught up by the next step that keeps them).
 insert_program: the batch-1 prefill and the row's first (resting, width-1) iteration, written into one slot.
 wake_program: a deferred draft model's prefill written into one slot (served_draft.py).
 
@@ -57,10 +59,13 @@ class SlotState:
   min_tokens: jax.Array  # [S] int32: new tokens before an EOS may end the row (the target's EOS logits masked)
   # The verification budget (serving/budget.py): per slot and draft position, decayed sums of beta and counts of
   # verifications (estimates.Estimates), reset to the prior at insert, updated by every iteration of a step; and
-  # that prior, where unverified positions relax.
+  # that prior, where unverified positions relax. A plain step (StepProgram.estimates False) leaves them out: its
+  # iterations verify nothing, so they only relax every position, which the next step that keeps the estimates
+  # applies at once (Estimates.relaxed) for the row's iterations since est_at.
   est_sum: jax.Array  # [S, G] float32
   est_count: jax.Array  # [S, G] float32
   est_prior: jax.Array  # [S, G] float32
+  est_at: jax.Array  # [S] int32: the row's iteration count (`iterations`) its estimates are current at
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +80,9 @@ class StepProgram:
   axes: tuple  # per leaf of (target cache, draft state): its batch axis, or None
   shardings: tuple | None = None  # per leaf of SlotState: where it lives on the mesh (None: one device)
   groups: int = 1  # D: the mesh's `data` size; slot s lives on group s // (S / D), and so do R / D rows decoded
-  estimates: bool = False  # keep the acceptance estimates (the verification budget's): updated, packed, stored
+  # Keep the acceptance estimates (the verification budget's): caught up (the plain steps' relaxation since the
+  # row's est_at), updated, packed, stored. A plain tier's step leaves them out, as a plain engine's program.
+  estimates: bool = False
   # A plain step that leaves the drafter's state out (its settings' drafter is PlainDrafter): a draft model lags
   # through plain steps with its state unchanged, so the step is called without it (`without_draft`: the caller
   # keeps it, and `shardings` are those of the other leaves), and neither gathers, writes back nor passes it.
@@ -95,7 +102,7 @@ def _state_of(program: StepProgram, state: SlotState, limits: jax.Array | None =
                         schedule=None, keys=state.keys, step=jnp.int32(0), stats=stats, budget=state.budget,
                         ignore_eos=state.ignore_eos, min_tokens=state.min_tokens, limit=limits,
                         estimates=(Estimates(beta_sum=state.est_sum, count=state.est_count, prior=state.est_prior)
-                                   if program.estimates else None))
+                                   .relaxed(state.iterations - state.est_at) if program.estimates else None))
 
 
 def _slot_axes(program: StepProgram, state: SlotState) -> SlotState:
@@ -249,7 +256,8 @@ def _decode_rows(program: StepProgram, target_params, draft_params, state: SlotS
                             target_cache=end.target_cache, draft_state=end.draft_state,
                             iterations=end.stats.iterations)
   if end.estimates is not None:
-    new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count)
+    new = dataclasses.replace(new, est_sum=end.estimates.beta_sum, est_count=end.estimates.count,
+                              est_at=end.stats.iterations)
   # A loop that never called its body (under jax.disable_jit, no iteration ran): everything is written back.
   return new, packed, _per_leaf(state, False, forwarded or [False] * len(caches(state)))
 
@@ -353,7 +361,7 @@ def insert_program(first: InsertProgram, layout: Layout, target_params, draft_pa
                   ignore_eos=put(state.ignore_eos, ignore_eos[None]), min_tokens=put(state.min_tokens, min_tokens[None]),
                   # the verification budget's estimates start at, and relax toward, the served requests' acceptance
                   est_sum=put(state.est_sum, prior.beta_sum), est_count=put(state.est_count, prior.count),
-                  est_prior=put(state.est_prior, prior.prior))
+                  est_prior=put(state.est_prior, prior.prior), est_at=put(state.est_at, end.stats.iterations))
   out = jnp.stack([end.sequences[0, 1], end.lengths[0] - 1, end.done[0].astype(jnp.int32),
                    end.failed[0].astype(jnp.int32)])
   return _placed(new, layout.shardings), _everywhere(out, layout.shardings)
@@ -386,4 +394,4 @@ def zero_state(n: int, seq_len: int, pad: int, positions: int, cache_tree, full)
                    min_tokens=jnp.zeros((n,), jnp.int32),
                    est_sum=jnp.full((n, positions), PRIOR_COUNT * PRIOR_ALPHA, jnp.float32),
                    est_count=jnp.full((n, positions), PRIOR_COUNT, jnp.float32),
-                   est_prior=jnp.full((n, positions), PRIOR_ALPHA, jnp.float32))
+                   est_prior=jnp.full((n, positions), PRIOR_ALPHA, jnp.float32), est_at=jnp.zeros((n,), jnp.int32))
