@@ -104,7 +104,9 @@ Its estimates are a step older: with fewer rows, where each request's own accept
 steps each count (the embedded pair's translations last 2-3 steps at c=1), the plan stays fresh between steps.
 
 A fresh plan that chooses plain stands for the next Budget.hold (4) plans as well, at its row bucket over about the
-same rows (`Ahead.holds`), which then choose nothing (nor plan ahead). Until the twenty-second session a request
+same rows (`Ahead.holds`), which then choose nothing (nor plan ahead); so does a plain tier chosen ahead (since the
+twenty-seventh session: before, once a hold ran out, from Budget.ahead rows a plan was made ahead at nearly every
+step, 57 of 88 at 16 rows, on two cores beside the step's own device work). Until the twenty-second session a request
 alone was planned afresh (held at 1 row too, the budget decoded plain at 1526 steps of 2382 at c=1, afresh at 1133
 of 2111, for the same tokens per second); on the default row buckets of a CPU (from 2) its fresh plans cost the held
 budget 0.49 ms a step of 11.5 at c=1 against 0.22 held (docs/bench/serving/plain_split.log). Holding loses little:
@@ -181,8 +183,8 @@ class Budget:
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
-    its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan that chose plain
-    stands for this many more plans at its row bucket over about the same rows
+    its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan (or one made ahead) that
+    chose plain stands for this many more plans at its row bucket over about the same rows
     (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
     their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""

@@ -688,8 +688,8 @@ class SlotEngine:
   def _plan_ahead(self, key: tuple[int, str, int], limits: np.ndarray) -> Ahead | None:
     """The next step's tier, chosen while this step (`key`, `limits` [S]) runs on the device: over the active rows
     expected to decode on after it (each gives its expected tokens of this step: I (1 + s(b, 1) + ... +
-    s(b, limit_b))), their drafts behind unless they draft in it, from the estimates before it. None when every
-    row is expected to end in it."""
+    s(b, limit_b))), their drafts behind unless they draft in it, from the estimates before it (plain: held for
+    the next Budget.hold plans). None when every row is expected to end in it."""
     slots = np.flatnonzero(self._active)
     if not slots.size:
       return None
@@ -700,7 +700,10 @@ class SlotEngine:
       return None
     slots, left = slots[going], left[going]
     choice = self._choose(slots, key[2], left, chosen[going] == 0, key[0], self.table.entries[key[0]].plain)
-    return Ahead(tier=choice.tier, requests=self._serial[slots], rows=key[2])
+    # Plain chosen ahead stands for the next Budget.hold plans as a fresh plan's does (which then choose nothing
+    # and plan nothing ahead): on a 2-core CPU a plan made ahead every step slows the step it overlaps.
+    held = 1 + (self.budget.hold if choice.k == 0 else 0)  # the plan it is taken by, then the held ones
+    return Ahead(tier=choice.tier, requests=self._serial[slots], rows=key[2], steps=held)
 
   def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
     """[A] the seconds of each row's draft prefill (its wake) per token of its request: CostCurves.wake at its

@@ -943,6 +943,30 @@ def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
   assert len(calls) < len(outputs)
 
 
+def test_plain_chosen_ahead_stands_for_the_next_plans_too(engine, refs, monkeypatch):
+  """Budget.ahead with Budget.hold: a plain tier chosen during a step (once a fresh plan's hold ran out) stands for
+  the next `hold` plans as a fresh plan's does: over 7 steps of the same rows, the fresh plan, two held, a plan
+  made ahead during the third step, two held, one ahead during the sixth: 3 choices (a plan ahead at every step
+  after the first hold: 6). Greedy output stays plain decoding's."""
+  calls = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))  # drafting far too dear: plain
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=2, hold=2))
+  for p in PROMPTS[:3]:
+    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  counts = []
+  for _ in range(7):
+    assert engine.step().entry.plain
+    counts.append(len(calls))
+  assert counts == [1, 1, 2, 2, 2, 3, 3], counts
+  for slot in engine.active_slots():
+    engine.free(slot)
+  calls.clear()
+  outputs = _serve_prompts(engine, refs)  # arriving one a step: the held plans run, and stay exact
+  assert len(calls) < len(outputs)
+
+
 def test_a_plan_made_ahead_stands_while_the_rows_are_about_the_same():
   ahead = Ahead(tier=1, requests=np.arange(8), rows=8)
   assert ahead.holds(np.arange(8), 8)

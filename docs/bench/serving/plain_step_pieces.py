@@ -5,7 +5,8 @@ the budget's engine; then, round after round, each arm's step program runs 11 ti
 round from a copy of the state after the inserts), the arms' steps interleaved one by one in a shuffled order, each
 waited for. Arms: plain (a plain engine's program), budget (the budget's plain tier as the engine calls it: the
 lagging draft's state left out, no limits), budget_limits (the same with the all-0 per-row limits passed, as the
-engine did before 09426f3) and plain69 (a plain engine on caches of 69 positions, the budget's allocation, its
+engine did before 09426f3), budget_whole (the budget's plain tier gathering every position of the rows, its
+loop over 69: no StepProgram.keep) and plain69 (a plain engine on caches of 69 positions, the budget's allocation, its
 step gathering 65 of them). Prints each arm's median step and its median paired ratio to plain's.
     .venv/bin/python docs/bench/serving/plain_step_pieces.py 4 40      # R, rounds
 """
@@ -35,6 +36,7 @@ for name, e in engines.items():
   arms[name] = (e, program, saved, e._rows(R), ())
   if name == "budget":
     arms["budget_limits"] = (e, program, saved, e._rows(R), (np.zeros((R,), np.int32),))
+    arms["budget_whole"] = (e, dataclasses.replace(program, keep=()), saved, e._rows(R), ())
 stop, live, times = np.zeros((64,), bool), {}, {a: [] for a in arms}
 def reset(a):
   live[a] = jax.tree_util.tree_map(lambda x: x.copy(), arms[a][2]); jax.block_until_ready(live[a])
