@@ -886,17 +886,24 @@ def test_the_next_tier_is_chosen_while_a_step_runs(engine, refs, monkeypatch):
   assert len(calls) < len(outputs) * 2
 
 
+def _plain_held(engine, monkeypatch, ahead: int) -> list:
+  """The engine with drafting far too dear (plain everywhere), Budget.hold 2 and `ahead`, three requests inserted
+  (ignoring EOS): the list every later `choose` call appends to (its rows)."""
+  calls = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))
+  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=ahead, hold=2))
+  for p in PROMPTS[:3]:
+    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  return calls
+
+
 def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
   """Budget.hold: a fresh plan that chose plain stands for the next `hold` plans over about the same rows (they call
   no `choose`); a drafting choice, another row, a forced step or hold=0 make the next plan fresh. Greedy output
   stays plain decoding's."""
-  calls = []
-  real = engine_module.choose
-  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
-  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))  # drafting far too dear: plain
-  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=0, hold=2))
-  for p in PROMPTS[:3]:
-    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  calls = _plain_held(engine, monkeypatch, ahead=0)
   fresh = 0
   for held in (False, True, True, False, True):  # fresh, held twice, fresh again, held
     key, limits = engine.plan_step()
@@ -948,13 +955,7 @@ def test_plain_chosen_ahead_stands_for_the_next_plans_too(engine, refs, monkeypa
   the next `hold` plans as a fresh plan's does: over 7 steps of the same rows, the fresh plan, two held, a plan
   made ahead during the third step, two held, one ahead during the sixth: 3 choices (a plan ahead at every step
   after the first hold: 6). Greedy output stays plain decoding's."""
-  calls = []
-  real = engine_module.choose
-  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
-  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))  # drafting far too dear: plain
-  monkeypatch.setattr(engine, "budget", dataclasses.replace(AS_SET, ahead=2, hold=2))
-  for p in PROMPTS[:3]:
-    engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
+  calls = _plain_held(engine, monkeypatch, ahead=2)
   counts = []
   for _ in range(7):
     assert engine.step().entry.plain
