@@ -183,8 +183,8 @@ class Budget:
     (`choose`; 0, the default: not counted). stick: >= 0, the share by which another tier's score must beat the
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
-    its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan (or one made ahead) that
-    chose plain stands for this many more plans at its row bucket over about the same rows
+    its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan (or one made
+    ahead) that chose plain stands for this many more plans at its row bucket over about the same rows
     (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
     their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""

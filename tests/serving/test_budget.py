@@ -1036,7 +1036,8 @@ def test_plain_steps_relax_the_estimates_off_the_device_and_the_next_drafting_st
     slots.append(engine.free_slots()[0])
     assert not engine.insert(slots[-1], p, RequestSettings(MAX_NEW)).finished
   drafting, plain = (len(engine.table.entries) - 1, "greedy", 3), (0, "greedy", 3)
-  assert not engine._programs[plain].estimates and engine._programs[drafting].estimates  # pylint: disable=protected-access
+  programs = engine._programs  # pylint: disable=protected-access
+  assert not programs[plain].estimates and programs[drafting].estimates
   every, skipped = start, start  # numpy's: every step's update; the drafting steps' alone
   for key in [drafting, plain, plain, plain, drafting]:
     active = np.isin(slots, engine.active_slots())

@@ -100,7 +100,6 @@ def observed(beta_sum, count, prior):
   return beta_sum - (count - seen) * prior, seen
 
 
-
 def relaxed(beta_sum, count, prior, iterations):
   """(sum, count) [B, G] of estimates (beta_sum, count, prior [B, G]; numpy or jax arrays) after `iterations` ([B]
   int >= 0) iterations in which each row verified no position (it drafted nothing: every position relaxes), in
