@@ -75,6 +75,7 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "curves when both run), nosettle (the budget whose choice leaves plain's settle out, "
                         "CostCurves.settle, on the budget arm's warm-up curves when both run), hold0 (the budget "
                         "with Budget.hold 0: every plan chooses, on the budget arm's curves), fixed (gamma 4), "
+                        "fixed_i2 / fixed_i1 (gamma 4 at 2 / 1 loop iterations a step), fixed2_i2 (gamma 2 at 2), plain_i2 (plain at 2), "
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
@@ -185,9 +186,12 @@ def main(_):
            "ahead1": (speculation, Budget(ahead=1)),  # every step's next tier chosen while it runs
            "margin5": (speculation, Budget(margin=0.05)), "nosettle": (speculation, Budget()),
            "hold0": (speculation, Budget(hold=0)),  # every plan chooses afresh (no held plain choice)
-           "plain2": (None, False)}
+           "plain2": (None, False), "fixed_i2": (speculation, False), "fixed_i1": (speculation, False),
+           "plain_i2": (None, False), "fixed2_i2": (jaxspec.Speculation(draft, gamma=2), False)}
+  iterations = {"fixed_i2": 2, "fixed_i1": 1, "plain_i2": 2, "fixed2_i2": 2}  # loop iterations a step (else 4)
   engines = {arm: SlotEngine(target, kinds[arm][0], slots=SLOTS.value, max_input_length=max_input,
                              max_new_tokens=new_tokens, modes=("greedy",), budget=kinds[arm][1],
+                             iterations_per_step=iterations.get(arm, 4),
                              row_buckets=None if ROW_BUCKETS.value is None else [int(b) for b in ROW_BUCKETS.value])
              for arm in ARMS.value}
   clock = time.perf_counter
