@@ -75,7 +75,8 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "curves when both run), nosettle (the budget whose choice leaves plain's settle out, "
                         "CostCurves.settle, on the budget arm's warm-up curves when both run), hold0 (the budget "
                         "with Budget.hold 0: every plan chooses, on the budget arm's curves), fixed (gamma 4), "
-                        "fixed_i2 / fixed_i1 (gamma 4 at 2 / 1 loop iterations a step), fixed2_i2 (gamma 2 at 2), plain_i2 (plain at 2), "
+                        "fixed_i2 / fixed_i1 (gamma 4 at 2 / 1 loop iterations a step), fixed2_i2 (gamma 2 at 2), "
+                        "plain_i2 (plain at 2), "
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
 OUTPUT = flags.DEFINE_string("output", None, "OUTPUT.md and OUTPUT.json (None: print only)")
 SUMMARIZE = flags.DEFINE_string("summarize", None, "a run's JSON: print its table with the intervals, run nothing")
