@@ -187,7 +187,10 @@ class Budget:
     ahead) that chose plain stands for this many more plans at its row bucket over about the same rows
     (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
-    their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none)."""
+    their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none).
+    ages: whether the choice weighs each row's estimates carried to its request's age (ages.py: the served steps'
+    acceptance by age; False: the device's estimates as they are). lengths: whether a row's early end is drawn
+    from the served requests' lengths given the tokens it gave (EndRate.remaining; False: one hazard a token)."""
 
   tiers: tuple[int, ...] | None = None
   theta: float = THETA
@@ -199,6 +202,8 @@ class Budget:
   ahead: int = AHEAD
   probe: float = PROBE
   hold: int = HOLD
+  ages: bool = True
+  lengths: bool = True
 
   def __post_init__(self):
     if self.tiers is not None:
@@ -221,6 +226,9 @@ class Budget:
       raise SettingsError(f"Budget.stick must be a number in [0, 10), got {self.stick!r}.")
     check_int(self.ahead, "Budget.ahead", 0)
     check_int(self.hold, "Budget.hold", 0)
+    for name in ("ages", "lengths"):
+      if not isinstance(getattr(self, name), bool):
+        raise SettingsError(f"Budget.{name} must be True or False, got {getattr(self, name)!r}.")
     if isinstance(self.probe, bool) or not isinstance(self.probe, (int, float)) or not 0 <= self.probe < 1:
       raise SettingsError(f"Budget.probe must be a number in [0, 1), got {self.probe!r}.")
 
@@ -331,13 +339,39 @@ class EndRate:
 
   ends: float = 0.0
   tokens: float = PRIOR_TOKENS
+  # The last LENGTHS finished requests' (tokens given, whether they ended early): what `remaining` draws from.
+  lengths: list[tuple[int, bool]] = dataclasses.field(default_factory=list)
 
   DECAY = 0.98
+  LENGTHS = 64
+  SAMPLES = 8  # `remaining` needs this many finished requests (before: None, the hazard alone)
 
   def observe(self, tokens: int, ended: bool) -> None:
     """One request finished after giving `tokens` tokens; ended: it stopped before its max_tokens."""
     self.ends = self.DECAY * self.ends + float(ended)
     self.tokens = self.DECAY * self.tokens + float(max(tokens, 1))
+    self.lengths = (self.lengths + [(int(tokens), bool(ended))])[-self.LENGTHS:]
+
+  def remaining(self, given: np.ndarray, eos: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The tokens each row has left before it ends early, as the served requests' lengths tell it given the tokens
+    it gave: (R, w) [A, N], R[b, n] = L_n - given[b] for each finished request n longer than given[b] (inf for one
+    that ran to its max_tokens: it did not end early), w[b, n] 1 where it counts, else 0. A row that ignores EOS
+    (eos[b] False) or is longer than every such request has one sample of inf (no early end: its `left` caps it).
+    None with fewer than SAMPLES finished requests. A translation's length is about set by its source, so the
+    chance it ends within the next tokens grows with the tokens it gave, which one hazard a token (`rate`) leaves
+    out: at 1/27 a token it took a quarter of a gamma-4 step's 16 tokens from a row 5 tokens into a 27-token
+    translation, which gives them all (issue 39, twenty-ninth session, docs/serving.md)."""
+    if len(self.lengths) < self.SAMPLES:
+      return None
+    tokens = np.asarray([t for t, _ in self.lengths], np.float64)
+    early = np.asarray([e for _, e in self.lengths], bool)
+    given = np.asarray(given, np.float64)[:, None]
+    left = np.where(early, tokens[None] - given, np.inf)  # [A, N]
+    counts = (tokens[None] > given) & np.asarray(eos, bool)[:, None]
+    none = ~counts.any(axis=1)
+    remaining = np.concatenate([np.where(counts, left, np.inf), np.full((len(given), 1), np.inf)], axis=1)
+    weights = np.concatenate([counts, none[:, None]], axis=1).astype(np.float64)
+    return remaining, weights
 
   @property
   def rate(self) -> float:
@@ -489,8 +523,16 @@ def within(potential: np.ndarray, hazard: np.ndarray | None) -> np.ndarray:
   return np.where(h > 0, (1.0 - (1.0 - h) ** potential) / safe, potential)
 
 
+def within_lengths(potential: np.ndarray, remaining: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+  """[..., A] the tokens a row is expected to give of `potential` [..., A] when it ends after the tokens it has
+  left, drawn from `remaining` (EndRate.remaining: R, w [A, N]): sum_n w min(potential, R) / sum_n w."""
+  values, weights = remaining
+  return (np.minimum(np.asarray(potential, np.float64)[..., None], values) * weights).sum(-1) / weights.sum(-1)
+
+
 def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int,
-             hazard: np.ndarray | None = None, idle: float = 0.0) -> tuple[np.ndarray, np.ndarray | float]:
+             hazard: np.ndarray | None = None, idle: float = 0.0,
+             remaining: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray | float]:
   """([..., A] each row's expected tokens in the step, [...] the share of the step's iterations expected to run)
   from per_iteration [..., A] (`per_row_rate`, e_b; `choose` passes every tier's at once, [T, A]):
   min(left_b, `within`(I e_b, hazard_b)). The loop stops once every row has ended, at its max_tokens (after n_b =
@@ -501,16 +543,21 @@ def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int
   run. idle: the share of the next step a row that ends within this one leaves its slot empty (no request
   waits: the next one arrives during that step and is inserted after it), so its tokens count 1 / (1 + idle p_b),
   p_b its chance of ending within the step (1 when left_b <= I e_b): the slot is busy a share 1 / (1 + idle p_b)
-  of the time."""
+  of the time. remaining: the tokens each row has left before an early end, as samples (EndRate.remaining),
+  in place of the hazard: `within_lengths`, and a row at its i-th iteration while its draw is above i e_b."""
   potential = iterations * per_iteration
   h = None if hazard is None else np.minimum(np.maximum(np.asarray(hazard, np.float64), 0.0), 1.0)
-  per_row, share = within(potential, h), 1.0
+  if remaining is not None:
+    h = None
+    per_row, share = within_lengths(potential, remaining), 1.0
+  else:
+    per_row, share = within(potential, h), 1.0
   if left is not None:
     left = np.asarray(left, np.float64)
     capped = np.minimum(per_row, left)
   else:
     capped = per_row
-  if per_row.shape[-1] and (left is not None or h is not None):
+  if per_row.shape[-1] and (left is not None or h is not None or remaining is not None):
     # Iteration i runs while a row is still decoding: row b is at its i-th with chance [i < n_b] (1 - h_b)^(i e_b),
     # n_b = ceil(left_b / e_b) its iterations before max_tokens; the loop, with 1 - prod_b (1 - that).
     i = np.arange(iterations, dtype=np.float64)[:, None]  # [I, 1]: broadcast against [..., 1, A]
@@ -519,10 +566,17 @@ def _per_row(per_iteration: np.ndarray, left: np.ndarray | None, iterations: int
     if h is not None:
       kept = (1.0 - h) ** (i * rate)
       alive = kept if alive is None else alive * kept
+    if remaining is not None:  # [..., I, A]: the share of its draws above the tokens given before iteration i
+      values, weights = remaining
+      kept = ((values > (i * rate)[..., None]) * weights).sum(-1) / weights.sum(-1)
+      alive = kept if alive is None else alive * kept
     share = 1.0 - (1.0 - alive).prod(axis=-1).mean(axis=-1)
   if idle:
     # p_b = 1 - (1 - h)^T = h within(T, h): its chance of ending within the step (0 without a hazard)
     ends = np.zeros_like(potential) if h is None else h * per_row
+    if remaining is not None:
+      values, weights = remaining
+      ends = ((values <= np.asarray(potential)[..., None]) * weights).sum(-1) / weights.sum(-1)
     if left is not None:
       ends = np.where(left <= potential, 1.0, ends)
     capped = capped / (1.0 + idle * ends)
@@ -533,7 +587,8 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
            tree: Sequence[bool] | None = None, left: np.ndarray | None = None, iterations: int = 1,
            margin: float = 0.0, behind: np.ndarray | None = None, catchup: float = 0.0,
            hazard: np.ndarray | None = None, idle: float = 0.0, current: int | None = None,
-           stick: float = 0.0, per_token: np.ndarray | None = None, settle: float = 0.0) -> Choice:
+           stick: float = 0.0, per_token: np.ndarray | None = None, settle: float = 0.0,
+           remaining: tuple[np.ndarray, np.ndarray] | None = None) -> Choice:
   """The tier maximising E(k) / c(R, k) over the active rows' estimates alpha [A, G] (module docstring); ties go
   to the shorter tier. tiers: increasing draft lengths; costs: c(R, k) per tier, taken as their running maximum (a
   wider tier is never cheaper than a narrower one: a timing below a narrower tier's is noise). tree: per tier,
@@ -559,7 +614,9 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   settle: seconds a return to plain decoding pays after drafting (CostCurves.settle: its first plain steps' excess),
   given when the step before was plain: every drafting tier then pays it, spread as the catch-up over the drafting
   steps expected to follow (a run of drafting from plain ends in that return; from drafting, the return is owed
-  whichever side runs now)."""
+  whichever side runs now). remaining: (R, w) [A, N] the tokens each row has left before an early end, drawn from
+  the served requests' lengths given the tokens it gave (EndRate.remaining), in place of `hazard` (None: the
+  hazard's)."""
   surv = survival(alpha)
   n, g = surv.shape
   ks = [int(k) for k in tiers]
@@ -574,7 +631,7 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
   sums = np.zeros((n, g + 1))
   np.cumsum(surv, axis=1, out=sums[:, 1:])  # [A, G + 1] prefix sums: `per_row_rate` is 1 + sums[b, k_b]
   rate = 1.0 + sums[np.arange(n), np.minimum(limits, g) if has_tree else limits]
-  per_row, share = _per_row(rate, left, iterations, hazard, idle)
+  per_row, share = _per_row(rate, left, iterations, hazard, idle, remaining)
   expected = per_row.sum(axis=1)
   shares = share.tolist() if isinstance(share, np.ndarray) else [share] * len(ks)
   prefill = [0.0] * len(ks) if per_token is None else (per_row @ np.asarray(per_token, np.float64)).tolist()
@@ -590,11 +647,13 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     once += settle * np.asarray([k > 0 for k in ks])
   paying = np.flatnonzero((once > 0) & drafting.any(axis=1)).tolist()
   if paying and left is not None:
-    remaining = np.asarray(left, np.float64)
-    if hazard is not None:
+    ahead = np.asarray(left, np.float64)
+    if remaining is not None:  # its expected tokens before it ends
+      ahead = within_lengths(ahead, remaining)
+    elif hazard is not None:
       h = np.asarray(hazard, np.float64)
-      remaining = np.where(h > 0, np.minimum(remaining, 1.0 / np.where(h > 0, h, 1.0)), remaining)
-    steps, rows = (remaining / (iterations * rate)).tolist(), drafting.tolist()  # a few rows: Python's lists
+      ahead = np.where(h > 0, np.minimum(ahead, 1.0 / np.where(h > 0, h, 1.0)), ahead)
+    steps, rows = (ahead / (iterations * rate)).tolist(), drafting.tolist()  # a few rows: Python's lists
   for i in paying:  # the median over its drafting rows of left_b / (I e_b), at least 1
     spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
     cost[i] += float(once[i]) / max(1.0, spread)

@@ -137,9 +137,10 @@ from jaxspec.checks import is_int
 from jaxspec.decoding.settings import MODES, Sampling, Speculation
 from jaxspec.errors import InputError, SettingsError
 from jaxspec.model import Model
+from jaxspec.serving import ages
 from jaxspec.serving.budget import (FEW_ROWS, LEVEL_LEARN, AcceptancePrior, Ahead, Budget, Choice, CostCurves,
                                     EndRate, choose, curves_from_rounds, per_row_rate, same_rows, settle_steps,
-                                    survival, tier_limits, within)
+                                    survival, tier_limits, within, within_lengths)
 from jaxspec.serving.lookahead import drafts_first
 from jaxspec.serving.probes import SideRuns
 from jaxspec.serving.requests import RequestSettings
@@ -411,6 +412,10 @@ class SlotEngine:
     # A new request's prior: the served requests' acceptance (their verdicts, pooled when each one ends).
     self.acceptance = AcceptancePrior.start(self._positions)
     self._priors = np.full((self.slots, self._positions), PRIOR_ALPHA, np.float32)  # [S, G] each slot's insert's
+    # The served steps' acceptance by a request's age, each row's verdicts' ages and its prior's (ages.py).
+    self.age_curve = ages.AgeCurve.start(self._positions)
+    self._own_ages = np.zeros((self.slots, ages.AGES))
+    self._prior_ages = np.zeros((self.slots, ages.AGES))
     self._left = np.zeros((self.slots,), np.int64)  # tokens each active slot may still give (its max_tokens less
                                                     # those given): the budget's cap on a row's expected tokens
     self._last = None  # the previous step's program key (the budget learns from runs of one program)
@@ -538,6 +543,7 @@ class SlotEngine:
     self._quiet[slot] = self._defers and not done
     self._prompts[slot] = (padded, np.asarray([len(ids)], np.int32)) if self._quiet[slot] else None
     self._priors[slot] = prior
+    self._own_ages[slot], self._prior_ages[slot] = 0.0, self.age_curve.prior_ages
     self._estimates[0, slot], self._estimates[1, slot] = PRIOR_COUNT * self._priors[slot], PRIOR_COUNT
     self._left[slot] = 0 if done else settings.max_tokens - len(tokens)
     self._wake_cost[slot] = self.costs.wake.get(bucket, 0.0) if self._quiet[slot] else 0.0
@@ -571,6 +577,7 @@ class SlotEngine:
     (None: freed, cut short)."""
     if self.budget is not None:
       self.acceptance.observe(self._estimates[0, slot], self._estimates[1, slot], self._priors[slot], tokens)
+      self.age_curve.finish(self._own_ages[slot])
 
   def _bucket(self, active: int) -> int:
     """The smallest row bucket holding `active` (>= 1) rows."""
@@ -650,7 +657,7 @@ class SlotEngine:
     entry = self.table.entries[tier]
     if entry.plain:
       return tier, np.zeros((len(slots),), np.int32)
-    chosen = tier_limits(self.estimates(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None)
+    chosen = tier_limits(self._predicted(slots), entry.gamma, self.budget.theta, tree=entry.tree is not None)
     if not chosen.any() and self.table.entries[0].plain:
       return 0, chosen
     return tier, chosen
@@ -663,15 +670,17 @@ class SlotEngine:
     return's settle, CostCurves.settle)."""
     entries = self.table.entries
     rate = self.ends.rate
-    hazard = np.asarray([0.0 if self._requests[s].ignore_eos else rate for s in slots.tolist()])
-    return choose(self.estimates(slots), [e.gamma for e in entries],
+    eos = np.asarray([not self._requests[s].ignore_eos for s in slots.tolist()])
+    hazard = np.where(eos, rate, 0.0)
+    remaining = self.ends.remaining(self._max_tokens[slots] - left, eos) if self.budget.lengths else None
+    return choose(self._predicted(slots, left), [e.gamma for e in entries],
                   [self.costs.get(rows, e.gamma) for e in entries], self.budget.theta,
                   tree=[e.tree is not None for e in entries], left=left,
                   iterations=self.iterations_per_step, margin=self.budget.margin, behind=behind,
                   catchup=self.costs.catchup.get(rows, 0.0), hazard=hazard,
                   idle=self.budget.idle if self.queued == 0 and len(slots) > 1 else 0.0,
                   current=current, stick=self.budget.stick,
-                  per_token=self._prefill_per_token(slots, left, hazard),
+                  per_token=self._prefill_per_token(slots, left, hazard, remaining), remaining=remaining,
                   settle=self.costs.settle.get(rows, 0.0) if after_plain else 0.0)
 
   def _crossing(self, slots: np.ndarray, rows: int, choice: Choice) -> float:
@@ -695,7 +704,7 @@ class SlotEngine:
     if not slots.size:
       return None
     chosen = limits[slots]
-    left = self._left[slots] - self.iterations_per_step * per_row_rate(survival(self.estimates(slots)), chosen)
+    left = self._left[slots] - self.iterations_per_step * per_row_rate(survival(self._predicted(slots)), chosen)
     going = left > 0
     if not going.any():
       return None
@@ -706,7 +715,8 @@ class SlotEngine:
     held = 1 + (self.budget.hold if choice.k == 0 else 0)  # the plan it is taken by, then the held ones
     return Ahead(tier=choice.tier, requests=self._serial[slots], rows=key[2], steps=held)
 
-  def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray) -> np.ndarray | None:
+  def _prefill_per_token(self, slots: np.ndarray, left: np.ndarray, hazard: np.ndarray,
+                         remaining: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray | None:
     """[A] the seconds of each row's draft prefill (its wake) per token of its request: CostCurves.wake at its
     prompt bucket over the tokens it buys. A woken row's is spread over its request's expected length (the tokens
     it gave, then those it is expected to give of its `left` [A] before it ends: `within` them at its chance of
@@ -717,7 +727,7 @@ class SlotEngine:
     if not self._defers or not self.costs.wake:
       return None
     left = np.asarray(left, np.float64)
-    ahead = within(left, hazard)
+    ahead = within(left, hazard) if remaining is None else within_lengths(left, remaining)
     given = np.where(self._quiet[slots], 0.0, self._max_tokens[slots] - left)
     return self._wake_cost[slots] / np.maximum(given + ahead, 1.0)
 
@@ -726,6 +736,16 @@ class SlotEngine:
     the verification budget's next choices (Budget.idle counts a finished row's slot as empty only when none
     waits)."""
     self.queued = max(0, int(waiting))
+
+  def _predicted(self, slots: np.ndarray, left: np.ndarray | None = None) -> np.ndarray:
+    """[A, G] the estimates of the rows of `slots` [A] carried to their ages (ages.predicted; the device's as
+    they are with Budget.ages off): what the budget chooses from. left: [A] the tokens each may still give (the
+    plan's; None: `_left`'s), their age the tokens given before them."""
+    if not self.budget.ages:
+      return self.estimates(slots)
+    given = self._max_tokens[slots] - (self._left[slots] if left is None else left)
+    return ages.predicted(*self._estimates[:, slots], self._priors[slots], self._own_ages[slots],
+                          self._prior_ages[slots], given, self.age_curve)
 
   def estimates(self, slots: np.ndarray | None = None) -> np.ndarray:
     """[S, G] the host's copy of every slot's acceptance estimate per draft position (a(b, j); as the last step
@@ -852,6 +872,10 @@ class SlotEngine:
                            LEVEL_LEARN if levels else self.budget.learn, levels=levels)
       # Rows that drafted caught up; active rows that did not fell behind.
       self._behind = np.where(limits > 0, False, self._behind | self._active)
+    if prog.estimates:  # the step's verdicts by the age of each row's request (ages.py)
+      given, drafted = self._max_tokens - self._left, np.where(self._active, packed[:, w + 3], 0)
+      self.age_curve.observe(given, drafted, packed[:, w + 4])
+      self._own_ages = ages.own_ages(self._own_ages, given, drafted)
     self._left -= np.where(self._active, counts, 0)
     out_tokens, reasons = [], []
     for s in range(n):
@@ -909,6 +933,7 @@ class SlotEngine:
     if self.budget is not None:
       self._measure_costs()
     self.acceptance = AcceptancePrior.start(self._positions)  # warm-up's requests do not speak for the served
+    self.age_curve = ages.AgeCurve.start(self._positions)  # nor do its steps (their rows repeat a pad token)
 
   def _measure_costs(self) -> None:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests

@@ -23,10 +23,11 @@ from jax._src import distributed
 import jaxspec
 from jaxspec.decoding.device import estimates as est
 from jaxspec.errors import SettingsError
-from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, hosts
+from jaxspec.serving import RequestSettings, SlotEngine, SpeculationTable, TableEntry, ages, hosts
 from jaxspec.serving import engine as engine_module
 from jaxspec.serving.budget import (SIDE, TIER, AcceptancePrior, Ahead, Budget, Choice, CostCurves, EndRate, choose,
-                                    curves_from_rounds, expected_tokens, row_limits, survival, within)
+                                    curves_from_rounds, expected_tokens, row_limits, survival, within,
+                                    within_lengths)
 from jaxspec.serving.probes import Run, SideRuns
 from jaxspec.serving.budget import from_flags as budget_flags
 
@@ -261,6 +262,95 @@ def test_the_end_rate_counts_early_ends_per_token():
     rate.observe(20, ended=True)
     rate.observe(20, ended=False)
   assert rate.rate == pytest.approx(1 / 40, rel=0.02)
+
+
+def test_the_end_rate_draws_a_rows_tokens_left_from_the_served_lengths():
+  rate = EndRate()
+  for _ in range(EndRate.SAMPLES - 1):
+    rate.observe(27, ended=True)
+  assert rate.remaining(np.asarray([5]), np.asarray([True])) is None  # too few requests: the hazard alone
+  rate.observe(64, ended=False)  # one ran to its max_tokens: it did not end early
+  values, weights = rate.remaining(np.asarray([5, 30, 5, 70]), np.asarray([True, True, False, True]))
+  assert values.shape == weights.shape == (4, EndRate.SAMPLES + 1)
+  assert sorted(values[0][weights[0] > 0].tolist()) == [22.0] * (EndRate.SAMPLES - 1) + [np.inf]
+  assert values[1][weights[1] > 0].tolist() == [np.inf]  # past the 27-token ones: only the long one counts
+  assert values[2][weights[2] > 0].tolist() == [np.inf]  # it ignores EOS
+  assert values[3][weights[3] > 0].tolist() == [np.inf]  # longer than every one: no early end, `left` caps it
+  # A row 5 tokens into 27-token translations gives all of a 16-token step; one hazard a token said 12.2.
+  alone = EndRate()
+  for _ in range(EndRate.SAMPLES):
+    alone.observe(27, ended=True)
+  rows = alone.remaining(np.asarray([5, 25]), np.asarray([True, True]))
+  np.testing.assert_allclose(within_lengths(np.asarray([16.0, 16.0]), rows), [16.0, 2.0])
+  assert within(np.asarray([16.0]), np.asarray([1 / 27]))[0] == pytest.approx(12.24, abs=0.01)
+
+
+def test_lengths_by_age_make_it_draft_where_one_hazard_kept_it_plain():
+  """16 rows 1-12 tokens into 26-28-token translations at 0.8 a position after plain steps (a catch-up and a settle
+  to pay), gamma 4 at 2.6 plain steps (the embedded pair's c=16 on a fast spell): one hazard a token (1/27) takes
+  a quarter of the drafting step's tokens and keeps it plain; the served lengths, by which these young rows do not
+  end within the step, make it draft (the negative control: the hazard's own choice)."""
+  given = np.linspace(1, 12, 16).round().astype(int)
+  alpha = np.full((16, 4), 0.8)
+  rate = EndRate()
+  for n in range(32):
+    rate.observe(27 + n % 3 - 1, ended=True)
+  costs, left = [0.0509, 0.0900, 0.1071, 0.1323], 64 - given
+  kw = dict(left=left, iterations=4, catchup=0.0291, behind=np.ones((16,), bool), settle=0.0048)
+  hazard = choose(alpha, [0, 1, 2, 4], costs, 0.2, hazard=np.full((16,), 1 / 27), **kw)
+  drawn = choose(alpha, [0, 1, 2, 4], costs, 0.2, remaining=rate.remaining(given, np.ones((16,), bool)), **kw)
+  assert hazard.k == 0 and drawn.k == 4
+  assert drawn.expected / drawn.cost > 1.1 * drawn.other.expected / drawn.other.cost
+  assert drawn.expected > 1.2 * hazard.other.expected  # the young rows' drafts are no longer lost to ends
+
+
+def test_an_age_curve_carries_a_rows_estimates_to_its_age():
+  """ages.py: before any verdict, and on a curve as flat across ages as its verdicts, the prediction is the
+  device's estimates; where young rows accept less, a row whose verdicts were taken young is raised as it ages,
+  and an age no step has drafted at starts at ages.UNSEEN (tried)."""
+  g, prior = 4, np.full((1, 4), 0.8)
+  beta_sum, count = est.PRIOR_COUNT * prior, np.full((1, g), est.PRIOR_COUNT)
+  for _ in range(6):  # six verifications at 0.5 of every position, as Estimates.update takes them
+    beta_sum, count = est.DECAY * beta_sum + 0.5, est.DECAY * count + 1.0
+  device = beta_sum / count
+  own = ages.own_ages(np.zeros((1, ages.AGES)), np.asarray([1]), np.asarray([16]))  # taken at its first step
+  curve = ages.AgeCurve.start(g)
+  np.testing.assert_allclose(ages.predicted(beta_sum, count, prior, own, np.zeros((1, ages.AGES)), np.asarray([1]),
+                                            curve), device)  # its own age: ratio 1
+  flat = ages.AgeCurve.start(g)
+  for given in (1, 12, 20, 40):
+    flat.observe(np.full((4,), given), np.full((4,), 1000), np.full((4,), 500))
+  np.testing.assert_allclose(ages.predicted(beta_sum, count, prior, own, np.zeros((1, ages.AGES)), np.asarray([40]),
+                                            flat), device, rtol=0.02)  # the negative control: no age effect
+  rising = ages.AgeCurve.start(g)
+  for given, accepted in ((1, 500), (12, 550), (20, 600)):
+    rising.observe(np.full((4,), given), np.full((4,), 1000), np.full((4,), accepted))
+  older = ages.predicted(beta_sum, count, prior, own, np.zeros((1, ages.AGES)), np.asarray([20]), rising)
+  assert (older > device + 0.02).all() and (older < 1).all()
+  assert rising.alpha_of(ages.chain_share(0.7, g)) == pytest.approx(0.7, abs=1e-3)
+  unseen = ages.predicted(beta_sum, count, prior, own, np.zeros((1, ages.AGES)), np.asarray([100]), rising)
+  assert rising.shares[ages.bucket(np.asarray([100]))[0]] == ages.UNSEEN and (unseen > older).all()
+
+
+def test_the_engine_pools_each_steps_verdicts_by_its_rows_ages(engine, monkeypatch):
+  """Every drafting step's drafted and accepted tokens land in the age bucket of the tokens each row gave before
+  it, and a finished request's verdict ages join the prior's mix."""
+  monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=0.01))
+  monkeypatch.setattr(engine, "age_curve", ages.AgeCurve.start(engine.estimates().shape[1]))
+  slot = engine.free_slots()[0]
+  engine.insert(slot, PROMPTS[0], RequestSettings(MAX_NEW))
+  drafted, accepted = np.zeros((ages.AGES,)), np.zeros((ages.AGES,))
+  while engine.active_slots():
+    given = int(engine._max_tokens[slot] - engine._left[slot])  # pylint: disable=protected-access
+    out = engine.step()
+    if out.drafted[slot]:
+      b = ages.bucket(np.asarray([given]))[0]
+      drafted[b] = ages.DECAY * drafted[b] + out.drafted[slot]
+      accepted[b] = ages.DECAY * accepted[b] + out.accepted[slot]
+  assert drafted.sum() > 0
+  np.testing.assert_allclose(engine.age_curve.drafted, drafted)
+  np.testing.assert_allclose(engine.age_curve.accepted, accepted)
+  assert engine.age_curve.prior_ages.sum() == pytest.approx(1.0)
 
 
 def test_the_verdicts_come_out_of_the_estimates_exactly():
