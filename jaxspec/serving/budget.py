@@ -27,11 +27,20 @@ step's one packed copy brings back) and from the step-cost curves c(R, k) timed 
     (`EndRate`: decayed counts over the finished requests; 0 for a request that ignores EOS). Translations of
     about 27 tokens (the embedded pair's workload) lose a quarter of a gamma-4 step's 13.8 tokens this way against
     6 % of a plain step's 4: the cap on max_tokens alone left the budget drafting at 16 rows, where plain steps
-    gave 1.92 tokens/ms against its 1.59. Such an end stops the loop too when no other row decodes on, so the
-    iterations expected to run count it: 1 - prod_b (1 - [i < n_b] (1 - h_b)^(i e_b)) at iteration i, n_b =
-    ceil(left_b / e_b) (`_per_row`). Without it a request alone was charged a gamma-4 step's 4 iterations where
-    0.83 of them are expected to run (h = 1/27, 3.5 tokens an iteration) against 0.95 of a plain step's; at c=1
-    that budget ran plain and gamma-2 steps where the fixed gamma 4 was 1.27x plain (tau 2.93 against 3.44);
+    gave 1.92 tokens/ms against its 1.59. Once EndRate.SAMPLES requests have finished (Budget.lengths, the
+    default), the tokens a row has left before an early end are drawn from the served requests' lengths given
+    the tokens it gave (`EndRate.remaining`, `within_lengths`) in place of that one hazard a token: a translation's
+    length is about set by its source, so a row 5 tokens into 27-token translations gives all of a 16-token step,
+    where the hazard took a quarter of it and kept the budget plain at 16 rows after plain steps, with the fixed
+    gamma 4 1.16x plain on the same fake clock (twenty-ninth session, docs/serving.md). Such an end stops the
+    loop too when no other row decodes on, so the iterations expected to run count it: 1 - prod_b (1 - [i < n_b]
+    (1 - h_b)^(i e_b)) at iteration i, n_b = ceil(left_b / e_b) (`_per_row`). Without it a request alone was
+    charged a gamma-4 step's 4 iterations where 0.83 of them are expected to run (h = 1/27, 3.5 tokens an
+    iteration) against 0.95 of a plain step's; at c=1 that budget ran plain and gamma-2 steps where the fixed
+    gamma 4 was 1.27x plain (tau 2.93 against 3.44);
+  - a row's estimates are carried to its request's age (Budget.ages, the default; ages.py): acceptance grows
+    with a request's age (0.41 of a translation's first step's drafts accepted, 0.71-0.93 of the next ones'), so
+    estimates learnt at a request's first step, and a prior pooled from such steps, read its later steps low;
   - the tier maximising E(k) / c'(R, k) (ties: the shorter), R the step's row bucket, c'(R, 0) = c(R, 0) and
     c'(R, k) = (1 + margin) c(R, k) for a drafting tier (margin 0 by default), plus, when one of its drafting
     rows rested longer than gamma (plain steps since it last drafted), the catch-up warmup timed at R (a re-feed

@@ -53,8 +53,9 @@ their number (a chain of some gamma, a tree, or plain decoding; one entry when n
 is off), or under the verification budget (budget.py, the default with a speculation and no table) the tier its
 choice picks from the rows' acceptance estimates (SlotState.est_sum / est_count, updated in every iteration of a
 drafting tier's step and copied back with its tokens; a plain tier's step, a plain engine's program, leaves them
-out and the host relaxes its copy by the step's iterations, as the device does at the next drafting step), the
-served requests' end rate (`ends`) and warmup's step-cost curves as
+out and the host relaxes its copy by the step's iterations, as the device does at the next drafting step; the
+choice weighs them carried to each request's age: ages.py, `age_curve`), the served requests' end rate and lengths
+(`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
 from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain stands for
 the next Budget.hold plans: budget.Ahead; now and then a few steps

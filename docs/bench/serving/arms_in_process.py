@@ -74,9 +74,9 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "number of rows), margin5 (the budget with Budget.margin 0.05, on the budget arm's warm-up "
                         "curves when both run), nosettle (the budget whose choice leaves plain's settle out, "
                         "CostCurves.settle, on the budget arm's warm-up curves when both run), hold0 (the budget "
-                        "with Budget.hold 0: every plan chooses, on the budget arm's curves), noages (the budget on the "
-                        "device's estimates as they are: Budget.ages off), nolengths (Budget.lengths off: one hazard a token), "
-                        "before29 (both off: the twenty-eighth session's budget), fixed (gamma 4), "
+                        "with Budget.hold 0: every plan chooses, on the budget arm's curves), noages (the budget "
+                        "on the device's estimates as they are: Budget.ages off), nolengths (Budget.lengths off: one "
+                        "hazard a token), before29 (both off: the twenty-eighth session's budget), fixed (gamma 4), "
                         "fixed_i2 / fixed_i1 (gamma 4 at 2 / 1 loop iterations a step), fixed2_i2 (gamma 2 at 2), "
                         "plain_i2 (plain at 2), "
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
