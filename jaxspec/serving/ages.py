@@ -1,8 +1,8 @@
 """A request's acceptance by its age: what the verification budget predicts a row's next drafts from (issue 39).
 
     curve = AgeCurve.start(gamma=4)
-    curve.observe(given, drafted, accepted)          # each step: [A] tokens given before it, drafted, accepted
-    own = own_ages(own, given, drafted)              # [A, AGES] each row's verdicts by the age they were taken at
+    curve.observe(given, drafted, accepted, limits)  # each step: [A] tokens given before it, drafted, accepted
+    own = own_ages(own, given, drafted, iterations)  # [A, AGES] each row's verdicts by the age they were taken at
     alpha = predicted(beta_sum, count, prior, own, prior_ages, given, curve)   # [A, G] what `choose` weighs
 
 A row's estimates (decoding/device/estimates.py) are its own verdicts, decayed, over the prior its insert gave it.
@@ -18,9 +18,11 @@ and drafted tokens per age bucket, the tokens the request had given before the s
 estimates are carried from the ages its verdicts were taken at to its age now (`predicted`): each part, its own
 verdicts and its prior's, times the ratio a(now) / a(then) of the pool's acceptance at the two ages, a(r) the
 per-position acceptance that accepts a share r of gamma drafted tokens in a chain (`alpha_of`: r = (a + a^2 +
-... + a^G) / G). An age bucket with few verdicts sits near the prior's (PRIOR_ALPHA a position, START drafted
-tokens' weight): as a new request starts at the prior, an age no drafting step has reached is taken at it too, so
-the budget drafts there and learns it. Before any verdict every ratio is 1: the estimates as the device keeps them.
+... + a^G) / G). A row that drafted l < G tokens an iteration (its limit) counts as a G-chain at the acceptance its
+own share gives at l (`observe`'s limits): a short chain accepts a larger share at the same acceptance, and the
+young rows, whose estimates are low, draft the shortest. An age bucket with few verdicts sits near UNSEEN (share
+1, START drafted tokens' weight): an age no drafting step has reached is taken at its best, so the budget drafts
+there and learns it. Before any verdict every ratio is 1: the estimates as the device keeps them.
 
 The pool's acceptance by age is the served workload's, and a row's own verdicts stay its own: a row that accepts
 more than the pool at its age keeps that margin, carried along the pool's curve.
@@ -36,15 +38,15 @@ import dataclasses
 
 import numpy as np
 
-from jaxspec.decoding.device.estimates import PRIOR_ALPHA, observed
+from jaxspec.decoding.device.estimates import DECAY as VERDICT_DECAY, observed
 
 EDGES = (8, 16, 32, 64, 128)  # the tokens a request gave before a step: bucket i holds [EDGES[i - 1], EDGES[i])
 AGES = len(EDGES) + 1
 DECAY = 0.9  # per step that verified drafts at an age bucket: its older verdicts' weight there
 START = 16.0  # an age bucket's prior weight, in drafted tokens, at the share UNSEEN
 UNSEEN = 1.0  # the accepted share an age bucket no drafting step has reached starts at (optimism: it is tried)
-ROW_DECAY = 0.66  # per drafting step of a row: its earlier verdicts' weight (its estimates' 0.9 a verification,
-# about four verifications of its first position a step)
+# Per drafting step of a row its earlier verdicts' ages weigh VERDICT_DECAY (its estimates' 0.9 a verification)
+# to the power of the step's iterations: its first position is verified at every one (`own_ages`).
 REQUEST_DECAY = 0.9  # per finished request that drafted: the older requests' weight in the prior's ages (as
 # budget.AcceptancePrior's)
 _GRID = np.linspace(0.0, 1.0, 1001)
@@ -77,16 +79,28 @@ class AgeCurve:
     return cls(gamma=max(int(gamma), 1), accepted=np.zeros((AGES,)), drafted=np.zeros((AGES,)),
                prior_ages=np.zeros((AGES,)))
 
-  def observe(self, given: np.ndarray, drafted: np.ndarray, accepted: np.ndarray) -> None:
+  def observe(self, given: np.ndarray, drafted: np.ndarray, accepted: np.ndarray,
+              limits: np.ndarray | None = None) -> None:
     """One step's verdicts: per row that drafted, the tokens its request gave before the step, the tokens it
-    drafted and those accepted ([A] each). Rows that drafted nothing are left out."""
+    drafted and those accepted, and its draft limit (None: gamma) ([A] each). A row whose limit is below gamma
+    counts the accepted tokens a gamma-chain would at the acceptance its share gives at its limit. Rows that
+    drafted nothing are left out."""
     drafted = np.asarray(drafted, np.float64)
     took = drafted > 0
     if not took.any():
       return
+    accepted = np.asarray(accepted, np.float64)[took]
+    if limits is not None:
+      limit = np.clip(np.asarray(limits)[took], 1, self.gamma)
+      share = np.clip(accepted / drafted[took], 0.0, 1.0)
+      short = limit < self.gamma
+      for l in np.unique(limit[short]).tolist():
+        rows = short & (limit == l)
+        alpha = np.interp(share[rows], chain_share(_GRID, int(l)), _GRID)
+        accepted[rows] = chain_share(alpha, self.gamma) * drafted[took][rows]
     ages = bucket(np.asarray(given)[took])
     d = np.bincount(ages, drafted[took], AGES)
-    a = np.bincount(ages, np.asarray(accepted, np.float64)[took], AGES)
+    a = np.bincount(ages, accepted, AGES)
     seen = d > 0
     self.drafted = np.where(seen, DECAY * self.drafted + d, self.drafted)
     self.accepted = np.where(seen, DECAY * self.accepted + a, self.accepted)
@@ -99,8 +113,8 @@ class AgeCurve:
 
   @property
   def shares(self) -> np.ndarray:
-    """[AGES] the accepted share of drafted tokens by age, from the prior's (chain_share(PRIOR_ALPHA)) at START
-    tokens' weight."""
+    """[AGES] the accepted share of drafted tokens by age (as a gamma-chain's), from UNSEEN at START tokens'
+    weight."""
     return (self.accepted + START * UNSEEN) / (self.drafted + START)
 
   def alpha_of(self, share: np.ndarray) -> np.ndarray:
@@ -109,13 +123,15 @@ class AgeCurve:
     return np.interp(share, chain_share(_GRID, self.gamma), _GRID)
 
 
-def own_ages(own: np.ndarray, given: np.ndarray, drafted: np.ndarray) -> np.ndarray:
-  """[A, AGES] rows' verdicts by age after a step: own [A, AGES] before it, times ROW_DECAY where the row drafted,
-  plus the tokens it drafted at its age bucket (`given` [A] the tokens given before the step)."""
+def own_ages(own: np.ndarray, given: np.ndarray, drafted: np.ndarray, iterations: np.ndarray) -> np.ndarray:
+  """[A, AGES] rows' verdicts by age after a step: own [A, AGES] before it, times VERDICT_DECAY^iterations where
+  the row drafted (iterations [A]: the step's iterations it ran), plus the tokens it drafted at its age bucket
+  (`given` [A] the tokens given before the step)."""
   drafted = np.asarray(drafted, np.float64)
   took = drafted > 0
   onehot = np.eye(AGES)[bucket(given)] * drafted[:, None]
-  return np.where(took[:, None], ROW_DECAY * np.asarray(own, np.float64) + onehot, own)
+  keep = (VERDICT_DECAY ** np.asarray(iterations, np.float64))[:, None]
+  return np.where(took[:, None], keep * np.asarray(own, np.float64) + onehot, own)
 
 
 def predicted(beta_sum: np.ndarray, count: np.ndarray, prior: np.ndarray, own: np.ndarray, prior_ages: np.ndarray,

@@ -364,7 +364,8 @@ class EndRate:
   def remaining(self, given: np.ndarray, eos: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """The tokens each row has left before it ends early, as the served requests' lengths tell it given the tokens
     it gave: (R, w) [A, N], R[b, n] = L_n - given[b] for each finished request n longer than given[b] (inf for one
-    that ran to its max_tokens: it did not end early), w[b, n] 1 where it counts, else 0. A row that ignores EOS
+    that ran to its max_tokens: it did not end early, which for a row of a larger max_tokens is a guess), w[b, n]
+    1 where it counts, else 0. A row that ignores EOS
     (eos[b] False) or is longer than every such request has one sample of inf (no early end: its `left` caps it).
     None with fewer than SAMPLES finished requests. A translation's length is about set by its source, so the
     chance it ends within the next tokens grows with the tokens it gave, which one hazard a token (`rate`) leaves

@@ -875,8 +875,9 @@ class SlotEngine:
       self._behind = np.where(limits > 0, False, self._behind | self._active)
     if prog.estimates:  # the step's verdicts by the age of each row's request (ages.py)
       given, drafted = self._max_tokens - self._left, np.where(self._active, packed[:, w + 3], 0)
-      self.age_curve.observe(given, drafted, packed[:, w + 4])
-      self._own_ages = ages.own_ages(self._own_ages, given, drafted)
+      self.age_curve.observe(given, drafted, packed[:, w + 4],
+                             None if limits is None or self.table.entries[key[0]].tree is not None else limits)
+      self._own_ages = ages.own_ages(self._own_ages, given, drafted, packed[:, w + 5])
     self._left -= np.where(self._active, counts, 0)
     out_tokens, reasons = [], []
     for s in range(n):
@@ -935,6 +936,7 @@ class SlotEngine:
       self._measure_costs()
     self.acceptance = AcceptancePrior.start(self._positions)  # warm-up's requests do not speak for the served
     self.age_curve = ages.AgeCurve.start(self._positions)  # nor do its steps (their rows repeat a pad token)
+    self.ends.lengths = []  # nor its one-token requests' lengths (EndRate.remaining's count of the finished)
 
   def _measure_costs(self) -> None:
     """The verification budget's step-cost curves c(R, k) (`self.costs`): for every row bucket R, R requests
