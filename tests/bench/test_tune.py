@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import jaxspec
-from jaxspec.bench import tune
+from jaxspec.bench import report, tune
 from jaxspec.errors import CheckpointError
 from jaxspec.models import decoder_only, eagle3
 from jaxspec.models.decoder_only.llama import LlamaConfig
@@ -95,7 +95,7 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
   table_path.write_text('{"entries": [{"max_active": 1, "gamma": 3, "tree": null}]}')
   res = run_script(["launch/tune.py", f"--target={target}", f"--drafts={same},ngram", f"--input={tsv}",
                     "--gammas=2", "--batch_sizes=2", "--temperatures=0,1", "--repeats=1", "--max_new_tokens=5",
-                    f"--output_dir={out}", f"--speculation_table={table_path}"])
+                    "--noitl", f"--output_dir={out}", f"--speculation_table={table_path}"])
   assert res.returncode == 0, res.stderr[-3000:]
   table = SpeculationTable.read(str(table_path))
   assert [e.max_active for e in table.entries] == [2] and table.entries[0].gamma in (0, 2)
@@ -113,8 +113,9 @@ def test_tune_script_writes_a_complete_table(models, tmp_path):
         continue
       assert isinstance(r[key], float) and math.isfinite(r[key]), (key, r[key], r)
     assert len(r["acceptance_per_position"]) == r["gamma"] == len(r["draft_lengths"]) - 1
-    for key in ("plain_latency_s", "spec_latency_s", "plain_itl_ms", "spec_itl_ms"):
+    for key in ("plain_latency_s", "spec_latency_s"):
       assert r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], key
+    assert "plain_itl_ms" not in r and "spec_itl_ms" not in r  # --noitl: no streaming pass (ITL: the tree test)
     for key in ("quality", "plain_quality"):
       assert 0 <= r[key]["bleu"] <= 100 and 0 <= r[key]["chrf"] <= 100
     if r["temperature"] == 0:
@@ -279,11 +280,23 @@ def test_tune_tries_token_trees_and_chooses_one():
   assert "tree top_k 2 nodes 4" in best.describe() and best.to_json()["tree"] == [2, 4]
 
 
+def _cells(stats: dict) -> str:
+  return " / ".join(f"{stats[k]:.1f}" for k in ("p50", "p90", "p99"))
+
+
 def test_tune_measures_tree_rows_that_decode_exactly(llama):
+  """Tree rows beside chains, every one exact; and the streaming pass's inter-token latencies (`itl`, the
+  default, here the only sweep that runs it: the script's run above passes --noitl to save its streaming
+  programs' compiles)."""
   prompts = [[5, 9, 12, 3, 40, 5, 9, 12], [30, 2, 11, 8, 9, 13, 50, 2, 11]]
   result = jaxspec.tune(llama, {"ngram": jaxspec.NGramDraft()}, prompts, gammas=(1, 2), batch_sizes=(2,),
-                        schedules=("constant",), trees=[jaxspec.Tree(2, 3)], repeats=1, max_new_tokens=6, itl=False,
+                        schedules=("constant",), trees=[jaxspec.Tree(2, 3)], repeats=1, max_new_tokens=6,
                         min_speedup=0.0, verbose=False)
   shapes = sorted((r["schedule"], r["gamma"]) for r in result.rows)
   assert shapes == [("constant", 1), ("constant", 2), ("tree 2,3", 2)]  # depth 1 proposes only 2 < 3 nodes
   assert all(r["identical_to_plain"] is True for r in result.rows)
+  for r in result.rows:
+    for key in ("plain_itl_ms", "spec_itl_ms"):
+      assert 0 < r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], (key, r[key])
+  table = report.tune_markdown(result)
+  assert all(_cells(r["spec_itl_ms"]) in table and _cells(r["plain_itl_ms"]) in table for r in result.rows), table
