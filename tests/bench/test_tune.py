@@ -280,10 +280,6 @@ def test_tune_tries_token_trees_and_chooses_one():
   assert "tree top_k 2 nodes 4" in best.describe() and best.to_json()["tree"] == [2, 4]
 
 
-def _cells(stats: dict) -> str:
-  return " / ".join(f"{stats[k]:.1f}" for k in ("p50", "p90", "p99"))
-
-
 def test_tune_measures_tree_rows_that_decode_exactly(llama):
   """Tree rows beside chains, every one exact; and the streaming pass's inter-token latencies (`itl`, the
   default, here the only sweep that runs it: the script's run above passes --noitl to save its streaming
@@ -299,4 +295,5 @@ def test_tune_measures_tree_rows_that_decode_exactly(llama):
     for key in ("plain_itl_ms", "spec_itl_ms"):
       assert 0 < r[key]["p50"] <= r[key]["p90"] <= r[key]["p99"], (key, r[key])
   table = report.tune_markdown(result)
-  assert all(_cells(r["spec_itl_ms"]) in table and _cells(r["plain_itl_ms"]) in table for r in result.rows), table
+  cells = lambda stats: report._cells(stats, ".1f")  # pylint: disable=protected-access
+  assert all(cells(r["spec_itl_ms"]) in table and cells(r["plain_itl_ms"]) in table for r in result.rows), table
