@@ -35,6 +35,7 @@ Shapes: A active rows, G draft positions, AGES = len(EDGES) + 1 age buckets.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -50,12 +51,23 @@ UNSEEN = 1.0  # the accepted share an age bucket no drafting step has reached st
 REQUEST_DECAY = 0.9  # per finished request that drafted: the older requests' weight in the prior's ages (as
 # budget.AcceptancePrior's)
 _GRID = np.linspace(0.0, 1.0, 1001)
+_ONEHOT = np.eye(AGES)  # [AGES, AGES]: an age bucket's one-hot row (`own_ages`)
+_ONEHOT.flags.writeable = False
 
 
 def chain_share(alpha: np.ndarray | float, gamma: int) -> np.ndarray:
   """The share of gamma drafted tokens a chain accepts at a per-position acceptance alpha: (a + ... + a^G) / G."""
   a = np.asarray(alpha, np.float64)[..., None]
   return np.mean(a ** np.arange(1, gamma + 1), axis=-1)
+
+
+@functools.cache
+def _grid_shares(gamma: int) -> np.ndarray:
+  """[len(_GRID)] chain_share over _GRID for a chain of gamma (read-only): `chain_share`'s inverse interpolates in
+  it, once per gamma (a plan inverts it three times: 0.5 ms of the 1 ms a plan took at c=1 rebuilt it each time)."""
+  shares = chain_share(_GRID, gamma)
+  shares.flags.writeable = False
+  return shares
 
 
 def bucket(given: np.ndarray) -> np.ndarray:
@@ -96,7 +108,7 @@ class AgeCurve:
       short = limit < self.gamma
       for l in np.unique(limit[short]).tolist():
         rows = short & (limit == l)
-        alpha = np.interp(share[rows], chain_share(_GRID, int(l)), _GRID)
+        alpha = np.interp(share[rows], _grid_shares(int(l)), _GRID)
         accepted[rows] = chain_share(alpha, self.gamma) * drafted[took][rows]
     ages = bucket(np.asarray(given)[took])
     d = np.bincount(ages, drafted[took], AGES)
@@ -120,7 +132,7 @@ class AgeCurve:
   def alpha_of(self, share: np.ndarray) -> np.ndarray:
     """The per-position acceptance a whose chain of gamma accepts `share` of its drafts (`chain_share`'s
     inverse)."""
-    return np.interp(share, chain_share(_GRID, self.gamma), _GRID)
+    return np.interp(share, _grid_shares(self.gamma), _GRID)
 
 
 def own_ages(own: np.ndarray, given: np.ndarray, drafted: np.ndarray, iterations: np.ndarray) -> np.ndarray:
@@ -129,7 +141,7 @@ def own_ages(own: np.ndarray, given: np.ndarray, drafted: np.ndarray, iterations
   (`given` [A] the tokens given before the step)."""
   drafted = np.asarray(drafted, np.float64)
   took = drafted > 0
-  onehot = np.eye(AGES)[bucket(given)] * drafted[:, None]
+  onehot = _ONEHOT[bucket(given)] * drafted[:, None]
   keep = (VERDICT_DECAY ** np.asarray(iterations, np.float64))[:, None]
   return np.where(took[:, None], keep * np.asarray(own, np.float64) + onehot, own)
 
