@@ -76,7 +76,8 @@ ARMS = flags.DEFINE_list("arms", ["budget", "fixed", "plain"],
                         "CostCurves.settle, on the budget arm's warm-up curves when both run), hold0 (the budget "
                         "with Budget.hold 0: every plan chooses, on the budget arm's curves), noages (the budget "
                         "on the device's estimates as they are: Budget.ages off), nolengths (Budget.lengths off: one "
-                        "hazard a token), before29 (both off: the twenty-eighth session's budget), fixed (gamma 4), "
+                        "hazard a token), before29 (both off: the twenty-eighth session's budget), tiers04 "
+                        "(the budget with the tiers 0 and 4 alone), fixed (gamma 4), "
                         "fixed_i2 / fixed_i1 (gamma 4 at 2 / 1 loop iterations a step), fixed2_i2 (gamma 2 at 2), "
                         "plain_i2 (plain at 2), "
                         "plain, plain2 (a second plain engine: the harness's floor); the last is the base")
@@ -192,6 +193,7 @@ def main(_):
            "noages": (speculation, Budget(ages=False)),  # the device's estimates as they are (no ages.py)
            "nolengths": (speculation, Budget(lengths=False)),  # one hazard a token (no EndRate.remaining)
            "before29": (speculation, Budget(ages=False, lengths=False)),  # the twenty-eighth session's budget
+           "tiers04": (speculation, Budget(tiers=(4,))),  # plain and gamma 4 alone (no gamma-1 or gamma-2 tier)
            "plain2": (None, False), "fixed_i2": (speculation, False), "fixed_i1": (speculation, False),
            "plain_i2": (None, False), "fixed2_i2": (jaxspec.Speculation(draft, gamma=2), False)}
   iterations = {"fixed_i2": 2, "fixed_i1": 1, "plain_i2": 2, "fixed2_i2": 2}  # loop iterations a step (else 4)
