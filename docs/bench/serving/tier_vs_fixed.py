@@ -10,20 +10,13 @@ calls alone).
 """
 import json, time, statistics, sys
 import numpy as np, jaxspec
-from jaxspec.decoding.drafters import served_draft, model_drafter
+from jaxspec.decoding.drafters import model_drafter
 variant = sys.argv[1]
-if "cond" in variant:  # no lax.cond around the drafting
-  orig = served_draft.ServedDraftModel.propose
-  def propose(self, request):
-    state, history = request.state, request.history
-    limit = request.limit
-    if limit is None:
-      limit = jnp.full(history.lengths.shape, request.static.gamma, jnp.int32)
-    limit = jnp.where(history.done | ~state.drafts, 0, limit).astype(jnp.int32)
-    proposal = self.inner.propose(request._replace(state=state.cache, limit=limit, some_row_drafts=True))
-    return proposal.replace(after=served_draft._After(proposal.after, state.drafts))
-  import jax.numpy as jnp
-  served_draft.ServedDraftModel.propose = propose
+if "cond" in variant:  # no lax.cond around the drafting: the served draft's inner proposal told some row drafts
+  # (the fixed engine's constant path, limit None, does not read it)
+  from jaxspec.decoding.drafters import chain
+  inner_propose = chain.LearnedDrafter.propose
+  chain.LearnedDrafter.propose = lambda self, request: inner_propose(self, request._replace(some_row_drafts=True))
 if "refeed" in variant:  # no re-feed branch in the catch-up switch
   ob = model_drafter.ModelDrafter._begin
   model_drafter.ModelDrafter._begin = lambda self, params, cache, history, static, needed, variable, refeed: ob(self, params, cache, history, static, needed, variable, False)
