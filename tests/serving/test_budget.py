@@ -330,7 +330,7 @@ def test_an_age_curve_carries_a_rows_estimates_to_its_age():
   assert rising.alpha_of(ages.chain_share(0.7, g)) == pytest.approx(0.7, abs=1e-3)
   shared = ages._grid_shares(g)  # pylint: disable=protected-access  (the inverse's table: built once, read-only)
   assert shared is ages._grid_shares(g) and not shared.flags.writeable  # pylint: disable=protected-access
-  np.testing.assert_array_equal(shared, ages.chain_share(np.linspace(0.0, 1.0, 1001), g))
+  np.testing.assert_array_equal(shared, ages.chain_share(ages._GRID, g))  # pylint: disable=protected-access
   unseen = ages.predicted(beta_sum, count, prior, own, np.zeros((1, ages.AGES)), np.asarray([100]), rising)
   assert rising.shares[ages.bucket(np.asarray([100]))[0]] == ages.UNSEEN and (unseen > older).all()
   # A row drafting 1 token an iteration at 0.5 counts as a gamma-4 chain at 0.5 (0.234 of its drafts), not 0.5.
