@@ -53,6 +53,7 @@ REQUEST_DECAY = 0.9  # per finished request that drafted: the older requests' we
 _GRID = np.linspace(0.0, 1.0, 1001)
 _ONEHOT = np.eye(AGES)  # [AGES, AGES]: an age bucket's one-hot row (`own_ages`)
 _ONEHOT.flags.writeable = False
+_EDGES = np.asarray(EDGES)
 
 
 def chain_share(alpha: np.ndarray | float, gamma: int) -> np.ndarray:
@@ -72,7 +73,7 @@ def _grid_shares(gamma: int) -> np.ndarray:
 
 def bucket(given: np.ndarray) -> np.ndarray:
   """[A] int: each row's age bucket from the tokens its request gave before the step (`EDGES`)."""
-  return np.searchsorted(np.asarray(EDGES), np.asarray(given), side="right")
+  return np.searchsorted(_EDGES, np.asarray(given), side="right")
 
 
 @dataclasses.dataclass
@@ -102,14 +103,15 @@ class AgeCurve:
     if not took.any():
       return
     accepted = np.asarray(accepted, np.float64)[took]
-    if limits is not None:
-      limit = np.clip(np.asarray(limits)[took], 1, self.gamma)
-      share = np.clip(accepted / drafted[took], 0.0, 1.0)
+    if limits is not None:  # (np.minimum and np.maximum, not np.clip: 3x the time on a step's few rows)
+      limit = np.minimum(np.maximum(np.asarray(limits)[took], 1), self.gamma)
       short = limit < self.gamma
-      for l in np.unique(limit[short]).tolist():
-        rows = short & (limit == l)
-        alpha = np.interp(share[rows], _grid_shares(int(l)), _GRID)
-        accepted[rows] = chain_share(alpha, self.gamma) * drafted[took][rows]
+      if short.any():
+        share = np.minimum(np.maximum(accepted / drafted[took], 0.0), 1.0)
+        for l in np.unique(limit[short]).tolist():
+          rows = short & (limit == l)
+          alpha = np.interp(share[rows], _grid_shares(int(l)), _GRID)
+          accepted[rows] = chain_share(alpha, self.gamma) * drafted[took][rows]
     ages = bucket(np.asarray(given)[took])
     d = np.bincount(ages, drafted[took], AGES)
     a = np.bincount(ages, accepted, AGES)
@@ -156,16 +158,14 @@ def predicted(beta_sum: np.ndarray, count: np.ndarray, prior: np.ndarray, own: n
   beta_sum, count = np.asarray(beta_sum, np.float64), np.asarray(count, np.float64)
   prior = np.asarray(prior, np.float64)
   seen_sum, seen = observed(beta_sum, count, prior)
-  seen = np.clip(seen, 0.0, count)
-  seen_sum = np.clip(seen_sum, 0.0, seen)
+  seen = np.minimum(np.maximum(seen, 0.0), count)  # np.clip: 3x the time on a plan's few rows
+  seen_sum = np.minimum(np.maximum(seen_sum, 0.0), seen)
   shares = curve.shares
-  now = curve.alpha_of(shares[bucket(given)])  # [A]
-
-  def at(ages):
-    ages = np.asarray(ages, np.float64)
-    total = ages.sum(axis=1)
-    then = curve.alpha_of((ages @ shares) / np.maximum(total, 1e-9))
-    return np.where(total > 0, now / np.maximum(then, 1e-3), 1.0)[:, None]
-
-  alpha = ((count - seen) * prior * at(prior_ages) + seen_sum * at(own)) / np.maximum(count, 1e-6)
-  return np.clip(alpha, 0.0, 1.0)
+  parts = np.stack([np.asarray(prior_ages, np.float64), np.asarray(own, np.float64)])  # [2, A, AGES]
+  total = parts.sum(axis=-1)  # [2, A]
+  # The pool's share at each row's age now and at its two parts' ages, inverted together (one np.interp a plan)
+  pooled = np.concatenate([shares[bucket(given)][None], (parts @ shares) / np.maximum(total, 1e-9)])  # [3, A]
+  now, *then = curve.alpha_of(pooled)
+  ratio = np.where(total > 0, now / np.maximum(then, 1e-3), 1.0)[..., None]  # [2, A, 1]
+  alpha = ((count - seen) * prior * ratio[0] + seen_sum * ratio[1]) / np.maximum(count, 1e-6)
+  return np.minimum(np.maximum(alpha, 0.0), 1.0)

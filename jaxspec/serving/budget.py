@@ -132,6 +132,14 @@ new and once as ended (`same_rows`), 96 of 400 plans at 4 rows were fresh, and t
 average; with the plain tier's program called without the lagging draft's state and without its all-0 limits
 (engine.py), its device step took what a plain engine's does, and the budget held on plain read 0.977 of plain at
 concurrency 4 (twenty-second session in docs/serving.md).
+A request alone whose fresh plan drafts the widest tier in full (its limit the tier's length) holds that tier the
+same way (thirty-second session): the next Budget.hold plans over the same request take it, each with the row's
+limit from its estimates then (`tier_limits`, as for a tier chosen ahead: a shorter limit, or plain when they draft
+nothing), and choose nothing. Nothing wider is compiled, and at one row a plan is all the host work a step has beyond
+a fixed engine's: served request by request beside the fixed gamma 4 (docs/bench/serving/paired_c1.py), the
+budget's requests that ran gamma 4 at every step, as the fixed engine did, took 0.81-0.96 ms more a step, and
+0.15-0.65 ms with this hold. Held at any drafting tier, the budget kept its first steps' gamma-2 choices and read
+0.959 of the fixed gamma 4's tokens per second at c=1 (thirty-first session, docs/serving.md).
 
 This is vLLM's adaptive verification (draft slots admitted by survival against step costs profiled at start-up)
 restricted to the compiled widths. A tree speculation has two tiers, plain and its tree (a tree has no per-row
@@ -193,8 +201,9 @@ class Budget:
     previous step's tier to replace it (`choose`'s `current`; 0: the best score always runs). ahead: >= 0, a step of
     at least this many active rows has the next step's tier chosen while it runs on the device (`Ahead`; 0: never):
     its plan then costs the step nothing, one step behind the estimates. hold: >= 0, a fresh plan (or one made
-    ahead) that chose plain stands for this many more plans at its row bucket over about the same rows
-    (`Ahead.holds`; 0: every plan chooses): they cost the host nothing. probe: in [0, 1), the share of the serving
+    ahead) that chose plain, or a request alone's fresh plan that drafts the widest tier in full, stands for this
+    many more plans at its row bucket over about the same rows (`Ahead.holds`; 0: every plan chooses): they cost
+    the host nothing. probe: in [0, 1), the share of the serving
     time that probes of the tiers not run (the other side's best, the running side's other tiers), which measure
     their costs against the running tier's, may lose by the choice's own scores (`probes.SideRuns`; 0: none).
     ages: whether the choice weighs each row's estimates carried to its request's age (ages.py: the served steps'
@@ -350,6 +359,8 @@ class EndRate:
   tokens: float = PRIOR_TOKENS
   # The last LENGTHS finished requests' (tokens given, whether they ended early): what `remaining` draws from.
   lengths: list[tuple[int, bool]] = dataclasses.field(default_factory=list)
+  # (lengths, their tokens [N] float64, whether each ended early [N] bool): `remaining`'s, per list of lengths
+  _arrays: tuple | None = dataclasses.field(default=None, repr=False, compare=False)
 
   DECAY = 0.98
   LENGTHS = 64
@@ -373,8 +384,10 @@ class EndRate:
     translation, which gives them all (issue 39, twenty-ninth session, docs/serving.md)."""
     if len(self.lengths) < self.SAMPLES:
       return None
-    tokens = np.asarray([t for t, _ in self.lengths], np.float64)
-    early = np.asarray([e for _, e in self.lengths], bool)
+    if self._arrays is None or self._arrays[0] is not self.lengths:  # built again when a request finished
+      self._arrays = (self.lengths, np.asarray([t for t, _ in self.lengths], np.float64),
+                      np.asarray([e for _, e in self.lengths], bool))
+    _, tokens, early = self._arrays
     given = np.asarray(given, np.float64)[:, None]
     left = np.where(early, tokens[None] - given, np.inf)  # [A, N]
     counts = (tokens[None] > given) & np.asarray(eos, bool)[:, None]
@@ -650,12 +663,11 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     top = float(costs[i]) if i == 0 else max(top, float(costs[i]))
     cost.append(top * shares[i] * ((1.0 + margin) if k > 0 else 1.0) + (prefill[i] if k > 0 else 0.0))
   drafting = limits > 0
-  once = np.zeros((len(ks),))  # per tier the seconds it pays once (the catch-up, the return's settle)
-  if catchup > 0 and behind is not None:
-    once += catchup * np.any(np.asarray(behind, bool) & drafting, axis=1)
-  if settle > 0:
-    once += settle * np.asarray([k > 0 for k in ks])
-  paying = np.flatnonzero((once > 0) & drafting.any(axis=1)).tolist()
+  drafts_any = drafting.any(axis=1).tolist()
+  once = [settle if k > 0 else 0.0 for k in ks]  # per tier the seconds it pays once (the catch-up, the return's
+  if catchup > 0 and behind is not None:  # settle)
+    once = [x + catchup * bool(y) for x, y in zip(once, (drafting & np.asarray(behind, bool)).any(axis=1).tolist())]
+  paying = [i for i, x in enumerate(once) if x > 0 and drafts_any[i]]
   if paying and left is not None:
     ahead = np.asarray(left, np.float64)
     if remaining is not None:  # its expected tokens before it ends
@@ -668,7 +680,6 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     spread = 1.0 if left is None else statistics.median(x for x, d in zip(steps[i], rows[i]) if d)
     cost[i] += float(once[i]) / max(1.0, spread)
   score = (expected / np.asarray(cost)).tolist()
-  drafts_any = drafting.any(axis=1).tolist()
   def scored(i):
     return Choice(tier=i, k=ks[i], limits=limits[i].astype(np.int32), expected=float(expected[i]), cost=cost[i])
 
@@ -684,7 +695,8 @@ def choose(alpha: np.ndarray, tiers: Sequence[int], costs: Sequence[float], thet
     if winner.expected / winner.cost <= (1 + stick) * kept.expected / kept.cost:
       winner = kept
   rivals = tuple(scored(i) for i in tiers_of[winner.k > 0] if i != winner.tier)
-  return dataclasses.replace(winner, other=best.get(winner.k == 0), rivals=rivals)
+  return Choice(tier=winner.tier, k=winner.k, limits=winner.limits, expected=winner.expected, cost=winner.cost,
+                other=best.get(winner.k == 0), rivals=rivals)  # (dataclasses.replace: 4x the time)
 
 
 def from_flags(*, speculation: str, drafts: bool, table: bool, tiers: Sequence[str], theta: float,

@@ -57,8 +57,8 @@ out and the host relaxes its copy by the step's iterations, as the device does a
 choice weighs them carried to each request's age: ages.py, `age_curve`), the served requests' end rate and lengths
 (`ends`) and warmup's step-cost curves as
 the steps served refine them (`costs`), with per-row draft limits passed to the device (`LoopState.limit`;
-from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain stands for
-the next Budget.hold plans: budget.Ahead; now and then a few steps
+from Budget.ahead rows on, the tier is chosen while the step before runs, and a fresh choice of plain (or a request
+alone's of the widest tier in full) stands for the next Budget.hold plans: budget.Ahead; now and then a few steps
 probe the side it does not run, plain or drafting: probes.py; a request alone that verified nothing may draft one
 step where its choice is plain, by what the last served requests' acceptance and lengths say: lookahead.py);
 and the sampling mode of the active rows: "greedy" (every active row at temperature 0: argmax on both sides),
@@ -625,8 +625,11 @@ class SlotEngine:
       if probe is not None:
         runs.start(rows, choice, probe, current)
         choice = probe
-      elif choice.k == 0 and self.budget.hold:  # plain stands for the next plans (Budget.hold), a request alone's
-        # too (its estimates relax toward the prior through plain steps, a few per cent a step)
+      elif self.budget.hold and (choice.k == 0 or (len(slots) == 1 and choice.k == self.table.entries[-1].gamma
+                                                    and int(choice.limits[0]) == choice.k)):
+        # Plain stands for the next plans (Budget.hold), a request alone's too (its estimates relax toward the prior
+        # through plain steps, a few per cent a step); so does a request alone's widest tier drafted in full,
+        # each held plan taking its limit from its estimates then (`_tier_limits`): nothing wider is compiled.
         self._ahead = Ahead(tier=choice.tier, requests=self._serial[slots], rows=rows, steps=self.budget.hold)
       tier, chosen = choice.tier, choice.limits
     limits = np.zeros((self.slots,), np.int32)

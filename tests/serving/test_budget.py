@@ -1021,8 +1021,8 @@ def _plain_held(engine, monkeypatch, ahead: int) -> list:
 
 def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
   """Budget.hold: a fresh plan that chose plain stands for the next `hold` plans over about the same rows (they call
-  no `choose`); a drafting choice, another row, a forced step or hold=0 make the next plan fresh. Greedy output
-  stays plain decoding's."""
+  no `choose`); a drafting choice over several rows, another row, a forced step or hold=0 make the next plan fresh.
+  Greedy output stays plain decoding's."""
   calls = _plain_held(engine, monkeypatch, ahead=0)
   fresh = 0
   for held in (False, True, True, False, True):  # fresh, held twice, fresh again, held
@@ -1050,7 +1050,7 @@ def test_a_plain_choice_stands_for_the_next_plans(engine, refs, monkeypatch):
     engine.insert(engine.free_slots()[0], p, RequestSettings(MAX_NEW, ignore_eos=True))
   assert engine.step().entry.gamma > 0 and len(calls) == 8
   engine.step()
-  assert len(calls) == 9  # a drafting choice stands for nothing
+  assert len(calls) == 9  # a drafting choice over three rows stands for nothing
   for slot in engine.active_slots():
     engine.free(slot)
   monkeypatch.setattr(engine, "costs", cost_curves(engine, per_token=5.0))
@@ -1201,6 +1201,48 @@ def test_a_draft_equal_to_the_target_takes_the_widest_tier(exact, refs):
   drive(e, requests, outputs=outputs)
   assert [r.tokens for r in requests] == [refs[0][:2], refs[2][:2]]
   assert [o.entry.gamma for o in outputs if o.entry is not None] == [0]
+
+
+def test_a_request_alone_holds_its_widest_tier_drafted_in_full(exact, refs, monkeypatch):
+  """Budget.hold for a request alone whose fresh plan drafts the widest tier in full (every draft accepted, drafting
+  nearly free): the next `hold` plans take that tier without a `choose`, each with the row's limit from its
+  estimates then (prompts whose greedy decode runs to max_tokens). Negative controls: the same request with the
+  widest tier dear (a narrower tier chosen), and two requests at once, call `choose` at every plan. Greedy output
+  stays plain decoding's."""
+  e = exact
+  e.acceptance = AcceptancePrior.start(e.estimates().shape[1])
+  calls = []
+  real = engine_module.choose
+  monkeypatch.setattr(engine_module, "choose", lambda *a, **k: calls.append(len(a[0])) or real(*a, **k))
+  monkeypatch.setattr(e, "budget", dataclasses.replace(AS_SET, ahead=0, hold=2))
+  e.costs = cost_curves(e, per_token=0.01)
+  slot = e.free_slots()[0]
+  tokens = list(e.insert(slot, PROMPTS[2], RequestSettings(MAX_NEW)).tokens)
+  plans = []
+  while e.active_slots():
+    key, limits = e.plan_step()
+    plans.append((key[0], int(limits[slot]), len(calls)))
+    tokens += e.step(program=key, limits=limits).tokens[slot]
+  assert tokens == refs[2]
+  # fresh, held twice (choose called once), fresh again: plain there, with a token left
+  assert plans == [(3, 3, 1), (3, 3, 1), (3, 3, 1), (0, 0, 2)], plans
+  calls.clear()
+  e.costs = CostCurves({(r, k): c for r in e.row_buckets for k, c in zip((0, 1, 2, 3), (1.0, 1.01, 1.02, 9.0))})
+  outputs = []
+  requests = [Request(PROMPTS[2], RequestSettings(MAX_NEW))]
+  drive(e, requests, outputs=outputs)
+  assert requests[0].tokens == refs[2]
+  ran = [o.entry.gamma for o in outputs]
+  assert set(ran[:-1]) == {2} and len(calls) == len(outputs), ran  # a narrower tier: every plan (the last may be
+  # plain, with a token left)
+  calls.clear()
+  e.costs = cost_curves(e, per_token=0.01)
+  outputs = []
+  requests = [Request(PROMPTS[i], RequestSettings(MAX_NEW)) for i in (2, 4)]
+  drive(e, requests, outputs=outputs)
+  assert [r.tokens for r in requests] == [refs[2], refs[4]]
+  ran = [o.entry.gamma for o in outputs]
+  assert set(ran[:-1]) == {3} and len(calls) == len(outputs), ran  # two rows: every plan
 
 
 def test_a_new_request_starts_at_the_served_requests_acceptance(exact, refs):
